@@ -1,0 +1,59 @@
+"""Discovery and planner prompts, written for this project, and the chat messages built from them.
+
+Each prompt carries a version string that enters the response-cache key, so editing a prompt
+invalidates exactly the replies that depended on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# The simulator recognises the two prompts by these opening words; keep them stable.
+DISCOVERY_MARKER = "You are the tool-discovery step of an LLM agent."
+PLANNER_MARKER = "You are the planning step of an LLM agent."
+
+DISCOVERY_VERSION = "discovery-v1"
+PLANNER_VERSION = "planner-v1"
+
+DISCOVERY_SYSTEM = f"""{DISCOVERY_MARKER}
+You do not know which tools exist. Read the user's request and imagine the API functions an agent
+would need to fulfil it: one function per distinct sub-need, named as a developer would name it.
+
+Answer with JSON only, no prose: a list of objects, each with
+  "name": a hypothetical snake_case function name (for example "get_weather_forecast"),
+  "reasoning": one sentence on what the function does and which part of the request it serves.
+Return between 1 and 5 stubs. Example:
+[{{"name": "search_flights", "reasoning": "Find flights between two cities on a date."}}]"""
+
+PLANNER_SYSTEM = f"""{PLANNER_MARKER}
+You are given the user's request and a list of available APIs retrieved from a large registry.
+Plan how to fulfil the request using ONLY the listed APIs. Some listed APIs may be irrelevant: ignore
+them. If none of them helps, select none.
+
+Answer with JSON only, no prose:
+{{"steps": ["short imperative step", ...],
+  "selected_apis": ["Tool name/API name", ...]}}
+Copy each selected API exactly as it is written in the list (the part before the colon).
+Use an empty "selected_apis" list if no listed API can help."""
+
+
+def discovery_messages(query: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": DISCOVERY_SYSTEM},
+        {"role": "user", "content": f"User request:\n{query}"},
+    ]
+
+
+def api_line(tool_name: str, api_name: str, description: str | None) -> str:
+    # One line per API: a description's own newlines would read as further list entries.
+    return f"- {tool_name}/{api_name}: {' '.join((description or '').split())}"
+
+
+def planner_messages(query: str, apis: Sequence[tuple[str, str, str | None]]) -> list[dict[str, str]]:
+    """`apis` are (tool_name, api_name, description) of the retrieved set, best first."""
+    listing = "\n".join(api_line(t, a, d) for t, a, d in apis) if apis else "(none)"
+    user = f"User request:\n{query}\n\nAvailable APIs:\n{listing}"
+    return [
+        {"role": "system", "content": PLANNER_SYSTEM},
+        {"role": "user", "content": user},
+    ]

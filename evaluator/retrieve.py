@@ -1,0 +1,67 @@
+"""Retrieval for both architectures, given embedded queries or stubs and an index.
+
+RtP: the query's top-k. PtR: every stub searched to top-k, the union deduplicated and re-ranked by
+the best similarity any stub gives an API, cut to k: R_PtR(q) = TopK_t max_s sim(s, d_t).
+Searching every stub to K_MAX makes the PtR ranking a prefix list: its first k entries are exactly
+R_PtR at budget k for every k <= K_MAX, so one search serves the whole k-ablation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .index import VectorIndex
+
+
+@dataclass
+class Retrieved:
+    rows: list[int]  # registry rows, best first
+    scores: list[float]
+    # PtR only: per-stub hits and the size of the deduplicated union at each budget k.
+    stub_rows: list[list[int]] = field(default_factory=list)
+    stub_scores: list[list[float]] = field(default_factory=list)
+    width: dict[int, int] = field(default_factory=dict)
+
+
+def rtp(index: VectorIndex, query_vecs: np.ndarray, k_max: int) -> list[Retrieved]:
+    scores, rows = index.search(query_vecs, k_max)
+    return [Retrieved(r.tolist(), s.tolist()) for s, r in zip(scores, rows, strict=True)]
+
+
+def ptr(
+    index: VectorIndex,
+    stub_vecs: np.ndarray,
+    owners: Sequence[int],
+    n_queries: int,
+    k_max: int,
+    ks: Sequence[int],
+) -> list[Retrieved]:
+    """`owners[j]` is the query (0..n_queries-1) that stub j belongs to; a query with no stub gets
+    an empty result."""
+    scores, rows = index.search(stub_vecs, k_max)
+    by_query: list[list[int]] = [[] for _ in range(n_queries)]
+    for j, q in enumerate(owners):
+        by_query[q].append(j)
+    out: list[Retrieved] = []
+    for stubs in by_query:
+        best: dict[int, float] = {}
+        for j in stubs:
+            for r, s in zip(rows[j].tolist(), scores[j].tolist(), strict=True):
+                if s > best.get(r, -np.inf):
+                    best[r] = s
+        # Ties broken by registry row so that reruns rank identically.
+        ranked = sorted(best.items(), key=lambda rs: (-rs[1], rs[0]))[:k_max]
+        width = {k: len({r for j in stubs for r in rows[j, :k].tolist()}) for k in ks}
+        out.append(
+            Retrieved(
+                rows=[r for r, _ in ranked],
+                scores=[s for _, s in ranked],
+                stub_rows=[rows[j].tolist() for j in stubs],
+                stub_scores=[scores[j].tolist() for j in stubs],
+                width=width,
+            )
+        )
+    return out

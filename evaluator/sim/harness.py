@@ -1,0 +1,111 @@
+"""Start the simulator in a subprocess on a free loopback port and talk to its admin endpoints.
+
+    with start_simulator(latency_s=0.01, rpm=600) as sim:
+        profile = load_profile("sim", base_url=sim.base_url)
+        ...; sim.stats()["by_status"]
+
+The admin calls are synchronous (urllib): the simulator is another process, so calling them from
+inside a running event loop blocks that loop only for the few milliseconds of the exchange.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import selectors
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import orjson
+
+from .server import SimConfig, config_from
+
+_REPO = Path(__file__).resolve().parents[2]
+# Loopback only: never route admin calls through an HTTP(S)_PROXY from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class SimHandle:
+    def __init__(self, proc: subprocess.Popen[bytes], base_url: str) -> None:
+        self.proc = proc
+        self.base_url = base_url  # ends in /v1, like a provider's OpenAI-compatible base
+        self.root = base_url.removesuffix("/v1")
+
+    def __repr__(self) -> str:
+        return f"SimHandle(base_url={self.base_url!r}, pid={self.proc.pid})"
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        data = orjson.dumps(body) if body is not None else (b"" if method == "POST" else None)
+        req = urllib.request.Request(self.root + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        try:
+            with _OPENER.open(req, timeout=10) as r:
+                return orjson.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise ValueError(f"simulator refused {path}: {e.read().decode(errors='replace')}") from e
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("GET", "/stats")
+
+    def reset_stats(self) -> dict[str, Any]:
+        return self._call("POST", "/stats/reset")
+
+    def configure(self, *, reset: bool = False, **knobs: Any) -> dict[str, Any]:
+        """Change knobs at runtime; `reset=True` starts again from the defaults."""
+        return self._call("POST", "/admin/config", {"reset": reset, **knobs})
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> SimHandle:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def start_simulator(config: SimConfig | None = None, *, host: str = "127.0.0.1", timeout_s: float = 20.0, **knobs: Any) -> SimHandle:
+    """Launch `python -m evaluator.sim` on a free port of `host`; returns once `/v1/models` answers."""
+    cfg = config_from(config, **knobs)
+    cmd = [
+        sys.executable, "-m", "evaluator.sim", "--host", host, "--port", "0", "--exit-with-parent",
+        "--config-json", orjson.dumps(dataclasses.asdict(cfg)).decode(),
+    ]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    assert proc.stdout is not None
+    # The server prints its address once it is listening; don't block forever if it never does.
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout_s)
+    line = proc.stdout.readline() if ready else b""
+    if not line:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"simulator exited with code {proc.returncode} before listening")
+    handle = SimHandle(proc, orjson.loads(line)["base_url"])
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with _OPENER.open(handle.base_url + "/models", timeout=2):
+                return handle
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                handle.stop()
+                raise RuntimeError(f"simulator at {handle.base_url} did not answer /v1/models") from None
+            time.sleep(0.05)

@@ -1,0 +1,372 @@
+"""OpenAI-compatible chat server that misbehaves on request: the test bed for the LLM engine.
+
+Serves `POST /v1/chat/completions`, `GET /v1/models`, `GET /stats`, `POST /stats/reset` and
+`POST /admin/config`. Answers come from `behaviour.answer` (a heuristic, not a language model).
+Faults are drawn per request from `SimConfig`'s rates with a seeded RNG, or taken in order from
+`SimConfig.script` for deterministic tests. Kept lean (orjson, no per-request allocations beyond the
+reply) so a zero-latency config serves thousands of requests per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import email.utils
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from . import behaviour
+
+FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length")
+RETRY_HEADER_FORMS = ("all", "seconds", "date", "ms", "reset", "none")
+
+
+@dataclass
+class SimConfig:
+    """Simulator knobs; each is also a `python -m evaluator.sim` flag (`--latency-s 0.2`)."""
+
+    latency: str = "fixed"  # "fixed" or "lognormal"
+    latency_s: float = 0.0  # the fixed latency, or the lognormal's median
+    latency_sigma: float = 0.5  # lognormal shape (sigma of log latency)
+    latency_scale: float = 1.0  # multiplies every latency (benchmarks shrink time with it)
+    rpm: float | None = None  # requests per minute, enforced with 429s (token bucket)
+    tpm: float | None = None  # tokens per minute (prompt estimate + max_tokens), enforced with 429s
+    burst_s: float = 1.0  # bucket capacity in seconds of rate: how bursty a client may be
+    rate_style: str = "openai"  # 429 dialect: "openai" (headers) or "gemini" (RetryInfo in a list body)
+    retry_headers: str = "all"  # openai style: all|seconds|date|ms|reset|none
+    p_500: float = 0.0  # injection rates, each per request
+    p_503: float = 0.0
+    p_hang: float = 0.0  # no reply for hang_s (past the client's timeout)
+    p_drop: float = 0.0  # connection closed without a reply
+    p_malformed: float = 0.0  # 200 with a truncated JSON body
+    p_null: float = 0.0  # 200 with content null and the text in reasoning_content
+    p_length: float = 0.0  # 200 with finish_reason "length" (content cut short)
+    null_finish: str = "stop"  # finish_reason of the null-content replies: "stop" or "length"
+    hang_s: float = 120.0
+    list_errors: bool = False  # 5xx error bodies as a JSON list `[{"error": ...}]` (Gemini does)
+    api_key: str | None = None  # when set, requests need `Authorization: Bearer <api_key>` (else 401)
+    daily_quota: int | None = None  # after this many 200s, a Gemini-style per-day 429 (fatal)
+    seed: int = 0  # seeds fault injection and latency draws (answers are seeded by the request)
+    script: list[str] = field(default_factory=list)  # faults for the next requests, in order (FAULTS)
+
+    def validate(self) -> None:
+        if self.latency not in ("fixed", "lognormal"):
+            raise ValueError("latency must be 'fixed' or 'lognormal'")
+        if self.rate_style not in ("openai", "gemini"):
+            raise ValueError("rate_style must be 'openai' or 'gemini'")
+        if self.retry_headers not in RETRY_HEADER_FORMS:
+            raise ValueError(f"retry_headers must be one of {RETRY_HEADER_FORMS}")
+        bad = [f for f in self.script if f not in FAULTS]
+        if bad:
+            raise ValueError(f"unknown fault(s) {bad}; known: {FAULTS}")
+
+
+def config_from(base: SimConfig | None = None, **knobs: Any) -> SimConfig:
+    cfg = dataclasses.replace(base or SimConfig(), **knobs)
+    cfg.script = list(cfg.script)
+    cfg.validate()
+    return cfg
+
+
+class _Bucket:
+    """Token bucket refilled continuously; `take` returns 0 or the seconds until `n` are available."""
+
+    def __init__(self, per_min: float, burst_s: float) -> None:
+        self.rate = per_min / 60.0
+        self.capacity = max(1.0, self.rate * burst_s)
+        self.tokens = self.capacity
+        self.stamp = time.monotonic()
+
+    def take(self, n: float) -> float:
+        n = min(n, self.capacity)
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= n:
+            self.tokens -= n
+            return 0.0
+        return (n - self.tokens) / self.rate
+
+
+class _Stats:
+    def __init__(self, in_flight: int = 0) -> None:
+        self.requests = 0
+        self.by_status: dict[str, int] = {}
+        self.in_flight = in_flight
+        self.max_in_flight = in_flight
+        self.faults: dict[str, int] = {}
+        self.ok = 0
+        self.ok_bodies: dict[int, int] = {}  # hash(request body) -> times answered 200
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        counts = self.ok_bodies.values()
+        return {
+            "requests": self.requests,
+            "by_status": dict(self.by_status),
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
+            "ok": self.ok,
+            "distinct_ok": len(self.ok_bodies),
+            "repeated_ok": sum(1 for c in counts if c > 1),  # bodies answered 200 more than once
+            "faults": dict(self.faults),
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+        }
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's x-ratelimit-reset style: "20ms", "1.5s", "6m0s"."""
+    if seconds < 1:
+        return f"{max(1, math.ceil(seconds * 1000))}ms"
+    minutes, secs = divmod(seconds, 60)
+    return f"{int(minutes)}m{secs:.3g}s" if minutes else f"{secs:.3g}s"
+
+
+def _err_body(code: int, message: str, status: str, *, as_list: bool, details: list | None = None) -> bytes:
+    err: dict[str, Any] = {"code": code, "message": message, "status": status}
+    if details:
+        err["details"] = details
+    return orjson.dumps([{"error": err}] if as_list else {"error": err})
+
+
+class Simulator:
+    def __init__(self, config: SimConfig | None = None) -> None:
+        self.stats = _Stats()
+        self.apply(config or SimConfig())
+
+    def apply(self, cfg: SimConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.req_bucket = _Bucket(cfg.rpm, cfg.burst_s) if cfg.rpm else None
+        self.tok_bucket = _Bucket(cfg.tpm, cfg.burst_s) if cfg.tpm else None
+        self.fault_table = [
+            (p, name)
+            for p, name in (
+                (cfg.p_500, "500"), (cfg.p_503, "503"), (cfg.p_hang, "hang"), (cfg.p_drop, "drop"),
+                (cfg.p_malformed, "malformed"), (cfg.p_null, "null"), (cfg.p_length, "length"),
+            )
+            if p > 0
+        ]
+        self.auth = f"Bearer {cfg.api_key}" if cfg.api_key else None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/stats", self.get_stats)
+        app.router.add_post("/stats/reset", self.reset_stats)
+        app.router.add_post("/admin/config", self.admin_config)
+        return app
+
+    # -- admin -----------------------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        body = {"object": "list", "data": [{"id": "sim-1", "object": "model", "owned_by": "evaluator-sim"}]}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def get_stats(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(self.stats.as_dict()), content_type="application/json")
+
+    async def reset_stats(self, request: web.Request) -> web.Response:
+        self.stats = _Stats(in_flight=self.stats.in_flight)
+        return web.Response(body=orjson.dumps(self.stats.as_dict()), content_type="application/json")
+
+    async def admin_config(self, request: web.Request) -> web.Response:
+        knobs = orjson.loads(await request.read() or b"{}")
+        base = SimConfig() if knobs.pop("reset", False) else self.cfg
+        try:
+            self.apply(config_from(base, **knobs))
+        except (TypeError, ValueError) as e:
+            return web.Response(status=400, body=orjson.dumps({"error": str(e)}), content_type="application/json")
+        return web.Response(body=orjson.dumps(dataclasses.asdict(self.cfg)), content_type="application/json")
+
+    # -- chat --------------------------------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        st = self.stats
+        st.requests += 1
+        st.in_flight += 1
+        if st.in_flight > st.max_in_flight:
+            st.max_in_flight = st.in_flight
+        try:
+            resp = await self._chat(request)
+        except ConnectionResetError:
+            st.by_status["drop"] = st.by_status.get("drop", 0) + 1
+            raise
+        finally:
+            st.in_flight -= 1
+        key = str(resp.status)
+        st.by_status[key] = st.by_status.get(key, 0) + 1
+        return resp
+
+    def _fault(self, name: str) -> None:
+        self.stats.faults[name] = self.stats.faults.get(name, 0) + 1
+
+    def _json(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
+        return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        cfg = self.cfg
+        if self.auth is not None and request.headers.get("Authorization") != self.auth:
+            got = request.headers.get("Authorization", "")
+            # Real providers echo (part of) the key; echo all of it so tests prove the client redacts.
+            msg = f"Incorrect API key provided: {got.removeprefix('Bearer ')!r}."
+            return self._json(401, _err_body(401, msg, "UNAUTHENTICATED", as_list=cfg.list_errors))
+        raw = await request.read()
+        try:
+            req = orjson.loads(raw)
+            messages = req["messages"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return self._json(400, _err_body(400, "invalid request body", "INVALID_ARGUMENT", as_list=False))
+
+        fault = cfg.script.pop(0) if cfg.script else None
+        if fault is None and cfg.daily_quota is not None and self.stats.ok >= cfg.daily_quota:
+            fault = "quota"
+        if fault is None:
+            prompt_est = sum(len(m.get("content") or "") for m in messages) // 4 + 4 * len(messages)
+            delay = self.req_bucket.take(1) if self.req_bucket else 0.0
+            if not delay and self.tok_bucket:
+                delay = self.tok_bucket.take(prompt_est + int(req.get("max_tokens") or 0))
+            if delay:
+                return self._rate_limited(delay)
+            if self.fault_table:
+                u = self.rng.random()
+                for p, name in self.fault_table:
+                    if u < p:
+                        fault = name
+                        break
+                    u -= p
+        if fault is not None:
+            self._fault(fault)
+            early = await self._inject(fault, request)
+            if early is not None:
+                return early
+
+        latency = self._latency()
+        if latency > 0:
+            await asyncio.sleep(latency)
+        text = behaviour.answer(messages, seed=int(req.get("seed") or 0), temperature=float(req.get("temperature") or 0.0))
+        finish = "stop"
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if fault == "null":
+            message = {"role": "assistant", "content": None, "reasoning_content": text}
+            finish = cfg.null_finish
+        elif fault == "length":
+            message["content"] = text[: max(1, len(text) // 2)]
+            finish = "length"
+        pt = sum(len(m.get("content") or "") for m in messages) // 4 + 4 * len(messages)
+        ct = max(1, len(text) // 4)
+        self.stats.prompt_tokens += pt
+        self.stats.completion_tokens += ct
+        body = {
+            "id": f"chatcmpl-sim-{self.stats.requests}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.get("model", "sim-1"),
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
+        }
+        h = hash(raw)
+        self.stats.ok += 1
+        self.stats.ok_bodies[h] = self.stats.ok_bodies.get(h, 0) + 1
+        return self._json(200, orjson.dumps(body))
+
+    def _latency(self) -> float:
+        cfg = self.cfg
+        if cfg.latency_s <= 0:
+            return 0.0
+        if cfg.latency == "fixed":
+            return cfg.latency_s * cfg.latency_scale
+        return self.rng.lognormvariate(math.log(cfg.latency_s), cfg.latency_sigma) * cfg.latency_scale
+
+    async def _inject(self, fault: str, request: web.Request) -> web.StreamResponse | None:
+        """Serve `fault`; None for faults that shape a 200 reply instead (null, length)."""
+        cfg = self.cfg
+        if fault in ("500", "503"):
+            code = int(fault)
+            status = "INTERNAL" if code == 500 else "UNAVAILABLE"
+            msg = "The server had an error while processing your request." if code == 500 else "The model is overloaded."
+            return self._json(code, _err_body(code, msg, status, as_list=cfg.list_errors))
+        if fault == "429":
+            return self._rate_limited(0.05)
+        if fault == "401":
+            return self._json(401, _err_body(401, "API key not valid.", "UNAUTHENTICATED", as_list=cfg.list_errors))
+        if fault == "quota":
+            details = [
+                {
+                    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                    "violations": [
+                        {
+                            "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+                            "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+                            "quotaValue": str(cfg.daily_quota or 0),
+                        }
+                    ],
+                },
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "43200s"},
+            ]
+            msg = "You exceeded your current quota. Quota exceeded for metric: requests per day."
+            return self._json(429, _err_body(429, msg, "RESOURCE_EXHAUSTED", as_list=True, details=details))
+        if fault == "hang":
+            await asyncio.sleep(cfg.hang_s)
+            return self._json(504, _err_body(504, "deadline exceeded", "DEADLINE_EXCEEDED", as_list=False))
+        if fault == "drop":
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("simulated connection drop")
+        if fault == "malformed":
+            return self._json(200, b'{"id": "chatcmpl-sim", "choices": [{"index": 0, "message": {"role": "assist')
+        return None
+
+    def _rate_limited(self, delay: float) -> web.Response:
+        cfg = self.cfg
+        if cfg.rate_style == "gemini":
+            details = [
+                {
+                    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                    "violations": [
+                        {
+                            "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+                            "quotaId": "GenerateRequestsPerMinutePerProjectPerModel",
+                        }
+                    ],
+                },
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{delay:.3f}s"},
+            ]
+            msg = "You exceeded your current quota, please check your plan and billing details."
+            return self._json(429, _err_body(429, msg, "RESOURCE_EXHAUSTED", as_list=True, details=details))
+        form = cfg.retry_headers
+        headers: dict[str, str] = {}
+        if form in ("all", "seconds"):
+            headers["Retry-After"] = str(max(1, math.ceil(delay)))
+        if form == "date":
+            headers["Retry-After"] = email.utils.formatdate(time.time() + max(1.0, delay), usegmt=True)
+        if form in ("all", "ms"):
+            headers["retry-after-ms"] = str(math.ceil(delay * 1000))
+        if form in ("all", "reset"):
+            headers["x-ratelimit-reset-requests"] = _duration(delay)
+            headers["x-ratelimit-remaining-requests"] = "0"
+        if cfg.rpm:
+            headers["x-ratelimit-limit-requests"] = str(int(cfg.rpm))
+        body = orjson.dumps(
+            {"error": {"message": "Rate limit reached for requests", "type": "requests", "code": "rate_limit_exceeded"}}
+        )
+        return self._json(429, body, headers)
+
+
+async def serve(config: SimConfig, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start serving; returns the runner (for cleanup) and the bound port (useful with port 0)."""
+    runner = web.AppRunner(Simulator(config).app(), access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=4096, reuse_address=True)
+    await site.start()
+    sockets = runner.addresses
+    bound = sockets[0][1] if sockets else port
+    return runner, bound

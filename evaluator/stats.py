@@ -1,0 +1,341 @@
+"""Aggregation over queries and runs, significance tests, and the tidy rows of `summary.json`.
+
+Per run: the mean over queries (see `metrics` for the `(num, den)` convention). Across runs: mean and
+sample standard deviation (ddof = 1; null with one run). RtP retrieval needs no LLM, so its rows have
+`model = null` and a single value, computed once per query even when several models or runs carry the
+same RtP block.
+
+Tests (a separate `tests` list in summary.json, one entry per test):
+- `ttest_1samp`: PtR's per-run means of precision/recall against the deterministic RtP value.
+- `ttest_ind`: pass rate, RtP runs vs PtR runs (Student's two-sample test, equal variances, scipy default).
+- `wilcoxon`: paired per-query signed-rank test on per-query values averaged over runs
+  (`zero_method="wilcox"`: queries with equal values carry no sign and are dropped, scipy's default;
+  exact null distribution for <= 50 untied differences, else the tie-corrected normal approximation).
+Degenerate inputs (one run, zero variance, all differences zero) give NaN p-values, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import warnings
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+from evaluator import metrics as M
+
+GroupKey = tuple[str | None, str, str, str, int | None, str | None]  # model, subset, arch, metric, k, gold
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str | None
+    subset: str
+    arch: str
+    metric: str
+    k: int | None
+    gold: str | None
+    mean: float | None
+    std: float | None
+    values: list[float]
+
+
+@dataclass(frozen=True)
+class Test:
+    model: str | None
+    subset: str
+    metric: str
+    k: int | None
+    gold: str | None
+    test: str  # "ttest_1samp" | "ttest_ind" | "wilcoxon"
+    statistic: float | None
+    pvalue: float | None
+    stars: str
+    n: int  # runs (t-tests: PtR runs) or paired queries (wilcoxon)
+
+
+@dataclass
+class Summary:
+    rows: list[Row]
+    tests: list[Test]
+    checks: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._rows = {(r.model, r.subset, r.arch, r.metric, r.k, r.gold): r for r in self.rows}
+        self._tests = {(t.model, t.subset, t.metric, t.k, t.gold, t.test): t for t in self.tests}
+
+    def row(self, model: str | None, subset: str, arch: str, metric: str, k: int | None = None,
+            gold: str | None = None) -> Row | None:
+        return self._rows.get((model, subset, arch, metric, k, gold))
+
+    def test(self, model: str | None, subset: str, metric: str, k: int | None, gold: str | None,
+             test: str) -> Test | None:
+        return self._tests.get((model, subset, metric, k, gold, test))
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({r.model for r in self.rows if r.model is not None})
+
+    @property
+    def subsets(self) -> list[str]:
+        return sorted({r.subset for r in self.rows})
+
+
+# ---------------------------------------------------------------- tests and formatting
+
+
+def stars(p: float | None) -> str:
+    """Paper's convention: * <.05, ** <.01, *** <.001, n.s. otherwise; '' when undefined."""
+    if p is None or not math.isfinite(p):
+        return ""
+    if p < 0.001:
+        return "***"
+    if p < 0.01:
+        return "**"
+    if p < 0.05:
+        return "*"
+    return "n.s."
+
+
+def format_p(p: float | None) -> str:
+    if p is None or not math.isfinite(p):
+        return "–"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _finite(x: Any) -> float:
+    x = float(x)
+    return x if math.isfinite(x) else math.nan
+
+
+def ttest_one_sample(values: Sequence[float], popmean: float) -> tuple[float, float]:
+    """(t, p); NaN with fewer than two runs or zero run-to-run variance (t would be ±inf)."""
+    v = [float(x) for x in values]
+    if len(v) < 2 or statistics.pvariance(v) == 0.0 or not math.isfinite(popmean):
+        return math.nan, math.nan
+    res = sps.ttest_1samp(v, popmean)
+    return _finite(res.statistic), _finite(res.pvalue)
+
+
+def ttest_two_sample(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """(t, p) of Student's two-sample t-test; NaN when either side has < 2 runs or both are constant."""
+    a, b = [float(x) for x in a], [float(x) for x in b]
+    if len(a) < 2 or len(b) < 2 or statistics.pvariance(a) + statistics.pvariance(b) == 0.0:
+        return math.nan, math.nan
+    res = sps.ttest_ind(a, b)
+    return _finite(res.statistic), _finite(res.pvalue)
+
+
+WILCOXON_EXACT_MAX_N = 50
+
+
+def wilcoxon_paired(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(W, p) of the paired signed-rank test; NaN when no pair differs (nothing to rank)."""
+    d = np.asarray(x, dtype=float) - np.asarray(y, dtype=float)
+    if d.size == 0 or not np.any(d != 0):
+        return math.nan, math.nan
+    nz = np.abs(d[d != 0])
+    # scipy's "auto" falls back to a permutation test on small tied samples: slow, and randomised when the
+    # sample is large enough. Exact distribution without ties, normal approximation (tie-corrected) with.
+    method = "exact" if nz.size <= WILCOXON_EXACT_MAX_N and np.unique(nz).size == nz.size else "approx"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = sps.wilcoxon(d, zero_method="wilcox", method=method)
+    except ValueError:
+        return math.nan, math.nan
+    return _finite(res.statistic), _finite(res.pvalue)
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+def _qid_key(q: Any) -> tuple[int, Any]:
+    return (0, q) if isinstance(q, int) else (1, str(q))
+
+
+def _record_key(r: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (r.get("model") or "", r.get("run") or 0, r.get("subset") or "", _qid_key(r.get("query_id")))
+
+
+def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    mean = math.fsum(values) / len(values)
+    return mean, (statistics.stdev(values) if len(values) >= 2 else None)
+
+
+def summarize(records: Iterable[Mapping[str, Any]], ks: Sequence[int] = M.DEFAULT_KS,
+              k: int = M.DEFAULT_K) -> Summary:
+    """Rows, tests and consistency checks from raw records (any order: they are sorted first)."""
+    ks = sorted(set(ks) | {k})
+    # Sorting plus fsum make every aggregate independent of the order the pipeline wrote records in.
+    recs = sorted(records, key=_record_key)
+    acc: dict[GroupKey, dict[int, tuple[list[float], list[float]]]] = defaultdict(dict)
+    per_query: dict[GroupKey, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
+    names: dict[tuple[str | None, str, int], list[str]] = defaultdict(list)
+    rtp_seen: dict[tuple[str, Any], tuple[str, ...]] = {}
+    inconsistent = 0
+    queries: dict[str, set[Any]] = defaultdict(set)
+
+    for rec in recs:
+        model, run, subset, qid = rec.get("model"), int(rec.get("run") or 0), str(rec.get("subset")), rec.get("query_id")
+        queries[subset].add(qid)
+        obs = M.record_obs(rec, ks, k)
+        rtp = rec.get("rtp") or {}
+        first_rtp = True
+        if rtp:
+            ret = tuple(rtp.get("retrieved") or [])
+            prev = rtp_seen.get((subset, qid))
+            if prev is None:
+                rtp_seen[(subset, qid)] = ret
+            else:
+                first_rtp = False
+                inconsistent += int(prev != ret)
+        for (arch, metric, kk, gold), (num, den) in obs.items():
+            m: str | None = model
+            r = run
+            if arch == "rtp" and metric in M.RETRIEVAL_METRICS:
+                if not first_rtp:
+                    continue  # deterministic: counted once per query
+                m, r = None, 0
+            key = (m, subset, arch, metric, kk, gold)
+            nums, dens = acc[key].setdefault(r, ([], []))
+            nums.append(num)
+            dens.append(den)
+            if metric in M.PAIRED_METRICS:
+                per_query[key][qid].append(num / den)
+        if rec.get("ptr"):
+            names[(model, subset, run)].extend(M.stub_names(rec))
+
+    rows: list[Row] = []
+    for key, by_run in acc.items():
+        metric = key[3]
+        values: list[float] = []
+        for r in sorted(by_run):
+            nums, dens = by_run[r]
+            if metric in M.COUNT_METRICS:
+                values.append(math.fsum(nums))
+            elif (d := math.fsum(dens)) > 0:
+                values.append(math.fsum(nums) / d)
+        if values:
+            mean, std = _mean_std(values)
+            rows.append(Row(*key, mean=mean, std=std, values=values))
+
+    unique: dict[tuple[str | None, str], list[float]] = defaultdict(list)
+    for (model, subset, _run), ns in sorted(names.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], kv[0][2])):
+        if (u := M.unique_ratio(ns)) is not None:
+            unique[(model, subset)].append(u)
+    for (model, subset), values in unique.items():
+        mean, std = _mean_std(values)
+        rows.append(Row(model, subset, "ptr", "stub_unique", None, None, mean, std, values))
+
+    summary = Summary(rows=rows, tests=[])
+    extra_rows, tests = _tests_and_wins(summary, per_query, ks, k)
+    rows.extend(extra_rows)
+    rows.sort(key=_row_sort_key)
+    tests.sort(key=lambda t: (t.model or "", t.subset, t.metric, t.k if t.k is not None else -1, t.gold or "", t.test))
+    checks = {
+        "records": len(recs),
+        "queries_per_subset": {s: len(q) for s, q in sorted(queries.items())},
+        "rtp_inconsistent_queries": inconsistent,
+    }
+    return Summary(rows=rows, tests=tests, checks=checks)
+
+
+def _row_sort_key(r: Row) -> tuple[Any, ...]:
+    return (r.model or "", r.subset, r.arch, r.metric, r.k if r.k is not None else -1, r.gold or "")
+
+
+def _query_means(values: Mapping[Any, list[float]]) -> dict[Any, float]:
+    return {q: math.fsum(v) / len(v) for q, v in values.items() if v}
+
+
+def _paired(per_query: Mapping[GroupKey, Mapping[Any, list[float]]], a: GroupKey,
+            b: GroupKey) -> tuple[list[float], list[float]]:
+    x, y = _query_means(per_query.get(a, {})), _query_means(per_query.get(b, {}))
+    common = sorted(set(x) & set(y), key=_qid_key)
+    return [x[q] for q in common], [y[q] for q in common]
+
+
+def _tests_and_wins(s: Summary, per_query: Mapping[GroupKey, Mapping[Any, list[float]]], ks: Sequence[int],
+                    k: int) -> tuple[list[Row], list[Test]]:
+    rows: list[Row] = []
+    tests: list[Test] = []
+
+    def add_test(model: str, subset: str, metric: str, kk: int | None, gold: str | None, name: str,
+                 res: tuple[float, float], n: int) -> None:
+        stat, p = res
+        tests.append(Test(model, subset, metric, kk, gold, name, None if math.isnan(stat) else stat,
+                          None if math.isnan(p) else p, stars(p), n))
+
+    for model in s.models:
+        for subset in s.subsets:
+            for metric in ("recall", "precision"):
+                for kk in ks:
+                    for gold in M.GOLDS:
+                        rtp = s.row(None, subset, "rtp", metric, kk, gold)
+                        ptr = s.row(model, subset, "ptr", metric, kk, gold)
+                        if rtp is None or ptr is None or rtp.mean is None:
+                            continue
+                        add_test(model, subset, metric, kk, gold, "ttest_1samp",
+                                 ttest_one_sample(ptr.values, rtp.mean), len(ptr.values))
+                        x, y = _paired(per_query, (None, subset, "rtp", metric, kk, gold),
+                                       (model, subset, "ptr", metric, kk, gold))
+                        add_test(model, subset, metric, kk, gold, "wilcoxon", wilcoxon_paired(x, y), len(x))
+                        if metric == "recall":
+                            # Wins on run-averaged per-query recall: the same values the Wilcoxon test ranks.
+                            wr = float(sum(a > b for a, b in zip(x, y, strict=True)))
+                            wp = float(sum(b > a for a, b in zip(x, y, strict=True)))
+                            rows += [
+                                Row(model, subset, "rtp", "wins", kk, gold, wr, None, [wr]),
+                                Row(model, subset, "ptr", "wins", kk, gold, wp, None, [wp]),
+                                Row(model, subset, "both", "ties", kk, gold, len(x) - wr - wp, None,
+                                    [len(x) - wr - wp]),
+                            ]
+            rtp = s.row(model, subset, "rtp", "pass", k)
+            ptr = s.row(model, subset, "ptr", "pass", k)
+            if rtp is not None and ptr is not None:
+                add_test(model, subset, "pass", k, None, "ttest_ind", ttest_two_sample(rtp.values, ptr.values),
+                         len(ptr.values))
+                x, y = _paired(per_query, (model, subset, "rtp", "pass", k, None),
+                               (model, subset, "ptr", "pass", k, None))
+                add_test(model, subset, "pass", k, None, "wilcoxon", wilcoxon_paired(x, y), len(x))
+    return rows, tests
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def _clean(x: Any) -> Any:
+    """NaN/inf -> null and numpy scalars -> Python, so json.dumps is strict and stable."""
+    if isinstance(x, float | np.floating):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, Mapping):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def summary_dict(summary: Summary, meta: Mapping[str, Any]) -> dict[str, Any]:
+    return _clean({
+        "meta": dict(meta),
+        "rows": [asdict(r) for r in summary.rows],
+        "tests": [asdict(t) for t in summary.tests],
+        "checks": summary.checks,
+    })
+
+
+def dumps(obj: Any) -> str:
+    """Deterministic JSON text (sorted keys, no NaN) so a rerun reproduces the file byte for byte."""
+    return json.dumps(_clean(obj), sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"

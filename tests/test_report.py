@@ -1,0 +1,128 @@
+"""report.render end to end: rows recomputed from queries.jsonl, determinism, labels, figures, sections."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import records_fixtures as F
+
+from evaluator import report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = F.write_out(tmp_path_factory.mktemp("study"), F.study(("sim", "gemini")), {
+        **F.meta(("sim", "gemini")),
+        "models": [{"name": "sim", "simulated": True}, {"name": "gemini", "simulated": False}],
+    })
+    (d / "sections").mkdir()
+    (d / "sections" / "20_routing.md").write_text("## Routing\n\nrouting table\n")
+    (d / "sections" / "10_scaling.md").write_text("## Scaling\n\nscaling table\n")
+    report.render(d)
+    return d
+
+
+def _rows(out: Path) -> dict[tuple, dict]:
+    summary = json.loads((out / "summary.json").read_text())
+    return {(r["model"], r["subset"], r["arch"], r["metric"], r["k"], r["gold"]): r for r in summary["rows"]}
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+
+
+def test_rows_recomputed_from_queries(out: Path) -> None:
+    rows, recs = _rows(out), _records(out)
+    sub, k = "G1_instruction", 5
+
+    # RtP recall@5 [api_list]: one deterministic value per query, model null
+    per_q = {r["query_id"]: len(set(r["rtp"]["retrieved"][:k]) & set(r["gold"]["api_list"])) / len(r["gold"]["api_list"])
+             for r in recs if r["subset"] == sub}
+    row = rows[(None, sub, "rtp", "recall", k, "api_list")]
+    assert row["values"] == pytest.approx([statistics.fmean(per_q.values())])
+
+    # PtR precision@3 [relevant] for gemini: per-run mean over queries (discovery failures excluded)
+    runs: dict[int, list[float]] = {}
+    for r in recs:
+        if r["subset"] == sub and r["model"] == "gemini" and not r["ptr"]["discovery_llm_error"]:
+            runs.setdefault(r["run"], []).append(len(set(r["ptr"]["retrieved"][:3]) & set(r["gold"]["relevant"])) / 3)
+    row = rows[("gemini", sub, "ptr", "precision", 3, "relevant")]
+    assert row["values"] == pytest.approx([statistics.fmean(runs[i]) for i in sorted(runs)])
+    assert row["std"] == pytest.approx(statistics.stdev(row["values"]))
+
+    # RtP pass rate for sim: planner LLM errors excluded
+    runs = {}
+    for r in recs:
+        p = r["rtp"]["plan"]
+        if r["subset"] == sub and r["model"] == "sim" and not p["llm_error"]:
+            runs.setdefault(r["run"], []).append(float(bool(p["selected"])))
+    assert rows[("sim", sub, "rtp", "pass", k, None)]["values"] == pytest.approx(
+        [statistics.fmean(runs[i]) for i in sorted(runs)])
+
+    # divergence at k = 5
+    runs = {}
+    for r in recs:
+        if r["subset"] == sub and r["model"] == "sim" and not r["ptr"]["discovery_llm_error"]:
+            runs.setdefault(r["run"], []).append(float(set(r["rtp"]["retrieved"][:k]) != set(r["ptr"]["retrieved"][:k])))
+    assert rows[("sim", sub, "both", "divergent", k, None)]["values"] == pytest.approx(
+        [statistics.fmean(runs[i]) for i in sorted(runs)])
+
+
+def test_summary_deterministic(out: Path, tmp_path: Path) -> None:
+    first = (out / "summary.json").read_bytes()
+    meta = json.loads((out / "meta.json").read_text())
+    # records in another order and different LLM accounting, as a cached rerun would write them
+    meta["llm_stats"] = {m: {"requests": 0, "cache_hits": 99} for m in ("sim", "gemini")}
+    meta["started_at"] = "2027-01-01T00:00:00"
+    again = F.write_out(tmp_path / "again", _records(out), meta, shuffle_seed=7)
+    report.render(again, with_figures=False)
+    assert (again / "summary.json").read_bytes() == first
+    report.render(again, with_figures=False)
+    assert (again / "summary.json").read_bytes() == first
+    assert "NaN" not in first.decode()
+
+
+def test_report_contents(out: Path) -> None:
+    md = (out / "report.md").read_text()
+    for t in ("Table 1:", "Table 3:", "Table 4:", "Table 5:", "Table 6:", "Table 7:", "Table 8:",
+              "Table 11: sim", "Table 11: gemini", "## Decisions", "## Data warnings", "## LLM accounting"):
+        assert t in md, t
+    assert "SIMULATED LLM — model `sim`" in md and "not a language model" in md
+    assert "SIMULATED LLM — model `gemini`" not in md
+    assert md.index("gold `api_list`") < md.index("gold `relevant`")
+    assert "gold API missing from registry: 2" in md
+    assert md.index("## Scaling") < md.index("## Routing")  # sections appended in sorted order
+    assert "embedder `all-MiniLM-L6-v2`" in md and "registry 300 APIs (full)" in md
+
+
+def test_figures(out: Path) -> None:
+    figs = sorted((out / "figures").glob("*.png"))
+    names = {p.name for p in figs}
+    for m in ("sim", "gemini"):
+        assert {f"crossover_{m}.png", f"winloss_{m}.png", f"recall_vs_k_{m}.png", f"trajectories_{m}.png"} <= names
+    for p in figs:
+        data = p.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000
+
+
+def test_retrieval_only_renders(tmp_path: Path) -> None:
+    d = F.write_out(tmp_path / "ro", F.retrieval_only(), F.meta((), runs=1, retrieval_only_=True))
+    report.render(d)
+    md = (d / "report.md").read_text()
+    assert "retrieval only (no LLM)" in md and "Table 1b: Precision" in md and "SIMULATED" not in md
+    rows = json.loads((d / "summary.json").read_text())["rows"]
+    assert rows and all(r["model"] is None and r["arch"] == "rtp" for r in rows)
+    assert (d / "figures" / "recall_vs_k.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_minimal_meta(tmp_path: Path) -> None:
+    """An empty meta.json still renders; the bundled `sim` model is flagged as simulated by name."""
+    d = F.write_out(tmp_path / "bare", F.study(("sim",), runs=1), {})
+    report.render(d, with_figures=False)
+    md = (d / "report.md").read_text()
+    assert "SIMULATED LLM — model `sim`" in md and "| – |" not in md.split("## Model")[0].split("Table 1")[0]
