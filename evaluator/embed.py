@@ -48,7 +48,8 @@ class EmbeddingStore:
             except (OSError, ValueError, KeyError, EOFError):
                 continue  # a foreign or damaged file costs a re-embed, never a crash
             for k, v in zip(keys, vecs, strict=True):
-                self.vectors[bytes(k)] = v
+                # numpy's S16 drops trailing NUL bytes of a digest; pad them back.
+                self.vectors[bytes(k).ljust(16, b"\0")] = v
             self._loaded.add(shard.name)
 
     def add(self, keys: list[bytes], vecs: np.ndarray) -> None:

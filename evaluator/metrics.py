@@ -171,6 +171,13 @@ def record_obs(record: Mapping[str, Any], ks: Sequence[int] = DEFAULT_KS, k: int
         rtp, ptr = record["rtp"], record["ptr"]
         for kk in ks:
             out[("both", "divergent", kk, None)] = (float(set(_topk(rtp, kk)) != set(_topk(ptr, kk))), 1.0)
+            for gold_name in GOLDS:
+                a, b = out.get(("rtp", "recall", kk, gold_name)), out.get(("ptr", "recall", kk, gold_name))
+                if a is not None and b is not None:
+                    # Per (model, run): which architecture recalled more of this query's gold.
+                    out[("both", "recall_win_rtp", kk, gold_name)] = (float(a[0] > b[0]), 1.0)
+                    out[("both", "recall_win_ptr", kk, gold_name)] = (float(b[0] > a[0]), 1.0)
+                    out[("both", "recall_tie", kk, gold_name)] = (float(a[0] == b[0]), 1.0)
         if "rtp" in plans and "ptr" in plans:
             a = set(_unique(plans["rtp"].get("selected") or []))
             b = set(_unique(plans["ptr"].get("selected") or []))

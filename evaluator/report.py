@@ -22,7 +22,7 @@ from evaluator import stats as S
 
 # meta keys that change between otherwise identical runs (cache hits, clocks) stay out of summary.json.
 VOLATILE_META_KEYS = frozenset(
-    {"llm_stats", "started", "started_at", "finished", "finished_at", "timestamp", "created", "created_at",
+    {"llm_stats", "runtime", "started", "started_at", "finished", "finished_at", "timestamp", "created", "created_at",
      "elapsed", "elapsed_s", "wall_s", "duration_s", "timings", "out", "out_dir", "argv", "command", "host",
      "hostname", "pid"}
 )
@@ -82,6 +82,7 @@ class Info:
     """What the report header and figure titles need, resolved from meta.json and the records."""
 
     models: list[str]
+    model_ids: dict[str, str]  # profile name -> provider model id, where meta says
     simulated: set[str]
     embedder: str
     registry_size: str
@@ -102,13 +103,16 @@ def resolve_info(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) 
     models_meta = _lookup(meta, "models") or []
     models = sorted({_name(m) for m in models_meta} | {str(r["model"]) for r in records if r.get("model")})
     simulated: set[str] = {_name(m) for m in models_meta if isinstance(m, Mapping) and m.get("simulated")}
+    per_model = any(isinstance(m, Mapping) and "simulated" in m for m in models_meta)
     sim = _lookup(meta, "simulated")
     if isinstance(sim, Mapping):
         simulated |= {str(m) for m, v in sim.items() if v}
     elif isinstance(sim, list):
         simulated |= {str(m) for m in sim}
-    elif sim is True:
+    elif sim is True and not per_model:  # a global flag only speaks for all models when nothing finer exists
         simulated |= set(models)
+    model_ids = {_name(m): str(m["model"]) for m in models_meta
+                 if isinstance(m, Mapping) and m.get("model") and m.get("model") != _name(m)}
     stats_meta = meta.get("llm_stats") if isinstance(meta.get("llm_stats"), Mapping) else {}
     simulated |= {str(m) for m, v in stats_meta.items() if isinstance(v, Mapping) and v.get("simulated")}
     simulated |= {m for m in models if m == "sim"}  # the bundled simulator is simulated whatever meta says
@@ -122,7 +126,7 @@ def resolve_info(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) 
         runs = len({r.get("run") for r in records if r.get("model")}) or 1
     k = int(_lookup(meta, "k") or M.DEFAULT_K)
     ks = sorted({int(x) for x in (_lookup(meta, "ks") or M.DEFAULT_KS)} | {k})
-    return Info(models=models, simulated=simulated & set(models) if models else simulated,
+    return Info(models=models, model_ids=model_ids, simulated=simulated & set(models) if models else simulated,
                 embedder=_name(emb) if emb is not None else "?", registry_size=f"{size:,}" if isinstance(size, int)
                 else str(size), registry_choice=str(choice), runs=str(runs), k=k, ks=ks,
                 version=str(_lookup(meta, "evaluator_version", "version") or "?"))
@@ -222,8 +226,9 @@ def table1(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
         body.append(line)
     name = "Recall" if metric == "recall" else "Precision"
     return _section(f"Table 1{'' if metric == 'recall' else 'b'}: {name} at retrieval budget k",
-                    f"{c.label(model, gold)}. RtP is deterministic (one value); PtR mean±std over runs. "
-                    "Bold: better architecture.", table(header, body))
+                    f"{c.label(model, gold)}. RtP is deterministic (one value)"
+                    + ("; PtR mean±std over runs. Bold: better architecture." if with_ptr else "."),
+                    table(header, body))
 
 
 def table3(c: Ctx, model: str, gold: str) -> str:
@@ -411,11 +416,26 @@ def warnings_md(meta: Mapping[str, Any]) -> str:
     if not w:
         return "No data warnings.\n"
     if isinstance(w, Mapping):
-        items = [(str(k), v) for k, v in sorted(w.items())]
+        items = [(str(k), _warning_cell(v)) for k, v in sorted(w.items())]
     else:
-        counts = Counter(x if isinstance(x, str) else json.dumps(x, sort_keys=True) for x in w)
+        counts: Counter[str] = Counter()
+        for x in w:
+            if isinstance(x, Mapping):  # {"kind"/"message": ..., "count"/"n": ...} or any other object
+                label = x.get("kind") or x.get("message") or x.get("what")
+                n = x.get("count", x.get("n", 1))
+                counts[str(label) if label else json.dumps(x, sort_keys=True)] += int(n) if isinstance(n, int) else 1
+            else:
+                counts[str(x)] += 1
         items = sorted(counts.items())
     return "\n".join(f"- {k}: {v if not isinstance(v, list | dict) else len(v)}" for k, v in items) + "\n"
+
+
+def _warning_cell(v: Any) -> Any:
+    """`{"count": n, "examples": [...]}` (the data loader's form) -> 'n (e.g. ...)'; other values as given."""
+    if isinstance(v, Mapping) and "count" in v:
+        ex = [str(e) for e in (v.get("examples") or [])[:3]]
+        return f"{v['count']}" + (f" (e.g. {'; '.join(ex)})" if ex else "")
+    return v
 
 
 def llm_stats_md(meta: Mapping[str, Any]) -> str:
@@ -451,7 +471,7 @@ def render_markdown(out_dir: Path, meta: Mapping[str, Any], summary: S.Summary, 
                        "measure the pipeline, not a language model.\n")
     qps = summary.checks.get("queries_per_subset", {})
     out.append("\n".join([
-        f"- Models: {', '.join(f'`{m}`' + (' (simulated)' if m in info.simulated else '') for m in info.models) or 'none (retrieval only)'}",
+        f"- Models: {', '.join(_model_desc(m, info) for m in info.models) or 'none (retrieval only)'}",
         f"- Embedder: `{info.embedder}`",
         f"- Registry: {info.registry_size} APIs, choice `{info.registry_choice}`",
         "- Gold: `api_list` (every API of the tools sampled for the query; paper-comparable, shown first) and "
@@ -499,15 +519,26 @@ def render_markdown(out_dir: Path, meta: Mapping[str, Any], summary: S.Summary, 
     out.append("## Decisions\n\n" + "\n".join(f"- {d}" for d in DECISIONS) + "\n")
     out.append("## summary.json\n\n`rows`: one row per (model, subset, arch, metric, k, gold) with `mean`, `std` "
                "(sample, null with one value) and `values` (per-run means; RtP retrieval: model null, one value; "
-               "`wins`/`ties`: one count). `tests`: one entry per test (`ttest_1samp`, `ttest_ind`, `wilcoxon`) "
+               "`wins`/`ties`: one count on run-averaged recall; `recall_win_rtp`/`recall_win_ptr`/`recall_tie`: per-run "
+               "fractions of queries). `tests`: one entry per test (`ttest_1samp`, `ttest_ind`, `wilcoxon`) "
                "with statistic, p-value (null when undefined), stars and n. `checks`: record counts and "
                "consistency checks.\n")
     out.extend(sections_md(out_dir))
     return "\n".join(out)
 
 
+def _model_desc(m: str, info: Info) -> str:
+    bits = [info.model_ids[m]] if m in info.model_ids else []
+    bits += ["simulated"] if m in info.simulated else []
+    return f"`{m}`" + (f" ({', '.join(bits)})" if bits else "")
+
+
 def summary_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in meta.items() if k not in VOLATILE_META_KEYS}
+    out = {k: v for k, v in meta.items() if k not in VOLATILE_META_KEYS}
+    if isinstance(out.get("settings"), Mapping):
+        # the default --out is a timestamped folder: it must not make two identical studies differ
+        out["settings"] = {k: v for k, v in out["settings"].items() if k not in VOLATILE_META_KEYS}
+    return out
 
 
 def render(out_dir: Path, *, with_figures: bool = True) -> None:

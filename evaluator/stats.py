@@ -119,7 +119,9 @@ def ttest_one_sample(values: Sequence[float], popmean: float) -> tuple[float, fl
     v = [float(x) for x in values]
     if len(v) < 2 or statistics.pvariance(v) == 0.0 or not math.isfinite(popmean):
         return math.nan, math.nan
-    res = sps.ttest_1samp(v, popmean)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = sps.ttest_1samp(v, popmean)
     return _finite(res.statistic), _finite(res.pvalue)
 
 
@@ -128,7 +130,10 @@ def ttest_two_sample(a: Sequence[float], b: Sequence[float]) -> tuple[float, flo
     a, b = [float(x) for x in a], [float(x) for x in b]
     if len(a) < 2 or len(b) < 2 or statistics.pvariance(a) + statistics.pvariance(b) == 0.0:
         return math.nan, math.nan
-    res = sps.ttest_ind(a, b)
+    with warnings.catch_warnings():
+        # one constant side is fine (the pooled variance is not zero) but scipy warns about its moments
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = sps.ttest_ind(a, b)
     return _finite(res.statistic), _finite(res.pvalue)
 
 

@@ -56,6 +56,9 @@ def test_planner_and_cross_by_hand() -> None:
     assert obs[("both", "jaccard_selected", 5, None)] == pytest.approx((1 / 3, 1.0))
     assert obs[("both", "divergent", 5, None)] == (1.0, 1.0)
     assert obs[("both", "both_refused", 5, None)] == (0.0, 1.0)
+    assert obs[("both", "recall_tie", 5, "api_list")] == (1.0, 1.0)  # 0.5 each
+    assert obs[("both", "recall_win_rtp", 1, "api_list")] == (1.0, 1.0)  # RtP's top-1 is gold
+    assert obs[("both", "recall_win_ptr", 1, "api_list")] == (0.0, 1.0)
     assert obs[("rtp", "tokens_total", 5, None)] == (860.0, 1.0)
     assert obs[("ptr", "tokens_discovery_completion", 5, None)] == (120.0, 1.0)
     assert obs[("ptr", "tokens_total", 5, None)] == (150.0 + 120 + 820 + 70, 1.0)

@@ -125,4 +125,4 @@ def test_minimal_meta(tmp_path: Path) -> None:
     d = F.write_out(tmp_path / "bare", F.study(("sim",), runs=1), {})
     report.render(d, with_figures=False)
     md = (d / "report.md").read_text()
-    assert "SIMULATED LLM — model `sim`" in md and "| – |" not in md.split("## Model")[0].split("Table 1")[0]
+    assert "SIMULATED LLM — model `sim`" in md and "Runs: 1;" in md and "No data warnings." in md

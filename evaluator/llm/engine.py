@@ -152,7 +152,8 @@ class LLMEngine:
         body = orjson.dumps({**self._payload, "messages": messages, "seed": run})
         est_tokens = len(body) // 4 + (p.max_tokens or 0)
         t0 = time.perf_counter()
-        failures = 0
+        failures = 0  # transient errors other than 429
+        rate_limited = 0
         truncations = 0
         while True:
             if self._fatal is not None:
@@ -200,25 +201,39 @@ class LLMEngine:
 
             if verdict.is_429:
                 self.stats.http_429 += 1
+                rate_limited += 1
+                if verdict.limit_rpm:
+                    self._learn_rpm(verdict.limit_rpm)
             if verdict.kind is Kind.FATAL:
                 self._fatal = FatalLLMError(self._fatal_message(status, verdict))
                 raise self._fatal
-            if verdict.kind is Kind.GIVE_UP or failures >= p.max_retries:
+            # 429s have their own, larger budget: a limit that is paced to is not a failing server.
+            exhausted = rate_limited > max(20, 3 * p.max_retries) if verdict.is_429 else failures >= p.max_retries
+            if verdict.kind is Kind.GIVE_UP or exhausted:
                 self.stats.errors += 1
                 self._took(t0)
-                tries = f" after {failures + 1} tries" if verdict.kind is Kind.RETRY else ""
+                n = failures + rate_limited + (0 if verdict.is_429 else 1)
+                tries = f" after {n} tries" if verdict.kind is Kind.RETRY else ""
                 return ChatResult(None, None, error=redact(verdict.reason, self._key) + tries)
             delay = verdict.retry_after
             if delay is None:
-                delay = backoff_delay(failures, p.backoff_base_s, p.backoff_max_s, self._rng)
+                attempt = rate_limited - 1 if verdict.is_429 else failures
+                delay = backoff_delay(attempt, p.backoff_base_s, p.backoff_max_s, self._rng)
             delay = min(delay, p.max_wait_s)
-            failures += 1
+            if not verdict.is_429:
+                failures += 1
             self.stats.retries += 1
-            log.debug("%s: retry %d in %.2fs: %s", p.name, failures, delay, redact(verdict.reason, self._key))
+            log.debug("%s: retry in %.2fs: %s", p.name, delay, redact(verdict.reason, self._key))
             if verdict.is_429:
                 self._gate.close_for(delay)  # everyone waits, this call included (at the gate)
             else:
                 await asyncio.sleep(delay)
+
+    def _learn_rpm(self, rpm: float) -> None:
+        """Pace to a limit the server announced when we had none or a higher one (blind profiles)."""
+        if self._pacer is None or rpm < self._pacer.rpm:
+            log.info("%s: server announces %g requests/min; pacing to it", self.profile.name, rpm)
+            self._pacer = RequestPacer(rpm)
 
     def _read_reply(self, raw: bytes) -> tuple[ChatResult, bool] | Verdict:
         """A 200 body -> (result, whether it may be cached), or a verdict to retry."""

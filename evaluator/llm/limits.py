@@ -23,6 +23,7 @@ class RequestPacer:
     """
 
     def __init__(self, rpm: float, safety: float = RPM_SAFETY) -> None:
+        self.rpm = rpm
         per_s = rpm * safety / 60.0
         rate_limit = max(1, math.floor(per_s))
         self.throttler = Throttler(rate_limit=rate_limit, period=rate_limit / per_s, retry_interval=0.002)

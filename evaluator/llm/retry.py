@@ -35,6 +35,7 @@ class Verdict:
     reason: str  # short, already free of secrets only if the caller redacts it
     retry_after: float | None = None  # seconds the server asked us to wait, if it said
     is_429: bool = False
+    limit_rpm: float | None = None  # the requests-per-minute limit the server announced, if any
 
 
 def parse_duration(text: str) -> float | None:
@@ -122,6 +123,28 @@ def retry_after_from_body(err: Mapping[str, Any]) -> float | None:
     return None
 
 
+def rpm_from_reply(headers: Mapping[str, str], err: Mapping[str, Any]) -> float | None:
+    """The RPM limit a 429 announces: OpenAI's `x-ratelimit-limit-requests`, Gemini's per-minute quotaValue.
+
+    (Some hosts put a per-day figure in that header; pacing to it is then merely ineffective, not harmful.)
+    """
+    value = headers.get("x-ratelimit-limit-requests")
+    if value:
+        try:
+            return float(value) if float(value) > 0 else None
+        except ValueError:
+            pass
+    for d in err.get("details") or ():
+        if isinstance(d, dict):
+            for v in d.get("violations") or ():
+                if isinstance(v, dict) and "PerMinute" in str(v.get("quotaId", "")) and "Request" in str(v.get("quotaId", "")):
+                    try:
+                        return float(v.get("quotaValue", "")) or None
+                    except ValueError:
+                        return None
+    return None
+
+
 def _quota_ids(err: Mapping[str, Any]) -> list[str]:
     ids = []
     for d in err.get("details") or ():
@@ -153,7 +176,7 @@ def classify_http(status: int, headers: Mapping[str, str], raw: bytes) -> Verdic
         delay = retry_after_from_headers(headers)
         if delay is None:
             delay = retry_after_from_body(err)
-        return Verdict(Kind.RETRY, reason, delay, is_429=True)
+        return Verdict(Kind.RETRY, reason, delay, is_429=True, limit_rpm=rpm_from_reply(headers, err))
     if status in (401, 403, 404):
         return Verdict(Kind.FATAL, reason)
     if status >= 500 or status in (408, 409, 425):

@@ -335,6 +335,7 @@ class Simulator:
                         {
                             "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
                             "quotaId": "GenerateRequestsPerMinutePerProjectPerModel",
+                            "quotaValue": str(int(cfg.rpm or 0)),
                         }
                     ],
                 },
