@@ -17,6 +17,7 @@ class VectorIndex:
 
     def __init__(self, vectors: np.ndarray, rows: Sequence[int] | None = None) -> None:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        self.vectors = vectors  # the whole registry matrix: rows below index into it
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
         data = vectors if self.rows is None else vectors[self.rows]
         self.index = faiss.IndexFlatIP(vectors.shape[1])
@@ -34,3 +35,24 @@ class VectorIndex:
         if self.rows is not None:
             idx = self.rows[idx]
         return scores, idx
+
+    def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Like `search`, but scored in float64 and ties broken by row, so the result does not
+        depend on which other queries shared the FAISS call (its batched BLAS path and its
+        one-query path round differently, enough to swap near-tied APIs)."""
+        k = min(k, len(self))
+        _, cand = self.search(queries, min(k + _MARGIN, len(self)))
+        scores = np.empty((len(queries), k), np.float64)
+        rows = np.empty((len(queries), k), np.int64)
+        for lo in range(0, len(queries), _CHUNK):
+            c = cand[lo : lo + _CHUNK]
+            q = queries[lo : lo + _CHUNK].astype(np.float64)
+            s = np.einsum("qd,qkd->qk", q, self.vectors[c].astype(np.float64))
+            order = np.lexsort((c, -s), axis=-1)[:, :k]
+            scores[lo : lo + _CHUNK] = np.take_along_axis(s, order, axis=-1)
+            rows[lo : lo + _CHUNK] = np.take_along_axis(c, order, axis=-1)
+        return scores, rows
+
+
+_MARGIN = 8  # extra FAISS candidates re-scored exactly, so boundary near-ties are settled in float64
+_CHUNK = 1024  # queries re-scored at once: bounds the (chunk, k, d) float64 buffer

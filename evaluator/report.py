@@ -2,9 +2,10 @@
 
 `render(out_dir)` makes no LLM call and touches no network, so `python -m evaluator report OUT_DIR`
 reproduces the outputs from saved data. meta.json keys read (all optional, also looked up under
-`settings`): models, runs, k, ks, embedder, registry_size / registry (size, choice), registry_choice,
-simulated (bool, per-model dict or list), evaluator_version, warnings, llm_stats. summary.json copies
-meta without volatile keys (timings, LLM accounting), so a cached rerun reproduces it byte for byte.
+`settings`): models (names or {name, model, simulated}), runs, k, ks, embedder, registry {size, choice}
+(or registry_size / registry_choice), simulated (per-model flags win over a global bool), version,
+warnings, llm_stats. summary.json copies meta without volatile keys (`runtime`, `llm_stats`, timings,
+`settings.out`), so a cached rerun reproduces it byte for byte.
 """
 
 from __future__ import annotations

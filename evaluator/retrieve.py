@@ -27,7 +27,7 @@ class Retrieved:
 
 
 def rtp(index: VectorIndex, query_vecs: np.ndarray, k_max: int) -> list[Retrieved]:
-    scores, rows = index.search(query_vecs, k_max)
+    scores, rows = index.exact_search(query_vecs, k_max)
     return [Retrieved(r.tolist(), s.tolist()) for s, r in zip(scores, rows, strict=True)]
 
 
@@ -41,7 +41,7 @@ def ptr(
 ) -> list[Retrieved]:
     """`owners[j]` is the query (0..n_queries-1) that stub j belongs to; a query with no stub gets
     an empty result."""
-    scores, rows = index.search(stub_vecs, k_max)
+    scores, rows = index.exact_search(stub_vecs, k_max)
     by_query: list[list[int]] = [[] for _ in range(n_queries)]
     for j, q in enumerate(owners):
         by_query[q].append(j)

@@ -120,13 +120,16 @@ def retrieval_only(subsets: Mapping[str, int] = SUBSETS) -> list[dict[str, Any]]
 
 def meta(models: Sequence[str] = ("sim",), runs: int = 4, *, simulated: bool = True,
          retrieval_only_: bool = False) -> dict[str, Any]:
+    """Shaped like pipeline.study_meta: volatile parts under `runtime`, `llm_stats` and `settings.out`."""
+    model_list = [] if retrieval_only_ else [{"name": m, "model": f"{m}-id", "simulated": simulated} for m in models]
     return {
-        "models": [] if retrieval_only_ else [{"name": m, "simulated": simulated} for m in models],
+        "version": "0.1.0", "settings": {"k": 5, "runs": runs, "out": "results/20260101-000000"},
+        "models": model_list, "simulated": any(m["simulated"] for m in model_list),
         "runs": runs, "k": 5, "ks": [1, 3, 5, 10, 20], "embedder": "all-MiniLM-L6-v2",
-        "registry": {"size": len(REGISTRY), "choice": "full"}, "subsets": list(SUBSETS),
-        "evaluator_version": "0.1.0", "warnings": {"gold API missing from registry": 2},
+        "registry": {"size": len(REGISTRY), "choice": "full", "source": "synthetic"}, "subsets": list(SUBSETS),
+        "warnings": {"gold API missing from registry": {"count": 2, "examples": ["G1 query 7: Foo::bar"]}},
         "llm_stats": {m: {"requests": 10, "cache_hits": 3, "retries": 1, "http_429": 0} for m in models},
-        "started_at": "2026-01-01T00:00:00",
+        "runtime": {"created": "2026-01-01T00:00:00", "timings": {"embed_s": 1.0}},
     }
 
 

@@ -16,10 +16,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = F.write_out(tmp_path_factory.mktemp("study"), F.study(("sim", "gemini")), {
-        **F.meta(("sim", "gemini")),
-        "models": [{"name": "sim", "simulated": True}, {"name": "gemini", "simulated": False}],
-    })
+    meta = F.meta(("sim", "gemini"))
+    # as the pipeline writes it: a global "simulated": true (any model) plus the per-model truth
+    meta["models"] = [{"name": "sim", "model": "sim", "simulated": True},
+                      {"name": "gemini", "model": "gemini-2.5-flash", "simulated": False}]
+    d = F.write_out(tmp_path_factory.mktemp("study"), F.study(("sim", "gemini")), meta)
     (d / "sections").mkdir()
     (d / "sections" / "20_routing.md").write_text("## Routing\n\nrouting table\n")
     (d / "sections" / "10_scaling.md").write_text("## Scaling\n\nscaling table\n")
@@ -78,7 +79,8 @@ def test_summary_deterministic(out: Path, tmp_path: Path) -> None:
     meta = json.loads((out / "meta.json").read_text())
     # records in another order and different LLM accounting, as a cached rerun would write them
     meta["llm_stats"] = {m: {"requests": 0, "cache_hits": 99} for m in ("sim", "gemini")}
-    meta["started_at"] = "2027-01-01T00:00:00"
+    meta["runtime"] = {"created": "2027-01-01T00:00:00"}
+    meta["settings"]["out"] = "results/elsewhere"
     again = F.write_out(tmp_path / "again", _records(out), meta, shuffle_seed=7)
     report.render(again, with_figures=False)
     assert (again / "summary.json").read_bytes() == first
@@ -95,7 +97,8 @@ def test_report_contents(out: Path) -> None:
     assert "SIMULATED LLM — model `sim`" in md and "not a language model" in md
     assert "SIMULATED LLM — model `gemini`" not in md
     assert md.index("gold `api_list`") < md.index("gold `relevant`")
-    assert "gold API missing from registry: 2" in md
+    assert "gold API missing from registry: 2 (e.g. G1 query 7: Foo::bar)" in md
+    assert "`gemini` (gemini-2.5-flash)" in md
     assert md.index("## Scaling") < md.index("## Routing")  # sections appended in sorted order
     assert "embedder `all-MiniLM-L6-v2`" in md and "registry 300 APIs (full)" in md
 
