@@ -92,17 +92,17 @@ def _print(rows: list[dict[str, Any]]) -> None:
         t.add_column(col, justify="right")
     for r in rows:
         if r["kind"] == "rate":
-            name = f"{r['style']} {r['server_rpm']:g} RPM, {r['latency_s']:g}s, {'paced' if r['client_knows_rpm'] else 'blind'}"
+            name = f"{r['style']} {r['server_rpm']:g}rpm {r['latency_s']:g}s {'paced' if r['client_knows_rpm'] else 'blind'}"
             ok = r["ratio"] <= 1.1 and r["errors"] == 0 and r["raised"] == 0
             t.add_row(name, str(r["calls"]), f"{r['wall_s']:.1f}", f"{r['floor_s']:.1f}", f"{r['ratio']:.3f}",
-                      str(r["server_429"]), str(r["errors"]), str(r["raised"]), "PASS" if ok else "FAIL (goal 1.1x)")
+                      str(r["server_429"]), str(r["errors"]), str(r["raised"]), "PASS" if ok else "FAIL (>1.1x)")
         else:
             for what in ("fresh", "cached"):
                 rate = r[f"{what}_calls_per_s"]
                 goal = 1000 if what == "fresh" else 10000
                 t.add_row(f"throughput, {what}", str(r["calls"]), f"{r[what]['wall_s']:.2f}", "-", f"{rate:,.0f}/s",
                           "-", str(r[what]["errors"]), str(r[what]["raised"]), "PASS" if rate >= goal else f"FAIL (goal {goal}/s)")
-    Console().print(t)
+    Console(width=max(120, Console().width)).print(t)
 
 
 def main(argv: list[str] | None = None) -> None:

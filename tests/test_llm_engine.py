@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+from types import SimpleNamespace
 
 import llm_fixtures as F
 import pytest
@@ -192,3 +194,14 @@ async def test_concurrency_limit(sim):
     async with LLMEngine(F.sim_profile(sim, concurrency=3)) as llm:
         await asyncio.gather(*(llm.chat(F.msgs(i), run=0, prompt_version="v1") for i in range(12)))
     assert sim.stats()["max_in_flight"] == 3
+
+
+async def test_unreachable_endpoint_is_fatal_after_retries(tmp_path):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    prof = F.sim_profile(SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1"), max_retries=1)
+    async with LLMEngine(prof, cache_root=tmp_path) as llm:
+        with pytest.raises(FatalLLMError, match="does not answer"):
+            await llm.chat(F.msgs(0), run=0, prompt_version="v1")
+    assert llm.stats.requests == 2

@@ -56,7 +56,9 @@ class LLMEngine:
         self.stats = ModelStats()
         self._cache = ResponseCache(cache_root) if cache_root is not None else None
         sampling = {"temperature": profile.temperature, "max_tokens": profile.max_tokens, "extra_body": profile.extra_body}
-        self._prefix = key_prefix(profile.base_url, profile.model, sampling)
+        # An auto-started simulator listens on a new port each time; its answers do not depend on it.
+        endpoint = f"simulator:{profile.name}" if profile.simulated else profile.base_url
+        self._prefix = key_prefix(endpoint, profile.model, sampling)
         payload: dict[str, Any] = {"model": profile.model, "temperature": profile.temperature}
         if profile.max_tokens is not None:
             payload["max_tokens"] = profile.max_tokens
@@ -174,6 +176,9 @@ class LLMEngine:
                         raw = await resp.read()
                 except TimeoutError:
                     verdict = Verdict(Kind.RETRY, f"timeout after {p.timeout_s:g}s")
+                except aiohttp.ClientConnectorError as e:
+                    reason = f"cannot connect to {p.base_url} ({type(e).__name__})"
+                    verdict = Verdict(Kind.RETRY, reason, fatal_when_exhausted=True)
                 except aiohttp.ClientError as e:
                     verdict = Verdict(Kind.RETRY, f"connection error ({type(e).__name__})")
 
@@ -204,7 +209,7 @@ class LLMEngine:
                 rate_limited += 1
                 if verdict.limit_rpm:
                     self._learn_rpm(verdict.limit_rpm)
-            if verdict.kind is Kind.FATAL:
+            if verdict.kind is Kind.FATAL or (verdict.fatal_when_exhausted and failures >= p.max_retries):
                 self._fatal = FatalLLMError(self._fatal_message(status, verdict))
                 raise self._fatal
             # 429s have their own, larger budget: a limit that is paced to is not a failing server.
@@ -213,7 +218,7 @@ class LLMEngine:
                 self.stats.errors += 1
                 self._took(t0)
                 n = failures + rate_limited + (0 if verdict.is_429 else 1)
-                tries = f" after {n} tries" if verdict.kind is Kind.RETRY else ""
+                tries = f" (after {n} tries)" if verdict.kind is Kind.RETRY else ""
                 return ChatResult(None, None, error=redact(verdict.reason, self._key) + tries)
             delay = verdict.retry_after
             if delay is None:
@@ -282,6 +287,8 @@ class LLMEngine:
             what = f"the API key was rejected; set {env} to a valid key"
         elif status == 403:
             what = f"permission denied; check that the key in {env} may use model {p.model!r} (API enabled, billing, region)"
-        else:
+        elif status == 404:
             what = f"endpoint or model not found; check base_url {p.base_url!r} and model id {p.model!r}"
+        else:
+            what = f"the endpoint does not answer; check that the server is up and base_url/--base-url ({p.base_url!r})"
         return f"{p.name}: {what} [{why}]"

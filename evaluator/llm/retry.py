@@ -36,6 +36,7 @@ class Verdict:
     retry_after: float | None = None  # seconds the server asked us to wait, if it said
     is_429: bool = False
     limit_rpm: float | None = None  # the requests-per-minute limit the server announced, if any
+    fatal_when_exhausted: bool = False  # e.g. nothing listens at the URL: no point in every call failing
 
 
 def parse_duration(text: str) -> float | None:

@@ -1,0 +1,93 @@
+"""The command line end to end on a tiny data folder, as a user runs it (simulated LLM on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from data_fixtures import make_data_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env.pop("EVALUATOR_DATA", None)
+    return subprocess.run(
+        [sys.executable, "-m", "evaluator", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ws")
+    return root, make_data_dir(root / "data"), root / "cache"
+
+
+def test_retrieval_only_reports_both_gold_sets(workspace):
+    root, data, cache = workspace
+    r = run_cli("--retrieval-only", "--data", str(data), "--cache-dir", str(cache), "--out", str(root / "ro"), "--no-progress", cwd=root)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((root / "ro" / "summary.json").read_text())["rows"]
+    recall5 = {(x["subset"], x["gold"]): x for x in rows if x["metric"] == "recall" and x["k"] == 5 and x["arch"] == "rtp"}
+    assert set(recall5) == {(s, g) for s in ("G1_instruction", "G2_instruction") for g in ("api_list", "relevant")}
+    assert all(x["model"] is None and len(x["values"]) == 1 for x in recall5.values())
+    # On this toy registry the query names its API outright: RtP must find the relevant ones.
+    assert recall5[("G1_instruction", "relevant")]["mean"] == 1.0
+    recs = [json.loads(line) for line in (root / "ro" / "queries.jsonl").read_text().splitlines()]
+    assert len(recs) == 5 and all(len(r["rtp"]["retrieved"]) == 14 for r in recs)  # k_max capped by registry size
+
+
+def test_full_study_with_simulator_then_rerun_from_cache(workspace):
+    root, data, cache = workspace
+    args = ["--data", str(data), "--cache-dir", str(cache), "--model", "sim", "--runs", "2", "--no-progress"]
+    first = run_cli(*args, "--out", str(root / "s1"), cwd=root)
+    assert first.returncode == 0, first.stderr
+    meta = json.loads((root / "s1" / "meta.json").read_text())
+    assert meta["llm_stats"]["sim"]["requests"] > 0
+    report = (root / "s1" / "report.md").read_text()
+    assert "SIMULATED" in report.upper()
+    recs = [json.loads(line) for line in (root / "s1" / "queries.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 * 5
+    assert all(r["ptr"]["stubs"] and r["rtp"]["plan"] is not None for r in recs)
+    assert list((root / "s1" / "figures").glob("*.png"))
+
+    second = run_cli(*args, "--out", str(root / "s2"), cwd=root)
+    assert second.returncode == 0, second.stderr
+    stats = json.loads((root / "s2" / "meta.json").read_text())["llm_stats"]["sim"]
+    assert stats["requests"] == 0 and stats["cache_hits"] == stats["calls"]
+    assert (root / "s1" / "summary.json").read_bytes() == (root / "s2" / "summary.json").read_bytes()
+
+    # `report` re-renders from the saved data alone.
+    rendered = (root / "s2" / "report.md").read_text()
+    (root / "s2" / "report.md").unlink()
+    again = run_cli("report", str(root / "s2"), cwd=root)
+    assert again.returncode == 0, again.stderr
+    assert (root / "s2" / "report.md").read_text() == rendered
+
+    cs = run_cli("cache", "stats", "--cache-dir", str(cache), cwd=root)
+    assert cs.returncode == 0 and "sim" in cs.stdout
+
+
+def test_missing_data_is_one_clear_error(tmp_path):
+    r = run_cli("--retrieval-only", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "nope" in r.stderr and "--data DIR or EVALUATOR_DATA" in r.stderr
+
+
+def test_unknown_model_fails_before_any_work(workspace):
+    root, data, cache = workspace
+    r = run_cli("--data", str(data), "--cache-dir", str(cache), "--model", "no-such-model", "--out", str(root / "x"), cwd=root)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "no-such-model" in r.stderr and not (root / "x").exists()
+
+
+def test_missing_key_names_the_variable(workspace):
+    root, data, cache = workspace
+    r = run_cli("--data", str(data), "--cache-dir", str(cache), "--model", "gemini", "--out", str(root / "g"), cwd=root, env={"GEMINI_API_KEY": ""})
+    assert r.returncode == 2 and "GEMINI_API_KEY" in r.stderr and "Traceback" not in r.stderr
