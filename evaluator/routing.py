@@ -471,6 +471,7 @@ def figure(result: Mapping[str, Any], path: Path) -> Path:
                 best = res["best_in_sample"][signal][gold]
                 ax.scatter([best["tokens"]["mean"]], [best[f"recall:{gold}"]["mean"]], s=90, facecolors="none",
                            edgecolors=color, linewidths=1.5, zorder=5)
+            ax.scatter([], [], s=90, facecolors="none", edgecolors="#555555", label="best τ (in-sample), circled")
             b = res["baselines"][gold]
             for name, key, mk, color in (("always RtP", "always_rtp", "s", "#1f77b4"),
                                          ("always PtR", "always_ptr", "^", "#d62728"),
@@ -482,8 +483,10 @@ def figure(result: Mapping[str, Any], path: Path) -> Path:
             title = f"{model}" + (" (simulated LLM)" if model in meta["simulated_models"] else "")
             ax.set_title(f"{title}: recall vs tokens, all queries (in-sample)", fontsize=10)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
+    # One legend under the panels: inside, it hides the sweep's points.
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1 / len(models), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)

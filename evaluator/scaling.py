@@ -226,7 +226,6 @@ def build_inputs(
         )
         first_query = len(query_texts)
         query_texts += [str(qs[q]["query"]) for q in qids]
-        si.owners = []
         stub_plan: list[tuple[int, int | None]] = []
         n = len(qids)
         qpos = {q: i for i, q in enumerate(qids)}
@@ -256,11 +255,9 @@ def build_inputs(
     for si, first, stub_plan in plans:
         n = len(si.query_ids)
         si.query_vecs = qv[first : first + n]
-        rows_ = []
-        for owner, t in stub_plan:
-            rows_.append(si.query_vecs[owner % n] if t is None else sv[t])
-            si.owners.append(owner)
-        si.stub_vecs = np.stack(rows_).astype(np.float32) if rows_ else np.zeros((0, qv.shape[1]), np.float32)
+        si.owners = [owner for owner, _ in stub_plan]
+        vecs = [si.query_vecs[owner % n] if t is None else sv[t] for owner, t in stub_plan]
+        si.stub_vecs = np.stack(vecs).astype(np.float32) if vecs else np.zeros((0, qv.shape[1]), np.float32)
         out.append(si)
     return out
 
@@ -272,53 +269,66 @@ def _recall(rows: Sequence[int], gold: set[int], n_gold: int) -> float:
     return len(set(rows) & gold) / n_gold if n_gold else float("nan")
 
 
-def evaluate(index: VectorIndex, si: SubsetInput, k: int) -> dict[tuple[str, str | None, str, str | None], float]:
-    """One point, one seed: {(arch, model, metric, gold): value}; two batched searches in all."""
+Key = tuple[str, str | None, str, str | None]  # (arch, model, metric, gold)
+
+
+@dataclass
+class Searched:
+    """Top-k registry rows of one subset on one (sub-)registry: per query, and per (PtR unit, query)."""
+
+    rtp: list[list[int]]
+    ptr: list[list[int]]  # index unit * n + query
+
+
+def search(index: VectorIndex, si: SubsetInput, k: int) -> Searched:
+    """Two batched searches: every query, then every stub of every (model, run) at once."""
+    rtp = [r.rows[:k] for r in retrieve.rtp(index, si.query_vecs, k)]
+    ptr: list[list[int]] = []
+    if si.units:
+        assert si.stub_vecs is not None
+        n_units = len(si.units) * len(si.query_ids)
+        ptr = [r.rows[:k] for r in retrieve.ptr(index, si.stub_vecs, si.owners, n_units, k, [k])]
+    return Searched(rtp, ptr)
+
+
+def score(si: SubsetInput, found: Searched) -> dict[Key, float]:
+    """One point, one seed. PtR values: mean over queries per run, then over the model's runs."""
     n = len(si.query_ids)
-    rtp = retrieve.rtp(index, si.query_vecs, k)
-    out: dict[tuple[str, str | None, str, str | None], float] = {}
-    rtp_top = [r.rows[:k] for r in rtp]
+    out: dict[Key, float] = {}
     for g in GOLD_SETS:
         out[("rtp", None, "recall", g)] = float(
-            np.nanmean([_recall(rtp_top[q], si.gold[g][q], si.gold_len[g][q]) for q in range(n)])
+            np.nanmean([_recall(found.rtp[q], si.gold[g][q], si.gold_len[g][q]) for q in range(n)])
         )
-    if not si.units:
-        return out
-    assert si.stub_vecs is not None and si.ptr_valid is not None
-    ptr = retrieve.ptr(index, si.stub_vecs, si.owners, len(si.units) * n, k, [k])
     per_model: dict[str, dict[tuple[str, str | None], list[float]]] = {}
     for u, (model, _run) in enumerate(si.units):
+        assert si.ptr_valid is not None
         valid = np.flatnonzero(si.ptr_valid[u]).tolist()
         if not valid:
             continue
         acc = per_model.setdefault(model, {})
-        tops = {q: ptr[u * n + q].rows[:k] for q in valid}
+        tops = {q: set(found.ptr[u * n + q]) for q in valid}
         for g in GOLD_SETS:
-            vals = [_recall(tops[q], si.gold[g][q], si.gold_len[g][q]) for q in valid]
+            vals = [_recall(list(tops[q]), si.gold[g][q], si.gold_len[g][q]) for q in valid]
             acc.setdefault(("recall", g), []).append(float(np.nanmean(vals)))
         # divergent: the top-k sets differ (STUDY.md); disjoint: they share nothing (the paper's 3.2 wording).
-        acc.setdefault(("divergent", None), []).append(
-            float(np.mean([set(tops[q]) != set(rtp_top[q]) for q in valid])))
-        acc.setdefault(("disjoint", None), []).append(
-            float(np.mean([not (set(tops[q]) & set(rtp_top[q])) for q in valid])))
+        acc.setdefault(("divergent", None), []).append(float(np.mean([tops[q] != set(found.rtp[q]) for q in valid])))
+        acc.setdefault(("disjoint", None), []).append(float(np.mean([not tops[q] & set(found.rtp[q]) for q in valid])))
     for model, acc in per_model.items():
         for (metric, g), vals in acc.items():
-            out[("ptr" if metric == "recall" else "both", model, metric, g)] = statistics.fmean(vals)  # over runs
+            out[("ptr" if metric == "recall" else "both", model, metric, g)] = statistics.fmean(vals)
     return out
 
 
-def full_check(registry: Registry, index: VectorIndex, si: SubsetInput, k: int) -> dict[str, Any]:
+def full_check(registry: Registry, si: SubsetInput, found: Searched) -> dict[str, Any]:
     """Share of queries whose recomputed full-registry top-k equals the saved one: a low value means
     the embedder, cache or registry differ from the run's."""
-    n = len(si.query_ids)
     ids = registry.ids
-    rtp = retrieve.rtp(index, si.query_vecs, k)
-    rtp_same = [set(ids[r] for r in rtp[q].rows[:k]) == set(si.saved_rtp[q]) for q in range(n) if si.saved_rtp[q]]
-    out: dict[str, Any] = {"rtp_same_topk": float(np.mean(rtp_same)) if rtp_same else None}
+    same = [{ids[r] for r in rows} == set(saved) for rows, saved in zip(found.rtp, si.saved_rtp, strict=True) if saved]
+    out: dict[str, Any] = {"rtp_same_topk": float(np.mean(same)) if same else None}
     if si.units and si.saved_ptr:
-        assert si.stub_vecs is not None and si.ptr_valid is not None
-        ptr = retrieve.ptr(index, si.stub_vecs, si.owners, len(si.units) * n, k, [k])
-        same = [set(ids[r] for r in ptr[u * n + q].rows[:k]) == set(saved)
+        assert si.ptr_valid is not None
+        n = len(si.query_ids)
+        same = [{ids[r] for r in found.ptr[u * n + q]} == set(saved)
                 for (u, q), saved in si.saved_ptr.items() if si.ptr_valid[u, q]]
         out["ptr_same_topk"] = float(np.mean(same)) if same else None
     return out
@@ -331,7 +341,7 @@ class Point:
     n_apis: list[int]  # actual size per draw
     gold_only: bool
     seeds: list[int]  # seeds drawn ([] for the full registry and gold-only points: no randomness)
-    values: dict[tuple[str, str | None, str, str | None], list[float]]  # per seed
+    values: dict[Key, list[float]]  # per seed
     distractors_per_stratum: dict[str, int] = field(default_factory=dict)  # first seed's draw
 
 
@@ -352,7 +362,7 @@ def run_points(
             t = time.perf_counter()
             gold_only = len(si.gold_rows) >= size
             draws = [0] if gold_only else list(range(seeds))
-            values: dict[tuple[str, str | None, str, str | None], list[float]] = {}
+            values: dict[Key, list[float]] = {}
             n_apis: list[int] = []
             per: dict[str, int] = {}
             for s in draws:
@@ -360,13 +370,13 @@ def run_points(
                 if s == draws[0]:
                     per = sub.per_stratum
                 n_apis.append(len(sub.rows))
-                for key, v in evaluate(VectorIndex(api_vecs, rows=sub.rows), si, k).items():
+                for key, v in score(si, search(VectorIndex(api_vecs, rows=sub.rows), si, k)).items():
                     values.setdefault(key, []).append(v)
             points.append(Point(si.name, size, n_apis, gold_only, [] if gold_only else draws, values, per))
             log(f"{si.name}: size {size:,}{' (gold only)' if gold_only else ''}: {time.perf_counter() - t:.1f}s")
-        values = {key: [v] for key, v in evaluate(full_index, si, k).items()}
-        points.append(Point(si.name, FULL, [len(registry)], False, [], values))
-        checks[si.name] = full_check(registry, full_index, si, k)
+        found = search(full_index, si, k)
+        points.append(Point(si.name, FULL, [len(registry)], False, [], {key: [v] for key, v in score(si, found).items()}))
+        checks[si.name] = full_check(registry, si, found)
     return points, checks
 
 
@@ -384,7 +394,7 @@ def tidy_rows(points: Sequence[Point]) -> list[dict[str, Any]]:
     return rows
 
 
-def _fmt(p: Point | None, key: tuple[str, str | None, str, str | None], pct: bool = False) -> tuple[str, float]:
+def _fmt(p: Point | None, key: Key, pct: bool = False) -> tuple[str, float]:
     if p is None or key not in p.values:
         return "–", float("nan")
     m, s = mean_std(p.values[key])
@@ -402,7 +412,7 @@ def _size_label(size: int | str, pts: Sequence[Point]) -> str:
     label = f"{int(size):,}"
     for p in pts:
         if p.gold_only:
-            label += f" → {p.subset.split('_')[0]} {p.n_apis[0]:,} gold-only†"
+            label += f" ({p.subset.split('_')[0]}: gold-only, {p.n_apis[0]:,} APIs†)"
     return label
 
 
@@ -498,7 +508,7 @@ def figure(result: dict[str, Any], points: Sequence[Point], path: Path) -> Path:
     fig, axes = plt.subplots(len(GOLD_SETS), ncols, figsize=(4.2 * ncols, 3.4 * len(GOLD_SETS)), squeeze=False)
     colors = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]
 
-    def series(subset: str, key: tuple[str, str | None, str, str | None]) -> tuple[list, list, list]:
+    def series(subset: str, key: Key) -> tuple[list, list, list]:
         xs, ms, ss = [], [], []
         for p in sorted((p for p in points if p.subset == subset and key in p.values),
                         key=lambda p: max(p.n_apis)):
