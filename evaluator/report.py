@@ -58,6 +58,23 @@ DECISIONS = [
     "t-tests: one-sample (PtR per-run means vs the RtP value) for precision/recall, Student's two-sample "
     "for pass rate; with one run or zero run-to-run variance the p-value is undefined and shown as '–'.",
     "Significance: * p < .05, ** p < .01, *** p < .001, n.s. otherwise (as in the paper).",
+    "Registry: 47,020 ToolBench APIs (the paper's 46,984 plus 36 renamed gold APIs, so every gold API "
+    "exists); with `full`, an API without a description is embedded as `{tool_name}/{api_name}: `. "
+    "Queries: G1/G2 are StableToolBench's solvable subsets (163/106 queries), not the paper's 200/200.",
+    "Embedder: all-MiniLM-L6-v2 (384-d, bundled) by default, not the paper's gte-base (768-d, needs the "
+    "model hub); any sentence-transformers model is a setting. Vectors are L2-normalised; search is exact "
+    "inner product (faiss.IndexFlatIP), re-scored in float64 with ties broken by registry row so results "
+    "do not depend on how queries were batched.",
+    "PtR: every stub is searched to the largest k of the ablation, so the re-ranked union's first k "
+    "entries are exactly TopK_t max_s sim(s, d_t) at every k. A query whose discovery reply yields no "
+    "stub retrieves nothing and gets no planner call (counted in Gen%), unless `fallback_to_query` is on.",
+    "Prompts are this project's own (evaluator/prompts.py; the paper's verbatim prompts are not in the "
+    "available text); their versions are part of the response-cache key. The planner sees the main-k "
+    "retrieved APIs as `tool/api: description`; its selections are mapped back to registry ids by exact, "
+    "normalised, then close (difflib >= 0.85) name matching; a name that matches nothing offered is "
+    "looked up in the registry, else kept as written (it counts against fidelity).",
+    "Sampling: temperature 0; the run index is sent as `seed` and is part of the cache key, so N runs are N "
+    "samples (providers that ignore the seed still vary at temperature 0, as the paper observed).",
 ]
 
 

@@ -44,7 +44,7 @@ async def _call(prof, root, call, api_key=None):
     "component", ["model", "endpoint", "temperature", "max_tokens", "extra_body", "messages", "run", "prompt_version"]
 )
 async def test_each_key_component_misses(sim, tmp_path, component):
-    base = F.sim_profile(sim)
+    base = F.sim_profile(sim, simulated=False)  # a real endpoint: its URL is part of the key
     assert not (await _call(base, tmp_path, BASE)).cached
     assert (await _call(base, tmp_path, BASE)).cached
     prof_change, call_change = _variants(sim)[component]
@@ -55,11 +55,20 @@ async def test_each_key_component_misses(sim, tmp_path, component):
 
 @pytest.mark.parametrize("setting", sorted(TRANSPORT))
 async def test_transport_settings_and_key_do_not_change_the_key(sim, tmp_path, setting):
-    base = F.sim_profile(sim)
+    base = F.sim_profile(sim, simulated=False)
     await _call(base, tmp_path, BASE)
     other = dataclasses.replace(base, **{setting: TRANSPORT[setting]})
     assert (await _call(other, tmp_path, BASE, api_key="sk-some-other-key-123456789")).cached
     assert sim.stats()["requests"] == 1
+
+
+async def test_auto_started_simulator_keys_on_its_name_not_its_port(sim, tmp_path):
+    # Each auto-started simulator gets a fresh port; its answers do not depend on it.
+    base = F.sim_profile(sim)
+    await _call(base, tmp_path, BASE)
+    moved = dataclasses.replace(base, base_url=sim.base_url.replace("127.0.0.1", "localhost"))
+    assert (await _call(moved, tmp_path, BASE)).cached
+    assert not (await _call(dataclasses.replace(base, name="sim-other"), tmp_path, BASE)).cached
 
 
 async def test_api_key_never_written_to_cache(sim, tmp_path):

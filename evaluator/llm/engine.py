@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
@@ -88,7 +89,7 @@ class LLMEngine:
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=self.profile.timeout_s),
             connector=aiohttp.TCPConnector(limit=self.profile.concurrency, ttl_dns_cache=300),
-            trust_env=not self.profile.simulated,  # proxies for real providers; never for the loopback sim
+            trust_env=not self._loopback(),  # honour HTTP(S)_PROXY for real providers, never for local servers
         )
         return self
 
@@ -103,6 +104,9 @@ class LLMEngine:
             self._session = None
         if self._cache is not None:
             self._cache.close()
+
+    def _loopback(self) -> bool:
+        return self.profile.simulated or urlsplit(self.profile.base_url).hostname in ("127.0.0.1", "localhost", "::1")
 
     def cache_key(self, messages: list[dict[str, Any]], *, run: int, prompt_version: str) -> str:
         return call_key(self._prefix, messages, run, prompt_version)
