@@ -14,7 +14,7 @@ import numpy as np
 
 from . import __version__, prompts, retrieve
 from .config import Settings
-from .llm import ChatResult, FatalLLMError, LLMEngine, ModelProfile, load_profile
+from .llm import ChatResult, ConfigError, FatalLLMError, LLMEngine, ModelProfile, load_profile
 from .parse import Plan, parse_plan, parse_stubs, stub_text
 from .progress import Progress
 from .records import base_record, ptr_retrieval_block, retrieval_block, write_records
@@ -242,13 +242,16 @@ def load_profiles(s: Settings, args) -> dict[str, ModelProfile]:
     """Every profile resolved and checked (keys present) before any work starts."""
     profiles = {}
     for name in dict.fromkeys(s.models):
-        profiles[name] = load_profile(
+        p = load_profile(
             name,
             base_url=getattr(args, "base_url", None),
             concurrency=getattr(args, "concurrency", None),
             rpm=getattr(args, "rpm", None),
             tpm=getattr(args, "tpm", None),
         )
+        if p.name in profiles:
+            raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
+        profiles[p.name] = p
     return profiles
 
 

@@ -91,3 +91,64 @@ def test_missing_key_names_the_variable(workspace):
     root, data, cache = workspace
     r = run_cli("--data", str(data), "--cache-dir", str(cache), "--model", "gemini", "--out", str(root / "g"), cwd=root, env={"GEMINI_API_KEY": ""})
     assert r.returncode == 2 and "GEMINI_API_KEY" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_two_models_share_nothing(workspace):
+    root, data, cache = workspace
+    r = run_cli("--data", str(data), "--cache-dir", str(cache), "--model", "sim", "--model", "sim-b", "--runs", "1",
+                "--subsets", "G1", "--out", str(root / "two"), "--no-progress", cwd=root)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((root / "two" / "meta.json").read_text())
+    # Each model's replies are its own: the second model is not answered from the first one's cache.
+    stats = meta["llm_stats"]
+    assert stats["sim-b"]["requests"] == stats["sim-b"]["calls"] > 0
+    rows = json.loads((root / "two" / "summary.json").read_text())["rows"]
+    models = {x["model"] for x in rows if x["metric"] == "pass"}
+    assert models == {"sim", "sim-b"}
+
+
+def _profile(tmp_path: Path, base_url: str) -> Path:
+    p = tmp_path / "keyed.toml"
+    p.write_text(
+        f'model = "sim-1"\nbase_url = "{base_url}"\napi_key_env = "KEYED_SIM_KEY"\nconcurrency = 4\n'
+        "max_retries = 2\ntimeout_s = 10.0\n",
+        encoding="utf-8",
+    )
+    return p
+
+
+def test_bad_key_stops_cleanly_without_leaking_it(workspace, tmp_path):
+    from evaluator.sim.harness import start_simulator
+
+    root, data, cache = workspace
+    with start_simulator(api_key="the-right-key") as sim:
+        prof = _profile(tmp_path, sim.base_url)
+        r = run_cli("--data", str(data), "--cache-dir", str(tmp_path / "c"), "--model", str(prof), "--runs", "1",
+                    "--out", str(tmp_path / "o"), "--no-progress", cwd=root, env={"KEYED_SIM_KEY": "sk-WRONG-secret-123"})
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr and "401" in r.stderr
+    assert "sk-WRONG-secret-123" not in r.stderr + r.stdout
+
+
+def test_daily_quota_stop_then_resume_pays_no_call_twice(workspace, tmp_path):
+    from evaluator.sim.harness import start_simulator
+
+    root, data, cache = workspace
+    args = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--runs", "2", "--no-progress",
+            "--out", str(tmp_path / "o")]
+    env = {"KEYED_SIM_KEY": "k"}
+    with start_simulator(api_key="k", daily_quota=12) as sim:
+        prof = _profile(tmp_path, sim.base_url)
+        first = run_cli(*args, "--model", str(prof), cwd=root, env=env)
+        assert first.returncode != 0 and "Traceback" not in first.stderr
+        assert "quota" in first.stderr.lower()
+        done_before = sim.stats()["ok"]
+        assert done_before == 12
+        # The quota "resets": every call answered before the stop comes from the cache.
+        sim.configure(daily_quota=None)
+        sim.reset_stats()
+        second = run_cli(*args, "--model", str(prof), cwd=root, env=env)
+        assert second.returncode == 0, second.stderr
+        meta = json.loads((tmp_path / "o" / "meta.json").read_text())
+        calls = meta["llm_stats"]["keyed"]["calls"]
+        assert sim.stats()["ok"] == calls - done_before
