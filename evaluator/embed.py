@@ -140,8 +140,9 @@ class Embedder:
     def dimension(self) -> int:
         return int(self.model.get_sentence_embedding_dimension())
 
-    def encode(self, texts: list[str], desc: str = "embedding") -> np.ndarray:
-        """float32 (len(texts), d), L2-normalised, row i for texts[i]."""
+    def encode(self, texts: list[str], desc: str = "embedding", progress: bool | None = None) -> np.ndarray:
+        """float32 (len(texts), d), L2-normalised, row i for texts[i]; `progress` overrides the
+        embedder's setting (small micro-batches would only flicker a bar)."""
         import time
 
         t0 = time.perf_counter()
@@ -159,7 +160,8 @@ class Embedder:
         self.stats.cache_hits += len(first) - len(todo)
         fresh: dict[bytes, np.ndarray] = {}
         if todo:
-            fresh = self._embed([texts[first[k]] for k in todo], todo, desc)
+            show = self.progress if progress is None else progress
+            fresh = self._embed([texts[first[k]] for k in todo], todo, desc, show)
         self.stats.embedded += len(todo)
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
@@ -167,14 +169,14 @@ class Embedder:
         self.stats.seconds += time.perf_counter() - t0
         return out
 
-    def _embed(self, texts: list[str], keys: list[bytes], desc: str) -> dict[bytes, np.ndarray]:
+    def _embed(self, texts: list[str], keys: list[bytes], desc: str, show: bool) -> dict[bytes, np.ndarray]:
         from tqdm import tqdm
 
         # Sort by length across the whole call (not only inside each encode) so that every shard's
         # batches are padded to similar lengths; shards are what a crash can lose at most.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out: dict[bytes, np.ndarray] = {}
-        bar = tqdm(total=len(texts), desc=desc, unit=" texts", disable=not self.progress, unit_scale=True)
+        bar = tqdm(total=len(texts), desc=desc, unit=" texts", disable=not show, unit_scale=True)
         try:
             for start in range(0, len(order), _SHARD_ROWS):
                 idx = order[start : start + _SHARD_ROWS]

@@ -123,7 +123,7 @@ class StubBatcher:
         s = self.study.settings
         texts = [t for ts in per_query for t in ts]
         owners = [q for q, ts in enumerate(per_query) for _ in ts]
-        vecs = self.study.embedder.encode(texts, desc="embedding stubs") if texts else np.zeros((0, self.study.api_vecs.shape[1]), np.float32)
+        vecs = self.study.embedder.encode(texts, progress=False) if texts else np.zeros((0, self.study.api_vecs.shape[1]), np.float32)
         return retrieve.ptr(self.study.index, vecs, owners, len(per_query), s.k_max, sorted(set(s.ks)))
 
 

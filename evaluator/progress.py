@@ -17,6 +17,7 @@ class Progress:
     def __init__(self, totals: dict[str, int], enabled: bool = True) -> None:
         self.totals = totals
         self.done = dict.fromkeys(totals, 0)
+        self.finished: dict[str, float] = {}  # model -> when its last call completed
         self.stats: dict[str, Any] = {}
         self.enabled = enabled
         self.tty = sys.stderr.isatty()
@@ -55,13 +56,16 @@ class Progress:
 
     def advance(self, model: str) -> None:
         self.done[model] += 1
+        if self.done[model] >= self.totals[model]:
+            self.finished[model] = time.monotonic()
+            self._last = 0.0  # show the final rate now
         if self._rich is not None:
             self._rich.advance(self._tasks[model])
         self._refresh()
 
     def _fields(self, model: str) -> dict[str, Any]:
         st = self.stats.get(model)
-        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        elapsed = max(self.finished.get(model, time.monotonic()) - self._t0, 1e-9)
         return {
             "rate": self.done[model] / elapsed,
             "hits": getattr(st, "cache_hits", 0),
