@@ -79,26 +79,32 @@ class Clock(Progress):
 class OpenAIChat:
     """The baseline client: what StudyRunner calls (`chat`), done the plain way with `openai`."""
 
-    def __init__(self, base_url: str, model: str, limiter: asyncio.Semaphore | asyncio.Lock) -> None:
+    def __init__(self, base_url: str, model: str, limiter: asyncio.Semaphore | asyncio.Lock, until_done: bool) -> None:
         from openai import AsyncOpenAI
 
         self.client = AsyncOpenAI(base_url=base_url, api_key="sim")  # default retries (2) and backoff
         self.model = model
         self.limiter = limiter
+        self.until_done = until_done  # re-send a call that failed after the client's retries
+        self.resends = 0
         self.stats = ModelStats()
 
     async def chat(self, messages: list[dict[str, Any]], *, run: int, prompt_version: str) -> ChatResult:
         import openai
 
         self.stats.calls += 1
-        async with self.limiter:
-            try:
-                r = await self.client.chat.completions.create(
-                    model=self.model, messages=messages, temperature=0.0, max_tokens=1024, seed=run  # type: ignore[arg-type]
-                )
-            except openai.APIError as e:
-                self.stats.errors += 1
-                return ChatResult(None, None, error=type(e).__name__)
+        while True:
+            async with self.limiter:
+                try:
+                    r = await self.client.chat.completions.create(
+                        model=self.model, messages=messages, temperature=0.0, max_tokens=1024, seed=run  # type: ignore[arg-type]
+                    )
+                    break
+                except openai.APIError as e:
+                    if not self.until_done or self.resends > 100_000:
+                        self.stats.errors += 1
+                        return ChatResult(None, None, error=type(e).__name__)
+                    self.resends += 1
         c = r.choices[0]
         usage = r.usage
         return ChatResult(c.message.content, c.finish_reason, usage.prompt_tokens if usage else 0,
@@ -148,11 +154,13 @@ async def _engine_run(study: Study, table: Table, sims: dict[str, SimHandle], sc
     return res
 
 
-async def _openai_run(study: Study, table: Table, sims: dict[str, SimHandle], runs: int, sequential: bool) -> dict[str, Any]:
+async def _openai_run(
+    study: Study, table: Table, sims: dict[str, SimHandle], runs: int, *, sequential: bool = False, until_done: bool = False
+) -> dict[str, Any]:
     shared_lock = asyncio.Lock()  # sequential: one request in flight in the whole process
     clients = {
         s.profile: OpenAIChat(sims[s.profile].base_url, load_profile(s.profile).model,
-                              shared_lock if sequential else asyncio.Semaphore(GATHER_CONCURRENCY))
+                              shared_lock if sequential else asyncio.Semaphore(GATHER_CONCURRENCY), until_done)
         for s in SPECS
     }
     try:
@@ -161,7 +169,7 @@ async def _openai_run(study: Study, table: Table, sims: dict[str, SimHandle], ru
     finally:
         for c in clients.values():
             await c.close()
-    res["client"] = {m: {"calls": c.stats.calls, "errors": c.stats.errors} for m, c in clients.items()}
+    res["client"] = {m: {"calls": c.stats.calls, "errors": c.stats.errors, "resends": c.resends} for m, c in clients.items()}
     return res
 
 
@@ -188,8 +196,11 @@ def run(scale: float = SCALE) -> Result:
             eng = asyncio.run(_engine_run(study, table, sims, scale, llm_root))
             eng["server"] = _server(sims)
         _fresh_servers(sims)
-        gat = asyncio.run(_openai_run(study, table, sims, RUNS, sequential=False))
+        gat = asyncio.run(_openai_run(study, table, sims, RUNS))
         gat["server"] = _server(sims)
+        _fresh_servers(sims)
+        done = asyncio.run(_openai_run(study, table, sims, RUNS, until_done=True))
+        done["server"] = _server(sims)
         _fresh_servers(sims)
         sample = dataclasses.replace(study, queries=study.queries[:SEQ_SAMPLE], rtp=study.rtp[:SEQ_SAMPLE])
         seq = asyncio.run(_openai_run(sample, table, sims, 1, sequential=True))
@@ -203,7 +214,8 @@ def run(scale: float = SCALE) -> Result:
     total_calls = sum(eng["client"][m]["calls"] for m in MODELS)
     seq_calls = sum(seq["client"][m]["calls"] for m in MODELS)
     seq_est = seq["wall_s"] * total_calls / seq_calls
-    data |= {"distinct_requests": distinct, "floor_s": floors, "engine": eng, "gather": gat, "sequential_sample": seq,
+    data |= {"distinct_requests": distinct, "floor_s": floors, "engine": eng, "gather": gat, "gather_until_done": done,
+             "sequential_sample": seq,
              "sequential_estimated_wall_s": seq_est}
 
     def row(label: str, res: dict[str, Any], wall: float, calls: int) -> list[Any]:
@@ -217,7 +229,9 @@ def run(scale: float = SCALE) -> Result:
 
     rows = [
         row("evaluator LLMEngine (StudyRunner)", eng, eng["wall_s"], total_calls),
-        row("baseline a: gather + openai client", gat, gat["wall_s"], sum(c["calls"] for c in gat["client"].values())),
+        row("baseline a: gather + openai client (INCOMPLETE if failed > 0)", gat, gat["wall_s"],
+            sum(c["calls"] for c in gat["client"].values())),
+        row("baseline a, failed calls re-sent until done", done, done["wall_s"], sum(c["calls"] for c in done["client"].values())),
         row(f"baseline b: sequential (sample {seq_calls} calls, EXTRAPOLATED)", seq, seq_est, total_calls),
     ]
     per_model = [
@@ -226,7 +240,9 @@ def run(scale: float = SCALE) -> Result:
         for m, s in zip(MODELS, SPECS, strict=True)
     ]
     ratio = eng["wall_s"] / floor
-    beat = eng["wall_s"] < gat["wall_s"] and eng["wall_s"] < seq_est
+    # A baseline that dropped calls did not do the work; compare with the run that finished it.
+    gat_complete = gat["wall_s"] if not any(c["errors"] for c in gat["client"].values()) else done["wall_s"]
+    beat = eng["wall_s"] < gat_complete and eng["wall_s"] < seq_est
     return Result(
         name=NAME, title=TITLE,
         columns=["client", "calls", "wall s", "wall / floor", "requests", "429s", "retries", "failed calls", "client CPU ms/call"],
@@ -244,7 +260,8 @@ def run(scale: float = SCALE) -> Result:
             f"time compressed {scale:g}x: latency / {scale:g}, RPM x {scale:g}; floor = {floor:.2f} s "
             f"(= max over models of (N - B)/r + median latency; B = 1 s of rate)",
             "retries = requests - 200 replies at the simulators; failed calls = calls that gave up "
-            "(the openai client stops after its 2 retries)",
+            "(the openai client stops after its 2 retries; their PtR planners are then never called, so that row "
+            "did less work); the re-send row loops on such failures, as a user would have to",
             f"PtR retrieval ({prewarm['unique']:,} unique stub texts, 47k registry) computed before the timed runs "
             "and served through StudyRunner's StubBatcher queue (TableBatcher); everything else is the real pipeline",
             "requests/429s/retries are counted by the simulators; the sequential row's requests are the sample's",

@@ -55,6 +55,7 @@ def run_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, help="override the profile's concurrent requests")
     p.add_argument("--rpm", type=float, help="override the profile's requests per minute")
     p.add_argument("--tpm", type=float, help="override the profile's tokens per minute")
+    p.add_argument("--no-extras", action="store_true", help="skip the scaling and routing studies that follow a full run")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 

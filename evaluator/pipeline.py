@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -293,5 +294,28 @@ def run_study(s: Settings, out: Path, args=None, progress: bool = True) -> Study
     meta["llm_stats"] = llm_stats
     write_meta(out, meta)
     write_records(out / "queries.jsonl", records)
+    if set(s.archs) == {"rtp", "ptr"} and not getattr(args, "no_extras", False):
+        run_extras(study, out, progress)
     _render(out)
     return study
+
+
+def run_extras(study: Study, out: Path, progress: bool) -> None:
+    """The scaling study and adaptive routing: no LLM call, reusing this run's embeddings and records."""
+    from .routing import Options, run_routing
+    from .scaling import run_scaling
+
+    subsets = set(study.subsets)
+    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    wanted = [p for p in ("G1", "G2") if any(x.startswith(p) for x in subsets)]
+    if wanted:
+        run_scaling(out, subsets=wanted, encode=lambda texts: study.embedder.encode(texts, progress=False),
+                    progress=progress, log=say if progress else lambda m: None)
+    else:
+        say("scaling study skipped: it needs the G1 or G2 subset")
+    test = [p for p in ("G3",) if any(x.startswith(p) for x in subsets)]
+    train = [p for p in ("G1", "G2") if any(x.startswith(p) for x in subsets)]
+    if test and train:
+        run_routing(out, Options(k=study.settings.k, train=train, test=test), log=lambda m: None)
+    else:
+        say("routing study skipped: its held-out split needs G1 or G2 and G3 (run `python -m evaluator routing` with --train/--test)")

@@ -517,4 +517,8 @@ def main(argv: list[str]) -> int:
     res = run_routing(args.out_dir, opt, log=lambda m: print(m, file=sys.stderr))
     print(f"Routing study in {res['meta']['timing_s']:.1f}s: {args.out_dir}/routing.json, "
           "sections/60-routing.md, figures/routing.png")
+    from .report import render
+
+    render(args.out_dir)  # report.md appends sections/*.md: keep it in step
+    print(f"Updated {args.out_dir}/report.md")
     return 0

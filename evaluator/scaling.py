@@ -702,4 +702,8 @@ def main(argv: list[str]) -> int:
     )
     print(f"Scaling study in {res['meta']['timing_s']['total']:.1f}s: {args.out_dir}/scaling.json, "
           f"sections/50-scaling.md, figures/scaling.png")
+    from .report import render
+
+    render(args.out_dir)  # report.md appends sections/*.md: keep it in step
+    print(f"Updated {args.out_dir}/report.md")
     return 0
