@@ -124,18 +124,22 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, dict]]:
         raise DataError(f"{path}: cannot read the registry ({e}).") from None
 
 
+def _read_json(path: Path, hint: str) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: malformed JSON ({e.msg}); {hint}.") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read ({e}).") from None
+
+
 def _tree_records(root: Path) -> Iterator[tuple[str, dict]]:
     """ToolBench's `tools/<Category>/<tool>.json`: one tool per file with its `api_list`."""
     files = sorted(root.glob("*/*.json"))
     if not files:
         raise DataError(f"{root}: no <Category>/<tool>.json files found in this ToolBench tools tree.")
     for path in files:
-        try:
-            tool = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}:{e.lineno}: malformed JSON ({e.msg}); fix or remove this tool file.") from None
-        except OSError as e:
-            raise DataError(f"{path}: cannot read ({e}).") from None
+        tool = _read_json(path, "fix or remove this tool file")
         if not isinstance(tool, dict):
             raise DataError(f"{path}: expected a JSON object describing one tool.")
         tool_name = tool.get("tool_name") or tool.get("name") or path.stem
@@ -255,12 +259,7 @@ def load_queries(
     path: Path, registry: Registry | None = None, warnings: Warnings | None = None, limit: int | None = None
 ) -> list[Query]:
     warnings = warnings if warnings is not None else Warnings()
-    try:
-        records = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: malformed JSON ({e.msg}). Query files are one JSON list.") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e}).") from None
+    records = _read_json(path, "a query file is one JSON list")
     if not isinstance(records, list):
         raise DataError(f"{path}: expected a JSON list of queries (ToolBench test_instruction format).")
     subset = path.stem
