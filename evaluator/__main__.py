@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .config import ConfigError, Settings, load_settings, validate
 from .data import DataError
+from .embed import EmbedderError
 from .llm.errors import ConfigError as LLMConfigError
 
 COMMANDS = ("run", "cache", "report", "scaling", "routing")
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == "cache":
             return cmd_cache(rest)
         return cmd_experiment(command, rest)
-    except (DataError, ConfigError, LLMConfigError) as e:
+    except (DataError, ConfigError, LLMConfigError, EmbedderError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

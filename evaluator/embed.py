@@ -20,6 +20,10 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 _SHARD_ROWS = 4096  # vectors per write: bounds the work a crash can lose
 
 
+class EmbedderError(Exception):
+    """The embedding model cannot be loaded; the message says what to use instead."""
+
+
 def _key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
@@ -128,7 +132,14 @@ class Embedder:
             import torch
             from sentence_transformers import SentenceTransformer
 
-            m = SentenceTransformer(self.load_path, device=self.device)
+            try:
+                m = SentenceTransformer(self.load_path, device=self.device)
+            except (OSError, ValueError, RuntimeError) as e:
+                raise EmbedderError(
+                    f"cannot load the embedding model {self.model_name!r} ({type(e).__name__}: {str(e)[:300]}). "
+                    "Use a sentence-transformers name the model hub can serve, a local model folder, or the "
+                    "bundled default (--embedder bundled:all-MiniLM-L6-v2)."
+                ) from None
             if self.precision == "bf16":
                 m = m.to(torch.bfloat16)
             elif self.precision == "fp16":

