@@ -9,7 +9,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -106,7 +105,7 @@ def print_result(r: Result) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=160)  # logs are not terminals; keep tables unwrapped
     tables = [{"title": r.title, "columns": r.columns, "rows": r.rows}, *r.extra_tables]
     for t in tables:
         table = Table(title=t["title"], title_justify="left")
@@ -206,7 +205,3 @@ class TreeRSS:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-def timed() -> float:
-    return time.perf_counter()

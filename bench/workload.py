@@ -27,13 +27,16 @@ MODELS = ("sim", "sim-b")
 _SUFFIX = " (asked again)"
 
 
-def load_study(n_queries: int = N_QUERIES, cache_root: Path = BENCH_CACHE) -> Study:
-    """The prepared study (registry vectors from the warm cache) grown to `n_queries` queries."""
+def load_study(n_queries: int | None = N_QUERIES, cache_root: Path = BENCH_CACHE) -> Study:
+    """The prepared study (registry vectors from the warm cache) grown to `n_queries` queries
+    (None: the test queries as they are)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     link_embeddings(cache_root)
     s = load_settings()
     s.cache_dir = str(cache_root)
     study = prepare(s, progress=False)
+    if n_queries is None:
+        return study
     base, rtp = study.queries, study.rtp
     extra = [
         dataclasses.replace(base[i % len(base)], text=base[i % len(base)].text + _SUFFIX, query_id=10**6 + i)
