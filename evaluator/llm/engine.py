@@ -172,7 +172,9 @@ class LLMEngine:
                 if self._tpm is not None:
                     await self._tpm.acquire(est_tokens)
                 if self._gate.closed():
-                    continue  # a 429 arrived while we queued for a slot: wait it out with everyone
+                    # A 429 arrived while we queued: wait it out with everyone, then use the pacing slot
+                    # we already hold rather than throwing it away and queueing again.
+                    await self._gate.wait()
                 self.stats.requests += 1
                 try:
                     async with self._session.post(self._url, data=body) as resp:

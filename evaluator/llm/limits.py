@@ -12,20 +12,23 @@ from asyncio_throttle import Throttler
 # Pace a little under the nominal limit: the server's clock sees our requests with network and
 # event-loop jitter, and a request that lands 1 ms early costs a 429 and a full Retry-After wait.
 RPM_SAFETY = 0.98
+_WINDOW_S = 0.1
 
 
 class RequestPacer:
     """At most `rpm` requests per minute, spread evenly rather than in one burst per minute.
 
-    asyncio-throttle keeps a sliding log of `rate_limit` starts per `period`; we pick a period of
-    about one second so the stream is smooth (providers enforce RPM over sub-minute windows too).
+    asyncio-throttle keeps a sliding log of `rate_limit` starts per `period`; we pick a window of
+    about 0.1 s (one request per window at low rates) so the stream is smooth: a one-second window
+    would release a second's worth at once, and a provider's bucket with little headroom answers
+    such bursts with 429s.
     Only the head of a FIFO lock polls the throttler, so hundreds of waiting calls cost no CPU.
     """
 
     def __init__(self, rpm: float, safety: float = RPM_SAFETY) -> None:
         self.rpm = rpm
         per_s = rpm * safety / 60.0
-        rate_limit = max(1, math.floor(per_s))
+        rate_limit = max(1, math.floor(per_s * _WINDOW_S))
         self.throttler = Throttler(rate_limit=rate_limit, period=rate_limit / per_s, retry_interval=0.002)
         self._lock = asyncio.Lock()
 
