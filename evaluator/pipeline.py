@@ -227,8 +227,15 @@ class StudyRunner:
     async def run(self, units: list[Unit]) -> None:
         server = asyncio.create_task(self.batcher.serve())
         try:
-            tasks = [asyncio.create_task(self._query(u, qi)) for u in units for qi in range(len(self.study.queries))]
+            tasks: list[asyncio.Task] = []
             try:
+                for u in units:
+                    for qi in range(len(self.study.queries)):
+                        tasks.append(asyncio.create_task(self._query(u, qi)))
+                        if len(tasks) % 64 == 0:
+                            # Let these start (cache lookups, first requests) before creating more:
+                            # thousands of ready tasks would otherwise hold every request back.
+                            await asyncio.sleep(0)
                 await asyncio.gather(*tasks)
             except BaseException:
                 for t in tasks:
