@@ -33,7 +33,10 @@ class RequestPacer:
 
     async def acquire(self) -> None:
         now = time.monotonic()
-        slot = now - self.burst if self._next is None else max(self._next, now - self.burst)
+        # One interval short of the full burst: a provider's bucket of exactly `burst_s` would
+        # otherwise be emptied with the next request already due.
+        earliest = now - self.burst + self.interval
+        slot = earliest if self._next is None else max(self._next, earliest)
         self._next = slot + self.interval
         if slot > now:
             await asyncio.sleep(slot - now)
