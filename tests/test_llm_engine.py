@@ -205,3 +205,13 @@ async def test_unreachable_endpoint_is_fatal_after_retries(tmp_path):
         with pytest.raises(FatalLLMError, match="does not answer"):
             await llm.chat(F.msgs(0), run=0, prompt_version="v1")
     assert llm.stats.requests == 2
+
+
+async def test_endpoint_rejecting_seed_is_retried_without_it(sim, tmp_path):
+    sim.configure(reject_seed=True)
+    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
+        r0 = await llm.chat(F.msgs(21), run=0, prompt_version="v1")
+        r1 = await llm.chat(F.msgs(21), run=1, prompt_version="v1")
+    assert r0.error is None and r1.error is None
+    assert not r1.cached  # runs stay separate samples in the cache without the seed on the wire
+    assert sim.stats()["by_status"] == {"400": 1, "200": 2}  # one rejection, then never sent again

@@ -74,6 +74,7 @@ class LLMEngine:
         self._inflight: dict[str, asyncio.Future[ChatResult]] = {}
         self._fatal: FatalLLMError | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._send_seed = True
 
     def __repr__(self) -> str:
         p = self.profile
@@ -155,7 +156,7 @@ class LLMEngine:
         if self._session is None:
             raise RuntimeError("LLMEngine used outside `async with`")
         p = self.profile
-        body = orjson.dumps({**self._payload, "messages": messages, "seed": run})
+        body = self._body(messages, run)
         est_tokens = len(body) // 4 + (p.max_tokens or 0)
         t0 = time.perf_counter()
         failures = 0  # transient errors other than 429
@@ -208,6 +209,13 @@ class LLMEngine:
                     self._took(t0)
                     return reply
             elif verdict is None:
+                if status == 400 and self._send_seed and b"seed" in raw.lower():
+                    # Some OpenAI-compatible hosts reject `seed`. Runs stay distinct samples through
+                    # the cache key; the provider's own sampling varies them.
+                    log.warning("%s: the endpoint rejects `seed`; sending requests without it", p.name)
+                    self._send_seed = False
+                    body = self._body(messages, run)
+                    continue
                 verdict = classify_http(status, headers or {}, raw)
 
             if verdict.is_429:
@@ -239,6 +247,10 @@ class LLMEngine:
                 self._gate.close_for(delay)  # everyone waits, this call included (at the gate)
             else:
                 await asyncio.sleep(delay)
+
+    def _body(self, messages: list[dict[str, Any]], run: int) -> bytes:
+        extra = {"seed": run} if self._send_seed else {}
+        return orjson.dumps({**self._payload, "messages": messages, **extra})
 
     def _learn_rpm(self, rpm: float) -> None:
         """Pace to a limit the server announced when we had none or a higher one (blind profiles)."""

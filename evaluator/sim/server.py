@@ -52,6 +52,7 @@ class SimConfig:
     list_errors: bool = False  # 5xx error bodies as a JSON list `[{"error": ...}]` (Gemini does)
     api_key: str | None = None  # when set, requests need `Authorization: Bearer <api_key>` (else 401)
     daily_quota: int | None = None  # after this many 200s, a Gemini-style per-day 429 (fatal)
+    reject_seed: bool = False  # answer 400 to requests that carry `seed` (hosts that do not implement it)
     seed: int = 0  # seeds fault injection and latency draws (answers are seeded by the request)
     script: list[str] = field(default_factory=list)  # faults for the next requests, in order (FAULTS)
 
@@ -225,6 +226,10 @@ class Simulator:
             messages = req["messages"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return self._json(400, _err_body(400, "invalid request body", "INVALID_ARGUMENT", as_list=False))
+        if cfg.reject_seed and "seed" in req:
+            # Some OpenAI-compatible hosts reject parameters they do not implement.
+            msg = 'Invalid JSON payload received. Unknown name "seed": Cannot find field.'
+            return self._json(400, _err_body(400, msg, "INVALID_ARGUMENT", as_list=cfg.list_errors))
 
         fault = cfg.script.pop(0) if cfg.script else None
         if fault is None and cfg.daily_quota is not None and self.stats.ok >= cfg.daily_quota:
