@@ -37,9 +37,11 @@ class VectorIndex:
         return scores, idx
 
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Like `search`, but scored in float64 and ties broken by row, so the result does not
-        depend on which other queries shared the FAISS call (its batched BLAS path and its
-        one-query path round differently, enough to swap near-tied APIs)."""
+        """Like `search`, but scored in float64, so the result does not depend on which other
+        queries shared the FAISS call (its batched BLAS path and its one-query path round
+        differently, enough to swap near-tied APIs). Exact ties (the registry has APIs whose texts
+        differ only in case, which an uncased model embeds identically) go to the higher row, as
+        FAISS itself orders them."""
         k = min(k, len(self))
         _, cand = self.search(queries, min(k + _MARGIN, len(self)))
         scores = np.empty((len(queries), k), np.float64)
@@ -48,7 +50,7 @@ class VectorIndex:
             c = cand[lo : lo + _CHUNK]
             q = queries[lo : lo + _CHUNK].astype(np.float64)
             s = np.einsum("qd,qkd->qk", q, self.vectors[c].astype(np.float64))
-            order = np.lexsort((c, -s), axis=-1)[:, :k]
+            order = np.lexsort((-c, -s), axis=-1)[:, :k]
             scores[lo : lo + _CHUNK] = np.take_along_axis(s, order, axis=-1)
             rows[lo : lo + _CHUNK] = np.take_along_axis(c, order, axis=-1)
         return scores, rows

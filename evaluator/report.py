@@ -63,8 +63,9 @@ DECISIONS = [
     "Queries: G1/G2 are StableToolBench's solvable subsets (163/106 queries), not the paper's 200/200.",
     "Embedder: all-MiniLM-L6-v2 (384-d, bundled) by default, not the paper's gte-base (768-d, needs the "
     "model hub); any sentence-transformers model is a setting. Vectors are L2-normalised; search is exact "
-    "inner product (faiss.IndexFlatIP), re-scored in float64 with ties broken by registry row so results "
-    "do not depend on how queries were batched.",
+    "inner product (faiss.IndexFlatIP), re-scored in float64 so results do not depend on how queries were "
+    "batched; exact ties (APIs whose texts differ only in case embed identically) go to the higher "
+    "registry row, as FAISS orders them.",
     "PtR: every stub is searched to the largest k of the ablation, so the re-ranked union's first k "
     "entries are exactly TopK_t max_s sim(s, d_t) at every k. A query whose discovery reply yields no "
     "stub retrieves nothing and gets no planner call (counted in Gen%), unless `fallback_to_query` is on.",

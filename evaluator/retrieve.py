@@ -52,8 +52,8 @@ def ptr(
             for r, s in zip(rows[j].tolist(), scores[j].tolist(), strict=True):
                 if s > best.get(r, -np.inf):
                     best[r] = s
-        # Ties broken by registry row so that reruns rank identically.
-        ranked = sorted(best.items(), key=lambda rs: (-rs[1], rs[0]))[:k_max]
+        # Ties go to the higher registry row, as in `VectorIndex.exact_search` and FAISS.
+        ranked = sorted(best.items(), key=lambda rs: (-rs[1], -rs[0]))[:k_max]
         width = {k: len({r for j in stubs for r in rows[j, :k].tolist()}) for k in ks}
         out.append(
             Retrieved(

@@ -102,3 +102,13 @@ def test_local_model_folder_and_unloadable_model(model_embedder, tmp_path):
     empty.mkdir()
     with pytest.raises(EmbedderError, match="cannot load the embedding model"):
         Embedder(str(empty), cache_dir=tmp_path, progress=False).encode(["x"])
+
+
+def test_exact_ties_ordered_as_faiss_orders_them():
+    rng = np.random.default_rng(3)
+    base = _unit(rng, 200)
+    base[150] = base[40]  # identical vectors: e.g. two APIs whose names differ only in case
+    idx = VectorIndex(base)
+    _, faiss_rows = idx.search(base[40:41], 2)
+    _, exact_rows = idx.exact_search(base[40:41], 2)
+    assert exact_rows[0].tolist() == faiss_rows[0].tolist() == [150, 40]
