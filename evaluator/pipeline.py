@@ -288,11 +288,12 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], progress: 
 def run_study(s: Settings, out: Path, args=None, progress: bool = True) -> Study:
     profiles = load_profiles(s, args)
     study = prepare(s, progress)
+    sims = {}
     with contextlib.ExitStack() as stack:
         for name, p in list(profiles.items()):
             if p.simulated and not p.base_url:
-                sim = stack.enter_context(start_simulator())
-                profiles[name] = dataclasses.replace(p, base_url=sim.base_url)
+                sims[name] = stack.enter_context(start_simulator())
+                profiles[name] = dataclasses.replace(p, base_url=sims[name].base_url)
         per_unit = (("rtp" in s.archs) + 2 * ("ptr" in s.archs)) * len(study.queries) * s.runs
         bar = Progress({n: per_unit for n in profiles}, enabled=progress)
         t = time.perf_counter()
@@ -302,9 +303,12 @@ def run_study(s: Settings, out: Path, args=None, progress: bool = True) -> Study
         except FatalLLMError as e:
             raise SystemExit(f"error: {e}\nEvery call finished before the stop is cached: rerun the same command to resume.") from None
         study.timings["llm_s"] = time.perf_counter() - t
+        # The simulator's own count of what it answered: a rerun from the cache shows zero requests.
+        sim_stats = {n: sim.stats() for n, sim in sims.items()}
     models = [{"name": n, "model": p.model, "simulated": p.simulated} for n, p in profiles.items()]
     meta = study_meta(study, models)
     meta["llm_stats"] = llm_stats
+    meta["runtime"]["simulator_stats"] = sim_stats
     write_meta(out, meta)
     write_records(out / "queries.jsonl", records)
     if set(s.archs) == {"rtp", "ptr"} and not getattr(args, "no_extras", False):

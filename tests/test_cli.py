@@ -58,8 +58,10 @@ def test_full_study_with_simulator_then_rerun_from_cache(workspace):
 
     second = run_cli(*args, "--out", str(root / "s2"), cwd=root)
     assert second.returncode == 0, second.stderr
-    stats = json.loads((root / "s2" / "meta.json").read_text())["llm_stats"]["sim"]
+    meta2 = json.loads((root / "s2" / "meta.json").read_text())
+    stats = meta2["llm_stats"]["sim"]
     assert stats["requests"] == 0 and stats["cache_hits"] == stats["calls"]
+    assert meta2["runtime"]["simulator_stats"]["sim"]["requests"] == 0  # the simulator saw nothing
     assert (root / "s1" / "summary.json").read_bytes() == (root / "s2" / "summary.json").read_bytes()
 
     # `report` re-renders from the saved data alone.
