@@ -39,6 +39,7 @@ def main() -> int:
     ours = {(r["subset"], r["k"]): r["mean"] for r in summary["rows"]
             if r["arch"] == "rtp" and r["metric"] == "recall" and r["gold"] == "api_list"}
     worst = 0.0
+    table: list[dict] = []
     print(f"{'subset':<16} {'k':>3} {'independent':>12} {'evaluator':>10} {'diff':>7}")
     for qfile in sorted((args.data / "queries").glob("*.json")):
         queries = json.loads(qfile.read_text())
@@ -54,8 +55,12 @@ def main() -> int:
             theirs = ours.get((qfile.stem, k))
             diff = abs(mine - theirs) if theirs is not None else float("nan")
             worst = max(worst, diff) if theirs is not None else worst
+            table.append({"subset": qfile.stem, "k": k, "independent": mine, "evaluator": theirs, "diff": diff})
             print(f"{qfile.stem:<16} {k:>3} {mine:>12.4f} {theirs if theirs is not None else float('nan'):>10.4f} {diff:>7.4f}")
     print(f"largest difference {worst:.4f} (tolerance {args.tolerance})")
+    out = Path(__file__).resolve().parent / "results" / "verify_retrieval.json"
+    out.write_text(json.dumps({"largest_difference": worst, "tolerance": args.tolerance, "gold": "api_list",
+                               "rows": table}, indent=2) + "\n", encoding="utf-8")
     return 0 if worst <= args.tolerance else 1
 
 
