@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -75,15 +74,6 @@ def _by_hand(recs: list[dict], arch: str, gold: str = "api_list") -> tuple[float
         rec_runs.append(np.mean([len(set(r[arch]["retrieved"][:K]) & gi) / len(gi) for r, gi in zip(rs, g, strict=True)]))
         tok_runs.append(np.mean([sum(c["prompt"] + c["completion"] for c in r[arch]["tokens"].values()) for r in rs]))
     return float(np.mean(rec_runs)), float(np.mean(tok_runs))
-
-
-@pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*_a, **_k):
-        raise OSError("network disabled in this test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 def test_threshold_limits_are_the_always_policies() -> None:

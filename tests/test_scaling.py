@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -103,15 +102,6 @@ def make_output(tmp_path: Path, *, g2_gold: int = 5, runs: int = 2) -> Path:
                          "precision": "auto"}}
     (out / "meta.json").write_text(json.dumps(meta))
     return out
-
-
-@pytest.fixture
-def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*_a, **_k):
-        raise OSError("network disabled in this test")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 # ---------------------------------------------------------------- sub-registries
