@@ -40,10 +40,11 @@ class Settings:
         return max([self.k, *self.ks])
 
     def resolve_path(self, value: str) -> Path:
+        """A relative path from the current directory if it exists there, else from the repository root."""
         p = Path(value).expanduser()
-        if p.is_absolute():
+        if p.is_absolute() or (Path.cwd() / p).exists():
             return p
-        return p if (Path.cwd() / p).exists() or value == self.out else REPO_ROOT / p
+        return REPO_ROOT / p
 
 
 _SECTIONS = {
