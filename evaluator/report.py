@@ -20,6 +20,7 @@ from typing import Any
 
 from evaluator import metrics as M
 from evaluator import stats as S
+from evaluator.records import read_records
 
 # meta keys that change between otherwise identical runs (cache hits, clocks) stay out of summary.json.
 VOLATILE_META_KEYS = frozenset(
@@ -80,11 +81,6 @@ DECISIONS = [
 
 
 # ---------------------------------------------------------------- input
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 def _lookup(meta: Mapping[str, Any], *names: str) -> Any:
@@ -565,7 +561,7 @@ def render(out_dir: Path, *, with_figures: bool = True) -> None:
     out_dir = Path(out_dir)
     meta_path = out_dir / "meta.json"
     meta: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
-    records = read_jsonl(out_dir / "queries.jsonl")
+    records = read_records(out_dir / "queries.jsonl")
     info = resolve_info(meta, records)
     summary = S.summarize(records, info.ks, info.k)
     (out_dir / "summary.json").write_text(S.dumps(S.summary_dict(summary, summary_meta(meta))), encoding="utf-8")
