@@ -33,7 +33,8 @@ import numpy as np
 
 from .data import GOLD_SETS, DataError
 from .metrics import retrieval_obs
-from .scaling import md_table, read_meta, read_output_records, simulated_models, simulated_note, write_text
+from .report import table
+from .scaling import read_meta, read_output_records, simulated_models, simulated_note, write_text
 
 # name -> (label, direction): "high" sends high values to RtP, "low" sends low values to RtP.
 SIGNALS: dict[str, tuple[str, str]] = {
@@ -422,7 +423,7 @@ def section_md(result: Mapping[str, Any]) -> str:
                 body.append([f"{label}, best τ (in-sample)", _tau(signal, o["tau"]), f"{100 * o['to_rtp']:.0f}%",
                              _f(o, f"recall:{gold}"), _f(o, f"precision:{gold}"), _f(o, "tokens", 0),
                              _saving(o, b["always_ptr"], b["always_rtp"]), by])
-            out.append(f"### In-sample — model `{model}`{sim}, gold `{gold}`\n\n" + md_table(header, body))
+            out.append(f"### In-sample — model `{model}`{sim}, gold `{gold}`\n\n" + table(header, body) + "\n")
 
             header = ["evaluation", "signal", "τ (chosen on tuning queries)", "test n", "to RtP", f"R@{k}",
                       f"P@{k}", "tokens/query", f"always RtP R@{k}", f"always PtR R@{k}", f"oracle R@{k}",
@@ -440,7 +441,7 @@ def section_md(result: Mapping[str, Any]) -> str:
                                  _f(tb["oracle"], f"recall:{gold}"),
                                  _saving(t, tb["always_ptr"], tb["always_rtp"])])
             if body:
-                out.append(f"### Held-out — model `{model}`{sim}, gold `{gold}`\n\n" + md_table(header, body))
+                out.append(f"### Held-out — model `{model}`{sim}, gold `{gold}`\n\n" + table(header, body) + "\n")
             else:
                 out.append(f"### Held-out — model `{model}`, gold `{gold}`\n\nNo held-out split possible "
                            "(the tuning or test subsets are missing, or too few queries for the folds).\n")

@@ -32,6 +32,8 @@ from .data import GOLD_SETS, DataError, Registry, load_registry
 from .index import VectorIndex
 from .parse import Stub, stub_text
 from .records import read_records
+from .report import table
+from .stats import mean_std
 
 Encode = Callable[[list[str]], np.ndarray]
 
@@ -79,18 +81,6 @@ def simulated_note(simulated: bool, models: Sequence[str]) -> str:
     names = ", ".join(f"`{m}`" for m in models) or "the model"
     return (f"> **SIMULATED LLM ({names}):** the LLM was simulated by a heuristic, so these numbers measure "
             "the pipeline, not a language model.\n")
-
-
-def md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
-    return "\n".join(lines) + "\n"
-
-
-def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) >= 2 else None)
 
 
 def write_text(path: Path, text: str) -> None:
@@ -474,7 +464,7 @@ def section_md(result: dict[str, Any], points: Sequence[Point]) -> str:
                     line += [_fmt(p, ("both", model, "divergent", None), pct=True)[0],
                              _fmt(p, ("both", model, "disjoint", None), pct=True)[0]]
                 body.append(line)
-            out.append(title + "\n\n" + md_table(header, body))
+            out.append(title + "\n\n" + table(header, body) + "\n")
     checks = result.get("full_registry_check") or {}
     if checks:
         parts = []

@@ -169,7 +169,7 @@ def _record_key(r: Mapping[str, Any]) -> tuple[Any, ...]:
     return (r.get("model") or "", r.get("run") or 0, r.get("subset") or "", _qid_key(r.get("query_id")))
 
 
-def _mean_std(values: list[float]) -> tuple[float | None, float | None]:
+def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
     if not values:
         return None, None
     mean = math.fsum(values) / len(values)
@@ -230,7 +230,7 @@ def summarize(records: Iterable[Mapping[str, Any]], ks: Sequence[int] = M.DEFAUL
             elif (d := math.fsum(dens)) > 0:
                 values.append(math.fsum(nums) / d)
         if values:
-            mean, std = _mean_std(values)
+            mean, std = mean_std(values)
             rows.append(Row(*key, mean=mean, std=std, values=values))
 
     unique: dict[tuple[str | None, str], list[float]] = defaultdict(list)
@@ -238,7 +238,7 @@ def summarize(records: Iterable[Mapping[str, Any]], ks: Sequence[int] = M.DEFAUL
         if (u := M.unique_ratio(ns)) is not None:
             unique[(model, subset)].append(u)
     for (model, subset), values in unique.items():
-        mean, std = _mean_std(values)
+        mean, std = mean_std(values)
         rows.append(Row(model, subset, "ptr", "stub_unique", None, None, mean, std, values))
 
     summary = Summary(rows=rows, tests=[])
