@@ -20,8 +20,11 @@ BENCHMARKS = {  # name -> module; run in this order (cheapest prerequisites firs
     "fanout": "bench.fanout",
     "overhead": "bench.overhead",
     "embedding": "bench.embedding",
+    "embed_backends": "bench.embed_backends",  # speed + equivalence of the embedding runtime paths
+    "embed_shared": "bench.embed_shared",  # embedding beside a busy process
     "resume": "bench.resume",
     "memory": "bench.memory",
+    "batch": "bench.batch",
 }
 
 

@@ -89,7 +89,7 @@ class OpenAIChat:
         self.resends = 0
         self.stats = ModelStats()
 
-    async def chat(self, messages: list[dict[str, Any]], *, run: int, prompt_version: str) -> ChatResult:
+    async def chat(self, messages: list[dict[str, Any]], *, run: int, prompt_version: str, **kw: Any) -> ChatResult:
         import openai
 
         self.stats.calls += 1
@@ -133,8 +133,8 @@ Table = dict[tuple[str, ...], Retrieved]
 
 async def _drive(study: Study, table: Table, clients: dict[str, Any], units: list[Unit]) -> dict[str, Any]:
     clock = Clock(list(clients))
-    runner = StudyRunner(study, clients, clock)  # duck-typed: StudyRunner only calls .chat
-    runner.batcher = TableBatcher(study, table)
+    # Any client with `.chat` and any stub search with `.retrieve`/`.serve` plug in (pipeline's protocols).
+    runner = StudyRunner(study, clients, clock, batcher=TableBatcher(study, table))
     t0, c0 = time.perf_counter(), time.process_time()
     await runner.run(units)
     wall = time.perf_counter() - t0

@@ -1,21 +1,27 @@
 """Index stage: exact inner-product search (faiss.IndexFlatIP) over L2-normalised vectors.
 
 Every stage hands all its query vectors to one `search` call; FAISS then parallelises over queries
-and uses BLAS, which per-query calls cannot.
+and uses BLAS, which per-query calls cannot. Its OpenMP pool is sized to the CPUs this process may
+use and waits passively (threads.py), set before faiss loads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import faiss
-import numpy as np
+from . import threads
+
+threads.configure_env()
+
+import faiss  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 class VectorIndex:
     """An index over some rows of the registry's embedding matrix; results are registry rows."""
 
     def __init__(self, vectors: np.ndarray, rows: Sequence[int] | None = None) -> None:
+        threads.configure_faiss()  # in case faiss was loaded before this module set the environment
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         self.vectors = vectors  # the whole registry matrix: rows below index into it
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)

@@ -1,10 +1,31 @@
-"""Robust parsing of discovery (stubs) and planner (plan) replies.
+"""Strict, auditable parsing of discovery (stubs) and planner (plan) replies.
 
 Real models wrap JSON in code fences or prose, leave trailing commas, use single quotes, rename
-keys, and get cut off by a token limit. Every one of those replies still carries usable content, so
-the parsers recover what they can and only report an error when nothing JSON-like is found. A
-recovered-but-imperfect reply is not an error: the study measures the architectures, not the
-models' formatting discipline.
+keys, and get cut off by a token limit; those replies still carry an answer and are read. What is
+*not* read as an answer is everything else a reply may hold: a list in a code sample
+(`params["origin"]`), an example object in prose (`{"name": "Paris"}`), a copy of the prompt's own
+example. Every parsed field says which rule produced it, so a record can be audited.
+
+Finding the answer object (`where` in the provenance strings), in this order:
+- ``reply``: the whole reply (after any <think> block) is one JSON value;
+- ``fence``: the whole content of a ```json (or untagged) code fence is one JSON value;
+- ``lead`` (the reply opens with a JSON value, then goes on in prose) and ``prose`` (a JSON value
+  embedded in prose). Only values with the answer's own shape count here: for discovery, a list of
+  stub objects (a name and a reasoning each; a "description" counts as the reasoning only next to a
+  function-like name, so {"name": "Paris", "description": ...} is no stub); for the planner, an
+  object with a "steps" or selection key. A bare list of strings in prose or code never does.
+A value that needed repair (single quotes, trailing commas, Python literals, comments: the
+`json-repair` library) is marked ``/repaired``; one cut off by a token limit is closed after its last
+complete element and marked ``/truncated`` (a half-written name is not a name).
+
+Selections: each name in the answer's selection is resolved against the offered APIs by the
+documented normalisation, strictest first (`Selection.rule`): ``exact`` display or id; ``case/space``
+(case, spacing, bullets, numbering, quotes); ``punctuation`` (all punctuation dropped); ``api-name``
+and ``api-name/punctuation`` (the API part alone, when only one offered API has it); ``prefix:<rule>``
+(a copied description after ": " dropped); ``fuzzy`` (difflib ratio >= 0.85, unambiguous). Names that
+resolve to no offered API go through the registry lookup (``registry``) or stay raw (``unresolved``);
+they stay in `Plan.selected` (they lower fidelity) but only `Plan.selected_offered` counts as a
+selection (pass rate).
 """
 
 from __future__ import annotations
@@ -13,24 +34,57 @@ import difflib
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Plan", "Stub", "parse_plan", "parse_stubs", "stub_text"]
+import json_repair
+
+from .prompts import DISCOVERY_EXAMPLES
+
+__all__ = ["Plan", "Selection", "Stub", "parse_plan", "parse_stubs", "stub_text"]
 
 
 @dataclass
 class Stub:
     name: str
     reasoning: str
+    # Which rule produced it: "<where>[/repaired|/truncated]:<container>:<item form>".
+    rule: str = field(default="", compare=False)
+    # A copy of the prompt's own example rather than the model's need; left out of Match%.
+    example_copy: bool = False
+
+    def as_record(self) -> dict[str, Any]:
+        return {"name": self.name, "reasoning": self.reasoning, "rule": self.rule, "example_copy": self.example_copy}
+
+
+@dataclass
+class Selection:
+    raw: str  # the name as the reply wrote it
+    api: str  # the api id it resolved to, else the cleaned name
+    rule: str  # which normalisation matched (module docstring)
+    offered: bool  # `api` is one of the APIs shown to the planner
 
 
 @dataclass
 class Plan:
     steps: list[str]
     selected: list[str]  # offered/registry api ids where resolvable, else the raw name
-    refused: bool  # selected == [] (also when the reply could not be parsed; see parse_error)
     parse_error: str | None
+    # The selected ids that name an offered API: only these count as a selection (pass rate).
+    selected_offered: list[str] = field(default_factory=list)
+    source: str = ""  # where the answer object came from: "<where>[/repaired|/truncated]"
+    steps_rule: str = ""  # e.g. "key:steps", "step objects", "none"
+    selected_rule: str = ""  # e.g. "key:selected_apis", "step apis", "bare list", "none"
+    names: list[Selection] = field(default_factory=list)
+
+    def audit(self) -> dict[str, Any]:
+        """The provenance of every parsed field, JSON-ready (for queries.jsonl)."""
+        return {
+            "source": self.source,
+            "steps_rule": self.steps_rule,
+            "selected_rule": self.selected_rule,
+            "names": [[s.raw, s.api, s.rule, s.offered] for s in self.names],
+        }
 
 
 def stub_text(stub: Stub) -> str:
@@ -39,13 +93,26 @@ def stub_text(stub: Stub) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Tolerant JSON extraction
+# Locating JSON values
 # ---------------------------------------------------------------------------------------------
 
 _THINK_RE = re.compile(r"<think>.*?(</think>|\Z)", re.S | re.I)
+_FENCE_RE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_JSON_FENCE_TAGS = ("", "json", "jsonc", "json5", "javascript", "js")
 _MAX_STARTS = 40  # bounds the work on long prose full of brackets
+_STRICT = ("lead", "prose")  # values with text around them: only the answer's own shape counts
 _MAX_CUTS = 60
-_PY_LITERALS = {"True": "true", "False": "false", "None": "null"}
+
+
+@dataclass
+class _Found:
+    value: Any
+    where: str  # "reply" | "fence" | "prose"
+    state: str  # "json" | "repaired" | "truncated"
+
+    @property
+    def source(self) -> str:
+        return self.where if self.state == "json" else f"{self.where}/{self.state}"
 
 
 def _scan(text: str, start: int) -> tuple[int | None, list[tuple[int, list[str]]]]:
@@ -87,92 +154,93 @@ def _scan(text: str, start: int) -> tuple[int | None, list[tuple[int, list[str]]
     return None, cuts
 
 
-def _repair(s: str) -> str:
-    """Rewrite near-JSON as JSON: single-quoted strings, trailing commas, Python literals."""
-    out: list[str] = []
-    i, n = 0, len(s)
-    while i < n:
-        c = s[i]
-        if c == '"' or c == "'":
-            quote = c
-            out.append('"')
-            i += 1
-            while i < n and s[i] != quote:
-                ch = s[i]
-                if ch == "\\" and i + 1 < n:
-                    nxt = s[i + 1]
-                    # \' is not a JSON escape; the quote needs none inside a double-quoted string
-                    out.append("'" if nxt == "'" else ch + nxt)
-                    i += 2
-                    continue
-                if ch == '"':
-                    out.append('\\"')
-                elif ch == "\n":
-                    out.append("\\n")
-                else:
-                    out.append(ch)
-                i += 1
-            out.append('"')
-            i += 1
-        elif c == ",":
-            j = i + 1
-            while j < n and s[j].isspace():
-                j += 1
-            if j >= n or s[j] not in "]}":
-                out.append(c)
-            i += 1
-        elif c.isalpha():
-            j = i
-            while j < n and (s[j].isalnum() or s[j] == "_"):
-                j += 1
-            word = s[i:j]
-            out.append(_PY_LITERALS.get(word, word))
-            i = j
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def _loads(s: str) -> Any:
-    """json.loads, then once more after repair; raises ValueError when neither works."""
+def _loads(s: str) -> tuple[Any, bool]:
+    """(value, repaired): json.loads, else json-repair; raises ValueError when neither gives a container."""
     try:
-        return json.loads(s, strict=False)
+        return json.loads(s, strict=False), False
     except ValueError:
-        return json.loads(_repair(s), strict=False)
+        pass
+    value = json_repair.repair_json(s, return_objects=True, skip_json_loads=True)
+    if not isinstance(value, list | dict) or not value:
+        raise ValueError("not JSON")
+    return value, True
 
 
-def _json_values(text: str) -> Iterator[Any]:
-    """Yield every JSON container found in `text`, outermost first, in reading order.
+def _value_at(text: str, start: int) -> tuple[Any, str, int | None] | None:
+    """The JSON container starting at `text[start]`: (value, state, closing index or None if cut off)."""
+    end, cuts = _scan(text, start)
+    if end is not None:
+        try:
+            value, repaired = _loads(text[start : end + 1])
+        except ValueError:
+            return None
+        return value, ("repaired" if repaired else "json"), end
+    # Unclosed (truncated) container: the longest prefix that ends after a complete element. Not left
+    # to json-repair, which would close a half-written string ("Weather API/get hi") into a name.
+    for cut, closers in reversed(cuts[-_MAX_CUTS:]):
+        try:
+            value, _ = _loads(text[start:cut] + "".join(reversed(closers)))
+        except ValueError:
+            continue
+        return value, "truncated", None
+    return None
 
-    Callers take the first value that carries what they need, so a stray "[1]" or "{name}" in
-    surrounding prose cannot hide the real answer.
+
+def _whole(text: str, where: str, lead: bool = False) -> _Found | None:
+    """`text` as one JSON value (possibly cut off at its end), or None.
+
+    With `lead`, a value that opens the text and is followed by prose also counts (where "lead"):
+    a reply that starts with its answer and then explains it.
     """
+    body = text.strip()
+    if not body or body[0] not in "[{":
+        return None
+    got = _value_at(body, 0)
+    if got is None:
+        return None
+    value, state, end = got
+    if end is not None and end != len(body) - 1:
+        if lead:
+            return _Found(value, "lead", state)
+        return None  # more text follows: the value is part of prose, not the whole
+    return _Found(value, where, state)
+
+
+def _candidates(text: str) -> Iterator[_Found]:
+    """Every JSON value of a reply that may be its answer, in the order of the module docstring."""
     text = _THINK_RE.sub("", text)
+    whole = _whole(text, "reply", lead=True)
+    if whole is not None:
+        yield whole
+        if whole.where == "reply":
+            return
+    code: list[tuple[int, int]] = []
+    for m in _FENCE_RE.finditer(text):
+        if m.group(1).lower() in _JSON_FENCE_TAGS:
+            found = _whole(m.group(2), "fence")
+            if found is not None:
+                yield found
+        else:
+            code.append(m.span())
+    # Values inside code in another language (```python ...```) are code, never an answer.
+    for a, b in code:
+        text = text[:a] + " " * (b - a) + text[b:]
     starts = [m.start() for m in re.finditer(r"[\[{]", text)][:_MAX_STARTS]
     covered = -1
     for start in starts:
         if start <= covered:
             continue
-        end, cuts = _scan(text, start)
-        if end is not None:
-            try:
-                value = _loads(text[start : end + 1])
-            except ValueError:
-                continue
-            covered = end
-            yield value
-            continue
-        # Unclosed (truncated) container: try the longest recoverable prefix first.
-        for cut, closers in reversed(cuts[-_MAX_CUTS:]):
-            try:
-                value = _loads(text[start:cut] + "".join(reversed(closers)))
-            except ValueError:
-                continue
-            yield value
-            # Its inner containers are parts of what was just recovered, not answers of their own.
-            return
-        # Nothing recovered: the unclosed bracket may have been prose ("see [1") before the answer.
+        got = _value_at(text, start)
+        if got is not None and whole is not None and start == len(text) - len(text.lstrip()):
+            covered = got[2] if got[2] is not None else len(text)
+            continue  # the lead value, already given
+        if got is None:
+            continue  # an unclosed bracket in prose ("see [1") before the answer
+        value, state, end = got
+        yield _Found(value, "prose", state)
+        if end is None:
+            return  # the rest of the text is inside the cut-off value
+        covered = end
 
 
 def _no_json_reason(text: str, found_json: bool, what: str) -> str:
@@ -183,38 +251,21 @@ def _no_json_reason(text: str, found_json: bool, what: str) -> str:
     return "no JSON found in reply"
 
 
-def _first(d: dict, keys: Sequence[str]) -> Any:
+def _key(d: dict, keys: Sequence[str]) -> str | None:
+    """The first of `keys` present (exactly, then case-insensitively) with a non-null value."""
     for k in keys:
-        if k in d and d[k] is not None:
-            return d[k]
-    lowered = {str(k).strip().lower(): v for k, v in d.items()}
+        if d.get(k) is not None:
+            return k
+    lowered = {str(k).strip().lower(): k for k in d}
     for k in keys:
-        if lowered.get(k) is not None:
+        if k in lowered and d[lowered[k]] is not None:
             return lowered[k]
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Stubs
-# ---------------------------------------------------------------------------------------------
-
-_NAME_KEYS = ("name", "function", "function_name", "tool_name", "tool", "api_name", "api", "stub", "title")
-_REASON_KEYS = (
-    "reasoning", "reason", "description", "rationale", "purpose", "explanation", "why", "justification",
-)
-_STUB_LIST_KEYS = (
-    "stubs", "tools", "functions", "tool_stubs", "apis", "api_stubs", "results", "items", "data",
-)
-_IDENT_RE = re.compile(r"^[A-Za-z_][\w.]*$")
-_CALL_ARGS_RE = re.compile(r"\s*\(.*\)\s*$")
-
-
-def _clean_name(name: Any) -> str:
-    if not isinstance(name, str):
-        return ""
-    name = name.strip().strip("`'\" ")
-    # "get_weather(city)" names the same function as "get_weather"
-    return _CALL_ARGS_RE.sub("", name).strip()
+def _first(d: dict, keys: Sequence[str]) -> Any:
+    k = _key(d, keys)
+    return None if k is None else d[k]
 
 
 def _text(value: Any) -> str:
@@ -225,80 +276,154 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _stub_from(item: Any) -> Stub | None:
+# ---------------------------------------------------------------------------------------------
+# Stubs
+# ---------------------------------------------------------------------------------------------
+
+_NAME_KEYS = ("name", "function", "function_name", "tool_name", "tool", "api_name", "api", "stub", "title")
+_REASON_KEYS = (
+    "reasoning", "reason", "description", "rationale", "purpose", "explanation", "why", "justification",
+)
+_STRICT_NAME_KEYS = ("name", "function", "function_name", "tool_name", "api_name", "stub")
+_STRICT_REASON_KEYS = ("reasoning", "reason", "rationale", "why", "justification")
+_STUB_LIST_KEYS = ("stubs", "tools", "functions", "tool_stubs", "apis", "api_stubs", "function_stubs")
+_IDENT_RE = re.compile(r"^[A-Za-z_][\w.]*$")
+_CALL_ARGS_RE = re.compile(r"\s*\(.*\)\s*$")
+_WORDISH_RE = re.compile(r"[a-z0-9]+")
+
+
+def _clean_name(name: Any) -> str:
+    if not isinstance(name, str):
+        return ""
+    name = name.strip().strip("`'\" ")
+    # "get_weather(city)" names the same function as "get_weather"
+    return _CALL_ARGS_RE.sub("", name).strip()
+
+
+def _function_like(name: str) -> bool:
+    """snake_case, camelCase or dotted: how a developer names a function (not "Paris")."""
+    return bool(_IDENT_RE.match(name)) and ("_" in name or "." in name or re.search(r"[a-z][A-Z]", name) is not None)
+
+
+def _stub_from(item: Any) -> tuple[Stub, str] | None:
+    """A stub and the item form that produced it, or None."""
     if isinstance(item, str):
         head, sep, tail = item.partition(":")
-        if sep and _IDENT_RE.match(head.strip()):
-            return Stub(_clean_name(head), tail.strip()) if _clean_name(head) else None
+        if sep and _IDENT_RE.match(head.strip()) and _clean_name(head):
+            return Stub(_clean_name(head), tail.strip()), "string name:reasoning"
         name = _clean_name(item)
-        return Stub(name, "") if name else None
+        return (Stub(name, ""), "string") if name else None
     if not isinstance(item, dict):
         return None
     # OpenAI tool-schema style: {"type": "function", "function": {"name": ..., "description": ...}}
     inner = item.get("function")
     if isinstance(inner, dict):
-        return _stub_from(inner)
-    name = _clean_name(_first(item, _NAME_KEYS))
+        got = _stub_from(inner)
+        return (got[0], f"tool schema {got[1]}") if got else None
+    name_key = _key(item, _NAME_KEYS)
+    name = _clean_name(item[name_key]) if name_key else ""
     if not name:
         return None
-    return Stub(name, _text(_first(item, _REASON_KEYS)))
+    reason_key = _key(item, _REASON_KEYS)
+    reasoning = _text(item[reason_key]) if reason_key else ""
+    return Stub(name, reasoning), f"{name_key}+{reason_key or '-'}"
 
 
-def _stub_items(value: Any) -> list[Any] | None:
-    """The list of stub-like items in a parsed value, or None if it does not look like stubs."""
+def _stub_shaped(item: Any) -> bool:
+    """An object that can only be a stub: a name and a reasoning ("description" only with a function-like
+    name: {"name": "Paris", "description": "a city"} describes a place, not a function)."""
+    if not isinstance(item, dict):
+        return False
+    inner = item.get("function")
+    if isinstance(inner, dict):
+        item = inner
+    name = _clean_name(_first(item, _STRICT_NAME_KEYS))
+    if not name:
+        return False
+    if _first(item, _STRICT_REASON_KEYS) is not None:
+        return True
+    return _function_like(name) and _first(item, _REASON_KEYS) is not None
+
+
+def _stub_list(value: Any, strict: bool) -> tuple[list[Any], str] | None:
+    """(items, container rule) of the stub list in an answer value, or None.
+
+    `strict` (values found in prose) accepts only the answer's own shape: a list of stub objects,
+    directly or under a stub-list key.
+    """
     if isinstance(value, list):
-        return value
+        if strict and not (value and all(_stub_shaped(x) for x in value)):
+            return None
+        return value, "list"
     if not isinstance(value, dict):
         return None
-    listed = _first(value, _STUB_LIST_KEYS)
-    if isinstance(listed, list):
-        return listed
-    if _first(value, _NAME_KEYS) is not None:
-        return [value]
-    for v in value.values():
-        if isinstance(v, list) and any(isinstance(x, dict) for x in v):
-            return v
-    # {"get_weather": "why", ...}: a name -> reasoning map
-    if value and all(isinstance(k, str) and _IDENT_RE.match(k) for k in value) and all(
+    k = _key(value, _STUB_LIST_KEYS)
+    if k is not None and isinstance(value[k], list):
+        if strict and not (value[k] and all(_stub_shaped(x) for x in value[k])):
+            return None
+        return value[k], f"key {k}"
+    if _stub_shaped(value):
+        return [value], "single object"
+    if strict:
+        return None
+    # {"answer": [stub objects]}: the one list of a one-key wrapper, when its items are stubs
+    if len(value) == 1:
+        (k, v), = value.items()
+        if isinstance(v, list) and v and all(_stub_shaped(x) for x in v):
+            return v, f"key {k}"
+    # {"get_weather": "why", ...}: a map from function names to reasons
+    if value and all(isinstance(k, str) and _function_like(k) for k in value) and all(
         isinstance(v, str) for v in value.values()
     ):
-        return [{"name": k, "reasoning": v} for k, v in value.items()]
+        return [{"name": k, "reasoning": v} for k, v in value.items()], "name map"
     return None
 
 
-def _stubs_of(value: Any) -> list[Stub] | None:
-    items = _stub_items(value)
-    if items is None:
-        return None
-    out: list[Stub] = []
-    seen: set[tuple[str, str]] = set()
-    for item in items:
-        stub = _stub_from(item)
-        if stub is None or (stub.name, stub.reasoning) in seen:
+def _copied_example(stub: Stub, query: str | None) -> bool:
+    """The stub repeats the prompt's example: its reasoning too, or a name the request has no word of."""
+    norm = _WORDISH_RE.findall
+    for name, reasoning in DISCOVERY_EXAMPLES:
+        if stub.name.casefold() != name:
             continue
-        seen.add((stub.name, stub.reasoning))
-        out.append(stub)
-    return out
+        if reasoning is not None and norm(stub.reasoning.casefold()) == norm(reasoning.casefold()):
+            return True
+        if query is not None:
+            # "search_flights" for a request about flights is the model's own need
+            content = [w for w in name.split("_")[1:] if len(w) > 2]
+            q = query.casefold()
+            if not any(w.rstrip("s") in q for w in content):
+                return True
+    return False
 
 
-def parse_stubs(text: str | None) -> tuple[list[Stub], str | None]:
+def parse_stubs(text: str | None, query: str | None = None) -> tuple[list[Stub], str | None]:
     """Parse a discovery reply into stubs; returns (stubs, error or None).
 
-    An explicit empty list is a valid answer with no stubs (no error).
+    An explicit empty list is a valid answer with no stubs (no error). With `query`, a stub named
+    like the prompt's example is flagged (`example_copy`) when the request has nothing to do with it.
     """
     if text is None or not text.strip():
         return [], "empty reply"
-    fallback: list[Stub] | None = None
     found_json = False
-    for value in _json_values(text):
+    for found in _candidates(text):
         found_json = True
-        stubs = _stubs_of(value)
-        if stubs:
-            return stubs, None
-        if stubs is not None and fallback is None:
-            fallback = stubs
-    if fallback is not None:
-        return fallback, None
+        listed = _stub_list(found.value, strict=found.where in _STRICT)
+        if listed is None:
+            continue
+        items, container = listed
+        out: list[Stub] = []
+        seen: set[tuple[str, str]] = set()
+        for item in items:
+            got = _stub_from(item)
+            if got is None or (got[0].name, got[0].reasoning) in seen:
+                continue
+            stub, form = got
+            seen.add((stub.name, stub.reasoning))
+            stub.rule = f"{found.source}:{container}:{form}"
+            stub.example_copy = _copied_example(stub, query)
+            out.append(stub)
+        if out or not items:
+            return out, None
     return [], _no_json_reason(text, found_json, "stubs")
 
 
@@ -319,6 +444,7 @@ _SLASH_RE = re.compile(r"\s*(?:/|::)\s*")
 _HEAVY_RE = re.compile(r"[\W_]+")
 _FUZZY_CUTOFF = 0.85
 _FUZZY_MARGIN = 0.02  # a near-miss equally close to two offered APIs names neither
+_LEVEL_RULES = ("case/space", "punctuation", "api-name", "api-name/punctuation")
 
 
 def _light(s: str) -> str:
@@ -360,17 +486,18 @@ class _Resolver:
                 self.levels[3].setdefault(_heavy(api_name), set()).add(api_id)
             self.fuzzy.append((_light(display), api_id))
 
-    def _lookup(self, name: str) -> str | None:
+    def _lookup(self, name: str) -> tuple[str, str] | None:
         if name in self.exact:
-            return self.exact[name]
+            return self.exact[name], "exact"
         keys = (_light(name), _heavy(name))
-        for level, key in zip(self.levels, keys + keys, strict=True):
+        for level, key, rule in zip(self.levels, keys + keys, _LEVEL_RULES, strict=True):
             ids = level.get(key) if key else None
             if ids and len(ids) == 1:
-                return next(iter(ids))
+                return next(iter(ids)), rule
         return None
 
-    def resolve(self, name: str) -> str | None:
+    def resolve(self, name: str) -> tuple[str, str] | None:
+        """(api id, rule) or None."""
         found = self._lookup(name)
         if found:
             return found
@@ -380,8 +507,9 @@ class _Resolver:
         for j in range(len(parts) - 1, 0, -1):
             found = self._lookup(": ".join(parts[:j]))
             if found:
-                return found
-        return self._close(name)
+                return found[0], f"prefix:{found[1]}"
+        close = self._close(name)
+        return (close, "fuzzy") if close else None
 
     def _close(self, name: str) -> str | None:
         target = _light(name)
@@ -435,28 +563,45 @@ def _steps_and_apis(raw_steps: Any) -> tuple[list[str], list[str]]:
     return steps, apis
 
 
-def _plan_fields(value: Any) -> tuple[list[str], list[str], bool] | None:
-    """(steps, raw selected names, had an explicit selection) from a parsed value, or None."""
+@dataclass
+class _Fields:
+    steps: list[str]
+    names: list[str]
+    explicit: bool  # the answer holds a selection list (possibly empty)
+    steps_rule: str
+    selected_rule: str
+
+
+def _plan_fields(value: Any, strict: bool) -> _Fields | None:
+    """The plan in an answer value, or None. `strict` (values found in prose): objects only."""
     if isinstance(value, list):
-        if all(isinstance(v, dict) for v in value) and value:
+        if strict or not value:
+            return None
+        if all(isinstance(v, dict) for v in value):
             steps, apis = _steps_and_apis(value)
-            return steps, apis, False
-        # a bare list of strings is the selection without steps
-        return [], _api_names(value), True
+            return _Fields(steps, apis, False, "step objects", "step apis" if apis else "none")
+        # the whole reply is a list of strings: the selection without steps
+        return _Fields([], _api_names(value), True, "none", "bare list")
     if not isinstance(value, dict):
         return None
-    steps, step_apis = _steps_and_apis(_first(value, _STEPS_KEYS))
-    if any(str(k).strip().lower() in _SELECTED_KEYS for k in value):
-        return steps, _api_names(_first(value, _SELECTED_KEYS)), True
+    steps_key = _key(value, _STEPS_KEYS)
+    steps, step_apis = _steps_and_apis(value[steps_key] if steps_key else None)
+    steps_rule = f"key:{steps_key}" if steps_key else "none"
+    sel_key = next((k for k in value if str(k).strip().lower() in _SELECTED_KEYS), None)
+    if sel_key is not None:
+        sel_key = _key(value, _SELECTED_KEYS) or sel_key
+        return _Fields(steps, _api_names(value[sel_key]), True, steps_rule, f"key:{sel_key}")
     if not steps and not step_apis:
         # e.g. {"plan": {"steps": [...], "apis": [...]}}
-        for v in value.values():
+        for k, v in value.items():
             if isinstance(v, dict):
-                inner = _plan_fields(v)
+                inner = _plan_fields(v, strict=True)
                 if inner is not None:
+                    inner.steps_rule = f"in {k}:{inner.steps_rule}"
+                    inner.selected_rule = f"in {k}:{inner.selected_rule}"
                     return inner
         return None
-    return steps, step_apis, False
+    return _Fields(steps, step_apis, False, steps_rule, "step apis" if step_apis else "none")
 
 
 def parse_plan(
@@ -468,36 +613,46 @@ def parse_plan(
 
     `offered` holds (api_id, display) pairs, display being "{tool_name}/{api_name}" as the prompt
     showed it. Names that match no offered API go to `registry_lookup` (which may return an id
-    outside the offered set) and otherwise stay raw; either way they lower fidelity downstream.
+    outside the offered set) and otherwise stay raw; either way they lower fidelity downstream and
+    never count as a selection (`selected_offered`).
     """
     if text is None or not text.strip():
-        return Plan([], [], True, "empty reply")
-    fields: tuple[list[str], list[str], bool] | None = None
+        return Plan([], [], "empty reply", source="none", steps_rule="none", selected_rule="none")
+    fields: _Fields | None = None
+    source = ""
     found_json = False
-    for value in _json_values(text):
+    for found in _candidates(text):
         found_json = True
-        got = _plan_fields(value)
+        got = _plan_fields(found.value, strict=found.where in _STRICT)
         if got is None:
             continue
-        if fields is None or (got[1] and not fields[1]):
-            fields = got
-        if got[1] or got[2]:
+        if fields is None or (got.names and not fields.names):
+            fields, source = got, found.source
+        if got.names or got.explicit:
             break
     if fields is None:
-        return Plan([], [], True, _no_json_reason(text, found_json, "plan"))
-    steps, names, explicit = fields
+        reason = _no_json_reason(text, found_json, "plan")
+        return Plan([], [], reason, source="none", steps_rule="none", selected_rule="none")
     # Steps without any selection (no list, no API in a step) is a cut-off or malformed reply, not
     # the explicit empty list the prompt asks for when refusing.
-    error = None if explicit or names else "reply has no API selection"
+    error = None if fields.explicit or fields.names else "reply has no API selection"
     resolver = _Resolver(offered)
+    offered_ids = {api_id for api_id, _ in offered}
+    names: list[Selection] = []
     selected: list[str] = []
-    seen: set[str] = set()
-    for name in names:
-        resolved = resolver.resolve(name)
-        if resolved is None:
+    for name in fields.names:
+        hit = resolver.resolve(name)
+        if hit is None:
             cleaned = _LEAD_RE.sub("", name).strip(_QUOTES)
-            resolved = (registry_lookup(cleaned) if registry_lookup else None) or cleaned
-        if resolved and resolved not in seen:
-            seen.add(resolved)
-            selected.append(resolved)
-    return Plan(steps, selected, not selected, error)
+            elsewhere = registry_lookup(cleaned) if registry_lookup else None
+            hit = (elsewhere, "registry") if elsewhere else (cleaned, "unresolved")
+        api, rule = hit
+        names.append(Selection(name, api, rule, api in offered_ids))
+        if api and api not in selected:
+            selected.append(api)
+    selected_offered = [a for a in selected if a in offered_ids]
+    return Plan(
+        fields.steps, selected, error,
+        selected_offered=selected_offered, source=source, steps_rule=fields.steps_rule,
+        selected_rule=fields.selected_rule, names=names,
+    )

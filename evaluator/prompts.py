@@ -36,6 +36,56 @@ Answer with JSON only, no prose:
 Copy each selected API exactly as it is written in the list (the part before the colon).
 Use an empty "selected_apis" list if no listed API can help."""
 
+# Names the discovery prompt itself shows as examples, with the example's reasoning where it gives
+# one. A stub that repeats one of them is a copy of the prompt, not the model's reading of the
+# request; the parser flags it (see parse.py) and Match% leaves it out.
+DISCOVERY_EXAMPLES: tuple[tuple[str, str | None], ...] = (
+    ("search_flights", "Find flights between two cities on a date."),
+    ("get_weather_forecast", None),
+)
+
+# JSON schemas for structured outputs (`response_format`), one per prompt, in the shape
+# {"name": ..., "schema": ...} that OpenAI's json_schema mode takes. Providers want an object at the
+# top level, so discovery's list of stubs is wrapped as {"stubs": [...]}; the parser reads both the
+# wrapped and the bare-list form. Every property is required and no other is allowed, as OpenAI's
+# strict mode demands; llama.cpp, vLLM and SGLang turn the same schema into a grammar. The API
+# names stay free strings (no enum of the offered APIs): whether a planner copies a name faithfully
+# is part of what the study measures.
+DISCOVERY_SCHEMA: dict = {
+    "name": "discovery_stubs",
+    "schema": {
+        "type": "object",
+        "properties": {
+            "stubs": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 5,
+                "items": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "reasoning": {"type": "string"}},
+                    "required": ["name", "reasoning"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["stubs"],
+        "additionalProperties": False,
+    },
+}
+
+PLANNER_SCHEMA: dict = {
+    "name": "planner_plan",
+    "schema": {
+        "type": "object",
+        "properties": {
+            "steps": {"type": "array", "maxItems": 10, "items": {"type": "string"}},
+            "selected_apis": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["steps", "selected_apis"],
+        "additionalProperties": False,
+    },
+}
+
 
 def discovery_messages(query: str) -> list[dict[str, str]]:
     return [

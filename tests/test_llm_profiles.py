@@ -6,6 +6,7 @@ import llm_fixtures as F
 import pytest
 
 from evaluator.llm import ConfigError, LLMEngine, available_profiles, load_profile
+from evaluator.llm.profiles import MODELS_DIR
 
 
 def test_bundled_profiles_load():
@@ -58,3 +59,75 @@ async def test_engine_needs_a_base_url():
     with pytest.raises(ConfigError, match="no base_url"):
         async with LLMEngine(load_profile("sim", env={})):
             pass
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ('concurrency = "8"', 'concurrency = "8" is a string; expected an integer'),
+        ("concurrency = 8.5", "concurrency = 8.5 is a number; expected an integer"),
+        ('timeout_s = "60"', "expected a number"),
+        ('adaptive_concurrency = "yes"', "expected true or false"),
+        ("extra_body = 3", "expected a table"),
+        ("rpm = true", "rpm = True is a boolean; expected a number"),
+        ("concurrency = 0", "concurrency = 0 is impossible; it must be >= 1"),
+        ("temperature = 7.0", "between 0 and 2"),
+        ('structured = "yaml"', "one of json_schema, json_object, json_object_schema, none"),
+        ("max_tokens = 0", "max_tokens = 0 is impossible"),
+        ('batch = "azure"', "one of openai, gemini"),
+        ("batch_discount = 1.5", "between 0 and 1"),
+        ("model_env = 5", "model_env = 5 is an integer; expected a string"),
+    ],
+)
+def test_wrong_types_and_impossible_values_name_file_and_key(tmp_path, line, says):
+    f = tmp_path / "mine.toml"
+    f.write_text(f'model = "m"\nbase_url = "http://127.0.0.1:5/v1"\n{line}\n')
+    with pytest.raises(ConfigError) as e:
+        load_profile(str(f), env={})
+    msg = str(e.value)
+    assert msg.startswith(str(f)) and says in msg and "\n" not in msg
+
+
+def test_bad_override_names_the_command_line():
+    with pytest.raises(ConfigError, match=r"^command line: max_tokens = \"9\" is a string; expected an integer"):
+        load_profile("sim", base_url="http://127.0.0.1:1/v1", max_tokens="9")
+
+
+def test_request_settings_hold_every_request_shaping_setting_and_no_key():
+    g = load_profile("gemini", env={"GEMINI_API_KEY": F.FAKE_KEY})
+    s = g.request_settings()
+    for k in ("model", "base_url", "max_tokens", "temperature", "timeout_s", "concurrency", "adaptive_concurrency",
+              "rpm", "tpm", "structured", "extra_body", "max_retries", "truncation_retries"):
+        assert k in s, k
+    assert s["api_key_env"] == "GEMINI_API_KEY" and F.FAKE_KEY not in str(s)
+
+
+def test_bundled_profiles_document_the_new_keys():
+    for name in ("sim", "sim-b", "gemini", "gpt-oss-120b"):
+        text = (MODELS_DIR / f"{name}.toml").read_text()
+        assert "adaptive_concurrency =" in text and "structured =" in text, name
+    assert not load_profile("sim", env={}).adaptive_concurrency  # the bench's fan-out keeps its fixed concurrency
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('model = "m"\nbase_url = "http:///v1"\n', "names no host"),
+        ('model = "m"\nbase_url = "http://h:port/v1"\n', "is not a URL"),
+        ('model = "m"\nbase_url = "http://h/v1"\n[extra_body]\nseed = 3\n', "may not set seed"),
+        ('model = ""\nbase_url = "http://h/v1"\n', "model must not be empty"),
+        ('model = "m"\nbase_url = "http://h/v1"\nconcurrency = \n', "cannot read model profile"),
+    ],
+)
+def test_unusable_profiles_are_one_line(tmp_path, text, says):
+    f = tmp_path / "p.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=says):
+        load_profile(str(f), env={})
+
+
+def test_undecodable_profile_is_one_line(tmp_path):
+    f = tmp_path / "p.toml"
+    f.write_bytes(b'model = "\xff\xfe"\n')
+    with pytest.raises(ConfigError, match="cannot read model profile"):
+        load_profile(str(f), env={})

@@ -11,7 +11,15 @@ import pytest
 
 from evaluator.llm.accounting import ModelStats, percentile
 from evaluator.llm.errors import redact
-from evaluator.llm.retry import Kind, backoff_delay, classify_http, parse_duration, retry_after_from_headers
+from evaluator.llm.retry import (
+    Kind,
+    backoff_delay,
+    classify_http,
+    is_validation_error,
+    parse_duration,
+    rejected_fields,
+    retry_after_from_headers,
+)
 
 
 @pytest.mark.parametrize(
@@ -77,11 +85,50 @@ def test_non_json_error_body():
     assert v.kind is Kind.RETRY and "Bad gateway" in v.reason
 
 
-def test_full_jitter_backoff_bounds():
+def test_backoff_grows_and_never_waits_less_than_its_floor():
     rng = random.Random(0)
-    draws = [backoff_delay(a, 0.5, 8.0, rng) for a in range(10) for _ in range(50)]
-    assert min(draws) >= 0 and max(draws) <= 8.0
-    assert max(backoff_delay(0, 0.5, 8.0, rng) for _ in range(200)) <= 0.5
+    for attempt in range(10):
+        d = min(8.0, 0.5 * 2**attempt)
+        draws = [backoff_delay(attempt, 0.5, 8.0, rng) for _ in range(50)]
+        assert d / 2 <= min(draws) and max(draws) <= d  # half of each wait is guaranteed
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon", "nan", "inf", "", "0ms", "-1s"])
+@pytest.mark.parametrize("header", ["retry-after", "retry-after-ms", "x-ratelimit-reset-requests"])
+def test_useless_retry_hints_are_no_hint(header, value):
+    assert retry_after_from_headers({header: value, "x-ratelimit-remaining-requests": "0"}) is None
+    # ... and a useless precise form does not hide a usable coarser one
+    usable = {"retry-after": "2"} if header != "retry-after" else {"x-ratelimit-reset-tokens": "2s"}
+    assert retry_after_from_headers({header: value, **usable}) == 2.0
+
+
+@pytest.mark.parametrize("delay", ["0s", "-5s", "later"])
+def test_useless_gemini_retry_delay_is_no_hint(delay):
+    assert classify_http(429, {}, _gemini("GenerateRequestsPerMinutePerProjectPerModel", delay)).retry_after is None
+
+
+def test_past_http_date_is_no_hint():
+    assert retry_after_from_headers({"retry-after": email.utils.formatdate(time.time() - 60, usegmt=True)}) is None
+
+
+FIELDS = {"seed", "response_format", "temperature", "max_tokens", "top_p"}
+
+
+@pytest.mark.parametrize(
+    ("body", "blamed"),
+    [
+        ({"error": {"message": 'Invalid JSON payload received. Unknown name "seed": Cannot find field.'}}, {"seed"}),
+        ({"error": {"message": "Unrecognized request argument supplied: seed"}}, {"seed"}),
+        ({"error": {"message": "'response_format.type' must be 'text'", "param": "response_format.type"}}, {"response_format"}),
+        ({"error": {"message": "unsupported", "param": "top_p"}}, {"top_p"}),
+        ([{"error": {"message": "response_format is not supported by this model"}}], {"response_format"}),
+        ({"detail": [{"loc": ["body", "seed"], "msg": "Extra inputs are not permitted"}]}, {"seed"}),  # vLLM
+        ({"error": {"message": "messages must not be empty"}}, set()),  # names no optional field
+        ({"error": {"message": "the seeded sampler failed"}}, set()),  # a word containing a name is not it
+    ],
+)
+def test_rejected_fields(body, blamed):
+    assert rejected_fields(orjson.dumps(body), FIELDS) == blamed
 
 
 def test_redact():
@@ -95,3 +142,19 @@ def test_accounting_percentiles():
     s = ModelStats(latencies=[float(i) for i in range(1, 101)])
     d = s.as_dict()["latency_s"]
     assert d["p50"] == pytest.approx(50.5) and d["p99"] == pytest.approx(99.01) and d["n"] == 100
+
+
+def test_failed_calls_are_counted_by_kind():
+    s = ModelStats()
+    for kind in ("timeout", "http_400", "timeout"):
+        s.fail(kind)
+    assert s.as_dict()["failed"] == {"http_400": 1, "timeout": 2} and s.errors == 3
+
+
+def test_llama_cpp_python_validation_500_is_told_apart():
+    # Measured on llama-cpp-python 0.3.36: a response_format it cannot validate comes back as a 500.
+    msg = ("1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', 'type'), "
+           "'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema'}\n\n  File \"app.py\"")
+    raw = orjson.dumps({"error": {"message": msg, "type": "internal_server_error", "param": None, "code": None}})
+    assert is_validation_error(raw) and rejected_fields(raw, FIELDS) == {"response_format"}
+    assert not is_validation_error(b'{"error": {"message": "The server had an error while processing your request."}}')

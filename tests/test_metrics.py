@@ -7,7 +7,8 @@ import warnings
 import pytest
 import records_fixtures as F
 
-from evaluator import metrics as M
+from evaluator.analysis import metrics as M
+from evaluator.schema import GOLDS, Record
 
 GOLD = ["T::a", "T::b", "T::c", "T::d"]
 REL = ["T::a", "T::b"]
@@ -29,8 +30,12 @@ def _rec(**kw: object) -> dict:
     return rec
 
 
+def obs_of(rec: dict, *args: object, **kw: object) -> M.Obs:
+    return M.record_obs(Record.from_dict(rec), *args, **kw)  # records as queries.jsonl holds them
+
+
 def test_retrieval_by_hand() -> None:
-    obs = M.record_obs(_rec(), ks=[1, 3, 5], k=5)
+    obs = obs_of(_rec(), ks=[1, 3, 5], k=5)
     # RtP top-5 = a, X1, X2, c, X3: 2 of 4 api_list gold, 1 of 2 relevant
     assert obs[("rtp", "recall", 5, "api_list")] == (0.5, 1.0)
     assert obs[("rtp", "precision", 5, "api_list")] == (2 / 5, 1.0)
@@ -43,7 +48,7 @@ def test_retrieval_by_hand() -> None:
 
 
 def test_planner_and_cross_by_hand() -> None:
-    obs = M.record_obs(_rec(), ks=[1, 3, 5], k=5)
+    obs = obs_of(_rec(), ks=[1, 3, 5], k=5)
     assert obs[("rtp", "pass", 5, None)] == (1.0, 1.0)
     assert obs[("rtp", "apis_named", 5, None)] == (1.0, 1.0)  # duplicate selection counted once
     assert obs[("rtp", "selection_rate", 5, None)] == (1 / 5, 1.0)
@@ -65,7 +70,7 @@ def test_planner_and_cross_by_hand() -> None:
 
 
 def test_stub_metrics_pooled() -> None:
-    obs = M.record_obs(_rec(), ks=[1, 5], k=5)
+    obs = obs_of(_rec(), ks=[1, 5], k=5)
     assert obs[("ptr", "gen", None, None)] == (1.0, 1.0)
     assert obs[("ptr", "stubs_per_query", None, None)] == (3.0, 1.0)
     # top-1 per stub: a (gold), X9 (not), d (api_list gold, not relevant)
@@ -75,7 +80,7 @@ def test_stub_metrics_pooled() -> None:
     assert obs[("ptr", "stub_cos_incorrect", None, "api_list")] == pytest.approx((0.7, 1.0))
     assert obs[("ptr", "width", 5, None)] == (7.0, 1.0)
     assert ("ptr", "width", 3, None) not in obs  # not recorded -> not observed
-    names = M.stub_names(_rec())
+    names = Record.from_dict(_rec()).ptr.stub_names
     assert names == ["get_a", "get_a", "find_x"]
     assert M.unique_ratio(names) == pytest.approx(2 / 3)
     assert M.unique_ratio([]) is None
@@ -85,20 +90,20 @@ def test_refusal_parse_error_and_llm_error() -> None:
     miss_ret = ["X::1", "X::2", "X::3", "X::4", "X::5"]
     rec = F.record("sim", 0, "G2_instruction", 2, api_list=GOLD, relevant=REL, rtp_retrieved=miss_ret,
                    rtp_plan=F.plan([], 1))
-    obs = M.record_obs(rec)
+    obs = obs_of(rec)
     assert obs[("rtp", "pass", 5, None)] == (0.0, 1.0)
     assert ("rtp", "fidelity", 5, None) not in obs  # undefined without a selection
     assert obs[("rtp", "miss_refused", 5, "api_list")] == (1.0, 1.0)
     assert obs[("rtp", "miss_wrong_tool", 5, "api_list")] == (0.0, 1.0)
 
     rec["rtp"]["plan"] = F.plan([], 0, parse_error="bad json")
-    obs = M.record_obs(rec)
+    obs = obs_of(rec)
     assert obs[("rtp", "pass", 5, None)] == (0.0, 1.0)  # a parse error is a planner outcome
     assert obs[("rtp", "miss_refused", 5, "api_list")] == (0.0, 1.0)
     assert obs[("rtp", "planner_parse_error", None, None)] == (1.0, 1.0)
 
     rec["rtp"]["plan"] = F.plan([], 0, llm_error="HTTP 503")
-    obs = M.record_obs(rec)
+    obs = obs_of(rec)
     assert ("rtp", "pass", 5, None) not in obs  # infrastructure failure: excluded
     assert obs[("rtp", "planner_llm_error", None, None)] == (1.0, 1.0)
     assert obs[("rtp", "recall", 5, "api_list")] == (0.0, 1.0)
@@ -107,7 +112,7 @@ def test_refusal_parse_error_and_llm_error() -> None:
 def test_discovery_llm_error_excludes_ptr() -> None:
     rec = _rec()
     rec["ptr"]["discovery_llm_error"] = "timeout"
-    obs = M.record_obs(rec)
+    obs = obs_of(rec)
     assert obs[("ptr", "discovery_llm_error", None, None)] == (1.0, 1.0)
     assert not any(key[0] == "ptr" and key[1] in ("recall", "pass", "gen") for key in obs)
     assert not any(key[0] == "both" for key in obs)
@@ -117,14 +122,14 @@ def test_jaccard_both_empty_is_one() -> None:
     rec = _rec()
     rec["rtp"]["plan"] = F.plan([])
     rec["ptr"]["plan"] = F.plan([])
-    obs = M.record_obs(rec)
+    obs = obs_of(rec)
     assert obs[("both", "jaccard_selected", 5, None)] == (1.0, 1.0)
     assert obs[("both", "both_refused", 5, None)] == (1.0, 1.0)
 
 
 def test_retrieval_only_record() -> None:
     rec = F.retrieval_only()[0]
-    obs = M.record_obs(rec)
+    obs = obs_of(rec)
     assert {key[0] for key in obs} == {"rtp"}
     assert {key[1] for key in obs} == {"recall", "precision", "miss", "n_queries"}
 
@@ -133,7 +138,7 @@ def test_against_ranx() -> None:
     ranx = pytest.importorskip("ranx")
     recs = F.retrieval_only({"G1_instruction": 12})
     ks = [1, 3, 5, 10, 20]
-    for gold in M.GOLDS:
+    for gold in GOLDS:
         qrels = ranx.Qrels({str(r["query_id"]): {d: 1 for d in r["gold"][gold]} for r in recs})
         run = ranx.Run({str(r["query_id"]): {d: 100.0 - i for i, d in enumerate(r["rtp"]["retrieved"])}
                         for r in recs})
@@ -142,7 +147,7 @@ def test_against_ranx() -> None:
             warnings.simplefilter("ignore")  # numba type-safety chatter
             ref = ranx.evaluate(qrels, run, names, return_mean=False, make_comparable=True)
         qids = list(qrels.keys())
-        ours = {str(r["query_id"]): M.record_obs(r, ks) for r in recs}
+        ours = {str(r["query_id"]): obs_of(r, ks) for r in recs}
         for name in names:
             metric, k = name.split("@")
             got = [ours[q][("rtp", metric, int(k), gold)][0] for q in qids]

@@ -1,4 +1,4 @@
-"""report.render end to end: rows recomputed from queries.jsonl, determinism, labels, figures, sections."""
+"""Rendering end to end (app.render_outputs): rows recomputed from queries.jsonl, determinism, labels, figures."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import records_fixtures as F
 
-from evaluator import report
+from evaluator.app import render_outputs
+from evaluator.schema import OutputDir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -21,10 +22,10 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     meta["models"] = [{"name": "sim", "model": "sim", "simulated": True},
                       {"name": "gemini", "model": "gemini-2.5-flash", "simulated": False}]
     d = F.write_out(tmp_path_factory.mktemp("study"), F.study(("sim", "gemini")), meta)
+    # A stale file of the old layout: sections are values now, files lying around are never pasted in.
     (d / "sections").mkdir()
-    (d / "sections" / "20_routing.md").write_text("## Routing\n\nrouting table\n")
-    (d / "sections" / "10_scaling.md").write_text("## Scaling\n\nscaling table\n")
-    report.render(d)
+    (d / "sections" / "50-scaling.md").write_text("## Stale scaling\n\nold table\n")
+    render_outputs(OutputDir(d))
     return d
 
 
@@ -82,9 +83,9 @@ def test_summary_deterministic(out: Path, tmp_path: Path) -> None:
     meta["runtime"] = {"created": "2027-01-01T00:00:00"}
     meta["settings"]["out"] = "results/elsewhere"
     again = F.write_out(tmp_path / "again", _records(out), meta, shuffle_seed=7)
-    report.render(again, with_figures=False)
+    render_outputs(OutputDir(again), with_figures=False)
     assert (again / "summary.json").read_bytes() == first
-    report.render(again, with_figures=False)
+    render_outputs(OutputDir(again), with_figures=False)
     assert (again / "summary.json").read_bytes() == first
     assert "NaN" not in first.decode()
 
@@ -99,7 +100,14 @@ def test_report_contents(out: Path) -> None:
     assert md.index("gold `api_list`") < md.index("gold `relevant`")
     assert "gold API missing from registry: 2 (e.g. G1 query 7: Foo::bar)" in md
     assert "`gemini` (gemini-2.5-flash)" in md
-    assert md.index("## Scaling") < md.index("## Routing")  # sections appended in sorted order
+    assert "Stale scaling" not in md
+    # analyses that did not run are listed with why, one line each
+    assert "## Skipped tables and analyses" in md and "Scaling study (Table 10): not run" in md
+    assert "Table 2: Worked contrasts" in md and "Table 9: Example trajectory" in md
+    assert "Completion/q" in md and "completion tokens only" in md
+    # every model table states the n it scored per architecture and the truncated replies
+    assert md.count("n scored (summed over runs): RtP retrieval 24, RtP planner") >= 10
+    assert "truncated replies (finish_reason length): 0" in md
     assert "embedder `all-MiniLM-L6-v2`" in md and "registry 300 APIs (full)" in md
 
 
@@ -115,7 +123,7 @@ def test_figures(out: Path) -> None:
 
 def test_retrieval_only_renders(tmp_path: Path) -> None:
     d = F.write_out(tmp_path / "ro", F.retrieval_only(), F.meta((), runs=1, retrieval_only_=True))
-    report.render(d)
+    render_outputs(OutputDir(d))
     md = (d / "report.md").read_text()
     assert "retrieval only (no LLM)" in md and "Table 1b: Precision" in md and "SIMULATED" not in md
     rows = json.loads((d / "summary.json").read_text())["rows"]
@@ -126,6 +134,6 @@ def test_retrieval_only_renders(tmp_path: Path) -> None:
 def test_minimal_meta(tmp_path: Path) -> None:
     """An empty meta.json still renders; the bundled `sim` model is flagged as simulated by name."""
     d = F.write_out(tmp_path / "bare", F.study(("sim",), runs=1), {})
-    report.render(d, with_figures=False)
+    render_outputs(OutputDir(d), with_figures=False)
     md = (d / "report.md").read_text()
     assert "SIMULATED LLM — model `sim`" in md and "Runs: 1;" in md and "No data warnings." in md

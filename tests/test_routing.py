@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluator import routing as R
-from evaluator.__main__ import main as cli
+from evaluator.analysis import routing as R
+from evaluator.cli import main as cli
+from evaluator.schema import as_records
 
 K = 5
 RUNS = 3
@@ -78,7 +79,7 @@ def _by_hand(recs: list[dict], arch: str, gold: str = "api_list") -> tuple[float
 
 def test_threshold_limits_are_the_always_policies() -> None:
     recs = make_records()
-    d = R.model_data(recs, "sim", K)
+    d = R.model_data(as_records(recs), "sim", K)
     assert d.excluded == len(SUBSETS)  # query 3 of each subset: failed discovery call in run 1
     pts = R.sweep(d, "score")
     (t_lo, lo), (t_hi, hi) = pts[0], pts[-1]
@@ -98,7 +99,7 @@ def test_threshold_limits_are_the_always_policies() -> None:
 
 
 def test_routing_beats_both_always_policies_here_and_saves_tokens() -> None:
-    d = R.model_data(make_records(), "sim", K)
+    d = R.model_data(as_records(make_records()), "sim", K)
     tau, best = R.choose(R.sweep(d, "score"), "api_list")
     b = R.baselines(d, "api_list")
     assert best.mean("recall:api_list") >= max(b["always_rtp"]["recall:api_list"]["mean"],
@@ -109,8 +110,8 @@ def test_routing_beats_both_always_policies_here_and_saves_tokens() -> None:
 
 def test_subset_split_never_looks_at_the_test_queries() -> None:
     recs = make_records()
-    d = R.model_data(recs, "sim", K)
-    train, test = R.split_masks(d, ["G1", "G2"], ["G3"])
+    d = R.model_data(as_records(recs), "sim", K)
+    train, test = R.split_masks(d, ["G1_instruction", "G2_instruction"], ["G3_instruction"])
     assert train.sum() == 28 and test.sum() == 10 and not (train & test).any()
     before = R.heldout_split(d, "score", "api_list", train, test)
     # Rewrite G3 completely: other scores, and RtP now perfect there. The chosen tau must not move.
@@ -119,7 +120,7 @@ def test_subset_split_never_looks_at_the_test_queries() -> None:
         if r["subset"] == "G3_instruction":
             r["rtp"]["scores"] = [0.99 - 0.001 * i for i in range(20)]
             r["rtp"]["retrieved"] = r["gold"]["api_list"] + r["rtp"]["retrieved"][4:]
-    after = R.heldout_split(R.model_data(changed, "sim", K), "score", "api_list", train, test)
+    after = R.heldout_split(R.model_data(as_records(changed), "sim", K), "score", "api_list", train, test)
     assert after["tau"] == before["tau"]
     assert after["train"] == before["train"]
     assert after["test"] != before["test"]  # the test score does see them
@@ -127,7 +128,7 @@ def test_subset_split_never_looks_at_the_test_queries() -> None:
 
 def test_cross_validation_folds_never_choose_on_themselves() -> None:
     recs = make_records()
-    d = R.model_data(recs, "sim", K)
+    d = R.model_data(as_records(recs), "sim", K)
     folds = R.fold_ids(d, 4, seed=1)
     assert np.array_equal(folds, R.fold_ids(d, 4, seed=1))  # seeded
     for sub in SUBSETS:  # stratified: every fold holds queries of every subset
@@ -140,7 +141,7 @@ def test_cross_validation_folds_never_choose_on_themselves() -> None:
         if (r["subset"], r["query_id"]) in keys:  # fold 2's queries become RtP-perfect with odd scores
             r["rtp"]["scores"] = [0.05 - 0.001 * i for i in range(20)]
             r["rtp"]["retrieved"] = r["gold"]["api_list"] + r["rtp"]["retrieved"][4:]
-    after = R.cross_validate(R.model_data(changed, "sim", K), "score", "api_list", folds)
+    after = R.cross_validate(R.model_data(as_records(changed), "sim", K), "score", "api_list", folds)
     assert after["taus"][target] == before["taus"][target]
 
 
@@ -158,8 +159,8 @@ def test_command_writes_outputs_without_any_endpoint(tmp_path: Path, no_network:
     assert set(m["sweeps"]) == {"score", "words", "clauses"}
     assert set(m["heldout"]["api_list"]) == {"subset_split", "cv"}
     assert len(m["heldout"]["relevant"]["cv"]["score"]["taus"]) == 3
-    md = (out / "sections" / "60-routing.md").read_text()
-    assert "SIMULATED LLM" in md and "G1+G2 → G3" in md and "3-fold CV" in md and "per-subset oracle" in md
+    md = (out / "report.md").read_text()
+    assert "SIMULATED LLM" in md and "G1_instruction+G2_instruction → G3_instruction" in md and "3-fold CV" in md and "per-subset oracle" in md
     assert (out / "figures" / "routing.png").stat().st_size > 1000
 
 

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 from evaluator import retrieve
-from evaluator import scaling as S
-from evaluator.__main__ import main as cli
+from evaluator.analysis import scaling as S
+from evaluator.app import SCALING_FILE, render_outputs
+from evaluator.cli import main as cli
 from evaluator.data import load_registry
 from evaluator.embed import Embedder, _key
 from evaluator.index import VectorIndex
 from evaluator.parse import Stub, stub_text
+from evaluator.schema import OutputDir
 
 DIM = 48
 CATEGORIES = {"Sports": 120, "Finance": 60, "Weather": 30, None: 90}  # None: no category
@@ -104,6 +106,21 @@ def make_output(tmp_path: Path, *, g2_gold: int = 5, runs: int = 2) -> Path:
     return out
 
 
+def run_scaling(out: Path, *, sizes: list[int], seeds: int, subsets: tuple[str, ...] = ("G1_instruction", "G2_instruction"),
+                divergence: str = "G1_instruction") -> dict:
+    """The study as the app runs it after a study, with `fake_encode` for every vector; returns scaling.json."""
+    od = OutputDir(out)
+    meta = od.read_meta()
+    reg = load_registry(meta.data_dir)
+    res = S.scaling_study(od.read_records(), reg, fake_encode(reg.texts()), fake_encode, subsets=list(subsets),
+                          divergence_subset=divergence, k=K, sizes=sizes, seeds=seeds,
+                          about={"embedder": meta.embedder, "precision": meta.precision, "registry_choice": "full",
+                                 "simulated_models": meta.simulated_models})
+    od.write_json(SCALING_FILE, res.to_dict())
+    render_outputs(od, with_figures=True)
+    return json.loads((out / SCALING_FILE).read_text())
+
+
 # ---------------------------------------------------------------- sub-registries
 
 
@@ -157,9 +174,8 @@ def test_allocate_is_exact_and_bounded() -> None:
 
 def test_study_reproducible_and_flags_gold_only(tmp_path: Path, no_network: None) -> None:
     out = make_output(tmp_path, g2_gold=12)  # G2's gold union (<= 72 APIs) exceeds the 50 target
-    kw = dict(sizes=[50, 150], seeds=3, encode=fake_encode, log=lambda _m: None)
-    first = S.run_scaling(out, **kw)
-    second = S.run_scaling(out, **kw)
+    first = run_scaling(out, sizes=[50, 150], seeds=3)
+    second = run_scaling(out, sizes=[50, 150], seeds=3)
     assert first["rows"] == second["rows"]  # same seeds, same sub-registries, same numbers
 
     points = {(p["subset"], p["size"]): p for p in first["points"]}
@@ -186,8 +202,8 @@ def test_study_reproducible_and_flags_gold_only(tmp_path: Path, no_network: None
                       for r in g1.values()])
     assert rows[("G1_instruction", "full", "rtp", "recall", "api_list")]["mean"] == pytest.approx(expect)
 
-    md = (out / "sections" / "50-scaling.md").read_text()
-    assert "gold-only" in md and "SIMULATED LLM" in md and "G1 Div%" in md and "`sim`" in md
+    md = (out / "report.md").read_text()
+    assert "gold-only" in md and "SIMULATED LLM" in md and "G1_instruction Div%" in md and "`sim`" in md
     assert (out / "figures" / "scaling.png").stat().st_size > 1000
     assert json.loads((out / "scaling.json").read_text())["meta"]["seeds"] == 3
 
@@ -211,9 +227,10 @@ def test_cli_reads_the_embedding_cache_and_embeds_nothing(tmp_path: Path, no_net
     assert res["meta"]["embed"]["cache_hits"] > 0
     assert res["full_registry_check"]["G2_instruction"]["ptr_same_topk"] == 1.0
     assert {p["subset"] for p in res["points"]} == {"G1_instruction", "G2_instruction"}
-    assert (out / "sections" / "50-scaling.md").is_file() and (out / "figures" / "scaling.png").is_file()
+    assert "## Scaling study (Table 10)" in (out / "report.md").read_text() and (out / "figures" / "scaling.png").is_file()
 
 
 def test_not_an_output_folder_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(["scaling", str(tmp_path)]) == 2
-    assert "meta.json" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "queries.jsonl" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -113,9 +113,9 @@ def test_planner_refuses_or_picks_a_wrong_tool_when_nothing_fits() -> None:
     for seed in range(40):
         msgs = prompts.planner_messages("Convert 100 US dollars to euros, list fact about dogs.", apis)
         plan = parse_plan(answer(msgs, seed=seed, temperature=0.0), offered)
-        outcomes.add("refused" if plan.refused else "picked")
+        outcomes.add("picked" if plan.selected else "refused")
         none = parse_plan(answer(prompts.planner_messages("Book a flight to Rome", apis), seed=seed, temperature=0.0), offered)
-        outcomes.add("refused" if none.refused else "picked")
+        outcomes.add("picked" if none.selected else "refused")
     assert outcomes == {"refused", "picked"}
 
 
@@ -163,3 +163,89 @@ def test_fast_enough_for_benchmarks(sample: list[dict]) -> None:
         for msgs in calls:
             answer(msgs, seed=seed, temperature=0.0)
     assert (time.perf_counter() - start) / (3 * len(calls)) < 1e-3
+
+
+# --- reply knobs (server flags --p-stray, --p-runaway, --cut-at-max-tokens) ------------------------
+
+
+def test_knobs_off_reply_is_the_plain_answer(sample: list[dict]) -> None:
+    for q in sample[:10]:
+        msgs = prompts.discovery_messages(q["query"])
+        assert behaviour.reply(msgs, seed=3, temperature=0.0) == (answer(msgs, seed=3, temperature=0.0), "stop")
+
+
+def test_stray_lists_in_prose_and_code_change_no_parsed_answer(sample: list[dict]) -> None:
+    """Every reply carries stray lists; a strict parser reads exactly the clean reply's answer."""
+    wrong_stubs = wrong_plans = 0
+    for q in sample:
+        apis, offered = _offered(q)
+        for seed in range(2):
+            d = prompts.discovery_messages(q["query"])
+            noisy, finish = behaviour.reply(d, seed=seed, temperature=0.0, p_stray=1.0)
+            assert finish == "stop" and 'params["origin"]' in noisy and '"Paris"' in noisy
+            wrong_stubs += parse_stubs(noisy)[0] != parse_stubs(answer(d, seed=seed, temperature=0.0))[0]
+            p = prompts.planner_messages(q["query"], apis)
+            noisy, _ = behaviour.reply(p, seed=seed, temperature=0.0, p_stray=1.0)
+            clean = parse_plan(answer(p, seed=seed, temperature=0.0), offered)
+            got = parse_plan(noisy, offered)
+            wrong_plans += (got.selected, got.steps) != (clean.selected, clean.steps)
+    assert (wrong_stubs, wrong_plans) == (0, 0)
+
+
+def test_runaway_reply_is_cut_at_max_tokens_and_keeps_its_complete_stubs() -> None:
+    msgs = prompts.discovery_messages("Get the weather forecast for Paris and find hotels there.")
+    text, finish = behaviour.reply(msgs, seed=0, temperature=0.0, p_runaway=1.0, max_tokens=200, cut_at_max_tokens=True)
+    assert finish == "length" and len(text) == 800
+    stubs, err = parse_stubs(text)
+    assert err is None and len(stubs) >= 3 and stubs[0].rule.startswith("reply/truncated")
+    # without the cut the runaway goes on far past the limit
+    long, finish = behaviour.reply(msgs, seed=0, temperature=0.0, p_runaway=1.0, max_tokens=200)
+    assert finish == "stop" and len(long) > 10_000
+
+
+def test_runaway_plan_cut_before_its_selection_is_a_parse_error() -> None:
+    apis = [("Weather API", "get forecast", "Weather forecast for a city")]
+    msgs = prompts.planner_messages("What is the weather forecast for Paris?", apis)
+    text, finish = behaviour.reply(msgs, seed=0, temperature=0.0, p_runaway=1.0, max_tokens=300, cut_at_max_tokens=True)
+    plan = parse_plan(text, [("Weather API::get forecast", "Weather API/get forecast")])
+    assert finish == "length" and plan.parse_error and plan.steps
+
+
+def test_structured_replies_are_bare_json_in_the_schemas_shape(sample: list[dict]) -> None:
+    fmt = {"type": "json_schema", "json_schema": prompts.DISCOVERY_SCHEMA}
+    for q in sample[:20]:
+        text, _ = behaviour.reply(prompts.discovery_messages(q["query"]), seed=1, temperature=0.0,
+                                  response_format=fmt, p_stray=1.0)
+        value = json.loads(text)
+        assert set(value) == {"stubs"} and all(set(s) == {"name", "reasoning"} for s in value["stubs"])
+        apis, _ = _offered(q)
+        text, _ = behaviour.reply(prompts.planner_messages(q["query"], apis), seed=1, temperature=0.0,
+                                  response_format={"type": "json_object"})
+        assert set(json.loads(text)) == {"steps", "selected_apis"}
+
+
+_SCRIPT = """
+import json, sys
+from evaluator import prompts
+from evaluator.sim.behaviour import answer
+calls = json.loads(sys.stdin.read())
+print(json.dumps([answer(prompts.planner_messages(q, apis), seed=0, temperature=0.0) for q, apis in calls]))
+"""
+
+
+def test_replies_are_the_same_in_every_process(sample: list[dict]) -> None:
+    """Python salts set order per process; a reply must not depend on it (ties between APIs)."""
+    import subprocess
+    import sys
+
+    calls = [(q["query"], _offered(q)[0]) for q in sample]
+    # near-identical APIs: equal scores in exact arithmetic, so only a fixed summing order breaks the tie
+    twins = [("Memory", f"{verb} observations", "Add or delete observations of entities in the graph")
+             for verb in ("add", "delete")]
+    calls += [(f"Store observation {i} about Bob in my knowledge graph.", twins) for i in range(20)]
+    outs = set()
+    for hash_seed in ("1", "2", "3"):
+        done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps(calls), capture_output=True,
+                              text=True, env={**os.environ, "PYTHONHASHSEED": hash_seed}, timeout=120, check=True)
+        outs.add(done.stdout)
+    assert len(outs) == 1

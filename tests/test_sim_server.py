@@ -167,3 +167,45 @@ def test_lognormal_latency_and_scale():
     with start_simulator(latency="lognormal", latency_s=0.02, latency_sigma=0.3, latency_scale=0.5) as h:
         assert h.configure()["latency"] == "lognormal"
         assert asyncio.run(_post(h))[0] == 200
+
+
+async def test_rejected_params_after_n_replies(sim):
+    sim.configure(reject_params=["seed", "response_format"], reject_after=1)
+    first, _, _ = await _post(sim)  # carries seed; the first reply is still served
+    status, _, raw = await _post(sim)
+    assert (first, status) == (200, 400) and b'Unknown name \\"seed\\"' in raw
+    status, _, _ = await _post(sim, {"model": "m", "messages": F.msgs(1)})  # without them: served
+    assert status == 200
+    sim.configure(reject_status=422)
+    status, _, raw = await _post(sim, {"model": "m", "messages": F.msgs(1), "response_format": {"type": "json_object"}})
+    assert status == 422 and orjson.loads(raw)["detail"][0]["loc"] == ["body", "response_format"]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "soon"])
+async def test_retry_value_is_sent_verbatim(sim, value):
+    sim.configure(script=["429"], retry_value=value)
+    status, headers, _ = await _post(sim)
+    assert status == 429 and headers["Retry-After"] == value and headers["retry-after-ms"] == value
+    sim.configure(script=["429"], retry_value=value, rate_style="gemini")
+    _, _, raw = await _post(sim)
+    details = orjson.loads(raw)[0]["error"]["details"]
+    assert [d["retryDelay"] for d in details if "retryDelay" in d] == [value]
+
+
+async def test_serial_server_works_one_at_a_time_and_finishes_abandoned_requests(sim):
+    sim.configure(serial=True, latency_s=0.2)
+    timeout = aiohttp.ClientTimeout(total=0.1)
+    async with aiohttp.ClientSession(timeout=timeout) as s:
+        results = await asyncio.gather(*(_post(sim, session=s) for _ in range(3)), return_exceptions=True)
+    assert all(isinstance(r, TimeoutError) for r in results)  # the client gave up on all three
+    await asyncio.sleep(0.75)  # ... the server still works through them, one after the other
+    st = sim.stats()
+    assert st["abandoned"] == 3 and st["ok"] == 3 and st["max_waiting"] == 2 and st["max_in_flight"] == 3
+
+
+async def test_latency_per_token_makes_long_replies_slow(sim):
+    sim.configure(latency_per_token_s=0.01)
+    t0 = asyncio.get_running_loop().time()
+    status, _, raw = await _post(sim)
+    took = asyncio.get_running_loop().time() - t0
+    assert status == 200 and took >= 0.01 * orjson.loads(raw)["usage"]["completion_tokens"]

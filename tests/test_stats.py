@@ -10,7 +10,13 @@ import pytest
 import records_fixtures as F
 from scipy import stats as sps
 
-from evaluator import stats as S
+from evaluator.analysis import stats as S
+from evaluator.render.fmt import format_p
+from evaluator.schema import as_records
+
+
+def summarize(recs: list[dict], *args: object) -> S.Summary:
+    return S.summarize(as_records(recs), *args)  # records as queries.jsonl holds them
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +26,7 @@ def recs() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def summary(recs: list[dict]) -> S.Summary:
-    return S.summarize(recs)
+    return summarize(recs)
 
 
 def test_rtp_retrieval_once_with_model_null(summary: S.Summary) -> None:
@@ -88,13 +94,13 @@ def test_degenerate_cases_give_nan() -> None:
     assert all(math.isnan(v) for v in S.ttest_two_sample([0.5], [0.4, 0.6]))
     assert all(math.isnan(v) for v in S.wilcoxon_paired([0.1, 0.2], [0.1, 0.2]))  # all differences zero
     assert all(math.isnan(v) for v in S.wilcoxon_paired([], []))
-    assert S.stars(math.nan) == "" and S.format_p(math.nan) == "–" and S.format_p(None) == "–"
+    assert S.stars(math.nan) == "" and format_p(math.nan) == "–" and format_p(None) == "–"
     assert [S.stars(p) for p in (0.0005, 0.005, 0.03, 0.2)] == ["***", "**", "*", "n.s."]
-    assert S.format_p(0.0004) == "<0.001" and S.format_p(0.0217) == "0.022"
+    assert format_p(0.0004) == "<0.001" and format_p(0.0217) == "0.022"
 
 
 def test_single_run_summary_has_null_pvalues() -> None:
-    s = S.summarize(F.study(("sim",), runs=1))
+    s = summarize(F.study(("sim",), runs=1))
     t = s.test("sim", "G1_instruction", "recall", 5, "api_list", "ttest_1samp")
     assert t is not None and t.pvalue is None and t.stars == ""
     r = s.row("sim", "G1_instruction", "ptr", "recall", 5, "api_list")
@@ -106,7 +112,7 @@ def test_single_run_summary_has_null_pvalues() -> None:
 def test_order_independent(recs: list[dict], summary: S.Summary) -> None:
     shuffled = list(recs)
     random.Random(3).shuffle(shuffled)
-    assert S.dumps(S.summary_dict(S.summarize(shuffled), {})) == S.dumps(S.summary_dict(summary, {}))
+    assert S.dumps(S.summary_dict(summarize(shuffled), {})) == S.dumps(S.summary_dict(summary, {}))
 
 
 def test_rows_sorted_and_unique(summary: S.Summary) -> None:
@@ -121,4 +127,4 @@ def test_rows_sorted_and_unique(summary: S.Summary) -> None:
 def test_inconsistent_rtp_is_counted(recs: list[dict]) -> None:
     changed = [dict(r) for r in recs]
     changed[-1] = dict(changed[-1], rtp=dict(changed[-1]["rtp"], retrieved=["Z::z"] * 3))
-    assert S.summarize(changed).checks["rtp_inconsistent_queries"] == 1
+    assert summarize(changed).checks["rtp_inconsistent_queries"] == 1

@@ -2,7 +2,7 @@
 
 from .accounting import ModelStats
 from .cache import ResponseCache, cache_clear, cache_stats
-from .engine import ChatResult, LLMEngine
+from .engine import ChatResult, LLMEngine, Prepared
 from .errors import ConfigError, FatalLLMError
 from .profiles import ModelProfile, available_profiles, load_profile, resolve_api_key
 
@@ -13,6 +13,7 @@ __all__ = [
     "LLMEngine",
     "ModelProfile",
     "ModelStats",
+    "Prepared",
     "ResponseCache",
     "available_profiles",
     "cache_clear",

@@ -2,16 +2,22 @@
 
 Providers say "retry later" in many dialects: `Retry-After` (seconds or an HTTP-date),
 `retry-after-ms`, OpenAI's `x-ratelimit-reset-requests/-tokens` Go-style durations ("6m0s", "20ms"),
-and Gemini's `RetryInfo.retryDelay` ("13s") inside a JSON error body that may be a list.
+and Gemini's `RetryInfo.retryDelay` ("13s") inside a JSON error body that may be a list. A hint of 0,
+a negative or an unparsable one is no hint: the caller falls back to exponential backoff with a floor
+(a host answering `Retry-After: 0` to every 429 would otherwise be hammered with no wait at all).
+
+A 400 that names a request field (`seed`, `response_format`, ...) is told apart by `rejected_fields`,
+so the engine can drop that field for the model instead of failing every call.
 """
 
 from __future__ import annotations
 
 import email.utils
+import math
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -37,6 +43,7 @@ class Verdict:
     is_429: bool = False
     limit_rpm: float | None = None  # the requests-per-minute limit the server announced, if any
     fatal_when_exhausted: bool = False  # e.g. nothing listens at the URL: no point in every call failing
+    label: str = ""  # error kind for the failure counts (`http_503`, `timeout`, `connection`, ...)
 
 
 def parse_duration(text: str) -> float | None:
@@ -71,17 +78,28 @@ def parse_retry_after_header(value: str, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - now)
 
 
+def _usable(delay: float | None) -> float | None:
+    """A hint we can act on: a finite, positive number of seconds (0, negative, NaN are no hint)."""
+    return delay if delay is not None and math.isfinite(delay) and delay > 0 else None
+
+
 def retry_after_from_headers(headers: Mapping[str, str]) -> float | None:
-    """The wait the headers ask for, most precise form first; None if they do not say."""
+    """The wait the headers ask for, most precise form first; None if they do not say anything usable."""
     ms = headers.get("retry-after-ms")
     if ms:
         try:
-            return max(0.0, float(ms) / 1000.0)
+            if (delay := _usable(float(ms) / 1000.0)) is not None:
+                return delay
         except ValueError:
             pass
     ra = headers.get("retry-after")
     if ra:
-        delay = parse_retry_after_header(ra)
+        try:
+            raw_delay = float(ra.strip())
+        except ValueError:
+            raw_delay = None
+        # A date in the past parses to 0 (and "-1" to a negative): both mean "no usable hint".
+        delay = _usable(raw_delay) if raw_delay is not None else _usable(parse_retry_after_header(ra))
         if delay is not None:
             return delay
     # OpenAI-style resets: prefer the one whose budget is exhausted, else the longest.
@@ -90,7 +108,7 @@ def retry_after_from_headers(headers: Mapping[str, str]) -> float | None:
         reset = headers.get(f"x-ratelimit-reset-{kind}")
         if not reset:
             continue
-        delay = parse_duration(reset)
+        delay = _usable(parse_duration(reset))
         if delay is None:
             continue
         if headers.get(f"x-ratelimit-remaining-{kind}", "").strip() == "0":
@@ -120,7 +138,7 @@ def retry_after_from_body(err: Mapping[str, Any]) -> float | None:
     """Gemini's `details[@type=...RetryInfo].retryDelay`."""
     for d in err.get("details") or ():
         if isinstance(d, dict) and str(d.get("@type", "")).endswith("RetryInfo") and d.get("retryDelay"):
-            return parse_duration(str(d["retryDelay"]))
+            return _usable(parse_duration(str(d["retryDelay"])))
     return None
 
 
@@ -171,21 +189,57 @@ def classify_http(status: int, headers: Mapping[str, str], raw: bytes) -> Verdic
     err = error_object(decode_body(raw)) if status >= 400 else {}
     msg = str(err.get("message", "") or raw[:200].decode("utf-8", "replace")).strip()
     reason = f"HTTP {status}" + (f": {msg[:300]}" if msg else "")
+    label = f"http_{status}"
     if status == 429:
         if is_daily_quota(err):
-            return Verdict(Kind.FATAL, reason, is_429=True)
+            return Verdict(Kind.FATAL, reason, is_429=True, label="daily_quota")
         delay = retry_after_from_headers(headers)
         if delay is None:
             delay = retry_after_from_body(err)
-        return Verdict(Kind.RETRY, reason, delay, is_429=True, limit_rpm=rpm_from_reply(headers, err))
+        return Verdict(Kind.RETRY, reason, delay, is_429=True, limit_rpm=rpm_from_reply(headers, err), label=label)
     if status in (401, 403, 404):
-        return Verdict(Kind.FATAL, reason)
+        return Verdict(Kind.FATAL, reason, label=label)
     if status >= 500 or status in (408, 409, 425):
         delay = retry_after_from_headers(headers) if status == 503 else None
-        return Verdict(Kind.RETRY, reason, delay)
-    return Verdict(Kind.GIVE_UP, reason)
+        return Verdict(Kind.RETRY, reason, delay, label=label)
+    return Verdict(Kind.GIVE_UP, reason, label=label)
+
+
+def rejected_fields(raw: bytes, candidates: Iterable[str]) -> set[str]:
+    """The request fields among `candidates` that a 400 body blames, by its `param` or its message.
+
+    Hosts say it in many ways (`Unknown name "seed"`, `Unrecognized request argument supplied: seed`,
+    `'response_format' is not supported`, `{"param": "seed"}`); a field counts when its name appears as
+    a whole word, so `seed` is not found in `seeded` and a message naming no field blames none.
+    """
+    err = error_object(decode_body(raw))
+    param = str(err.get("param") or "")
+    message = " ".join(str(err.get(k) or "") for k in ("message", "code", "type")).strip()
+    found = {n for n in candidates if param == n or param.startswith((n + ".", n + "["))}
+    # The message first; only when it blames nothing, the whole body (e.g. vLLM's pydantic
+    # `{"detail": [{"loc": ["body", "seed"], "msg": "Extra inputs are not permitted"}]}`).
+    for text in (message, raw[:4000].decode("utf-8", "replace")):
+        found |= {n for n in candidates if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", text)}
+        if found:
+            break
+    return found
+
+
+# A request-validation failure reported as a server error: llama-cpp-python's error handler turns
+# pydantic's ValidationError (a bad request) into a 500 whose message is the validation report.
+_VALIDATION_5XX = re.compile(r"validation errors? for|\d+ validation errors?|'loc': \('body'|\"loc\": \[\"body\"", re.IGNORECASE)
+
+
+def is_validation_error(raw: bytes) -> bool:
+    """A 5xx body that is really a request-validation report (so: a field the host does not accept)."""
+    return bool(_VALIDATION_5XX.search(raw[:8000].decode("utf-8", "replace")))
 
 
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> float:
-    """Exponential backoff with full jitter (AWS architecture blog): U(0, min(cap, base·2^attempt))."""
-    return rng.uniform(0.0, min(cap, base * (2.0**attempt)))
+    """Exponential backoff with "equal jitter": U(d/2, d) with d = min(cap, base·2^attempt).
+
+    Half of each wait is guaranteed, so even the first retry waits at least base/2: full jitter
+    (U(0, d)) can draw ~0 and, when every answer is a 429 with no usable hint, would resend at once.
+    """
+    d = min(cap, base * (2.0**attempt))
+    return rng.uniform(d / 2.0, d)

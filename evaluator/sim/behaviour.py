@@ -15,6 +15,11 @@ Replies are a pure function of (messages, seed, temperature): a `random.Random` 
 blake2b hash of all three drives every choice, so a run is reproducible and runs (seeds) differ the
 way repeated samples of a real model do. Real models sometimes wrap JSON in a code fence or prose,
 and so does this one, at a small rate, to keep the parser honest.
+
+`reply` is what the server sends: `answer` plus the knobs of real servers and small models (server
+flags --p-stray, --p-runaway, --cut-at-max-tokens): answers among stray lists in prose and code,
+replies that run away until a token limit cuts them (finish_reason "length"), and bare JSON in the
+schema's shape when the request carries `response_format`.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Sequence
 
 from evaluator.prompts import DISCOVERY_MARKER, PLANNER_MARKER
 
-__all__ = ["answer"]
+__all__ = ["answer", "reply"]
 
 # --- rates (per reply or per item); small on purpose: these are imperfections, not the norm ---
 _FENCE_RATE = 0.03
@@ -132,17 +137,68 @@ _GENERIC_REPLIES = (
 
 def answer(messages: list[dict], *, seed: int, temperature: float) -> str:
     """The simulated model's reply to `messages` (deterministic for messages, seed, temperature)."""
+    kind, payload, rng = _compose(messages, seed, temperature)
+    return _wrap(payload, rng) if kind else payload
+
+
+def reply(
+    messages: list[dict],
+    *,
+    seed: int,
+    temperature: float,
+    max_tokens: int | None = None,
+    response_format: dict | None = None,
+    p_stray: float = 0.0,
+    p_runaway: float = 0.0,
+    cut_at_max_tokens: bool = False,
+) -> tuple[str, str]:
+    """(content, finish_reason) as a server would send them, with the simulator's reply knobs.
+
+    - `response_format` (json_schema or json_object): the bare JSON in the schema's shape (discovery
+      wrapped as {"stubs": [...]}), never fenced or in prose, as a grammar-constrained server writes.
+    - `p_stray`: the answer sits in prose and code that hold stray lists (`params["origin"]`, a list
+      of the offered API names the planner did not pick, `[{"name": "Paris", ...}]`); a strict parser
+      reads the same answer as from the clean reply.
+    - `p_runaway`: the reply keeps writing list items (a small model's runaway); only a token limit
+      ends it.
+    - `cut_at_max_tokens`: content beyond `max_tokens` (the simulator's estimate: 4 characters a
+      token) is cut and finish_reason is "length".
+    With every knob off, the content is `answer(...)`.
+    """
+    kind, payload, rng = _compose(messages, seed, temperature)
+    # Knob draws use their own generator so that turning a knob on leaves the other replies as they were.
+    knobs = random.Random(_digest(messages, seed, temperature) ^ 0x5EED)
+    structured = isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object")
+    runaway = kind is not None and knobs.random() < p_runaway
+    stray = kind is not None and not structured and knobs.random() < p_stray
+    if runaway:
+        payload = _run_away(kind, payload)
+    if structured and kind == "discovery":
+        payload = json.dumps({"stubs": json.loads(payload)}, ensure_ascii=False)
+    if structured or kind is None:
+        text = payload
+    elif stray:
+        text = _stray(kind, payload, messages, knobs)
+    else:
+        text = _wrap(payload, rng)
+    if cut_at_max_tokens and max_tokens and len(text) > 4 * int(max_tokens):
+        return text[: 4 * int(max_tokens)], "length"
+    return text, "stop"
+
+
+def _compose(messages: list[dict], seed: int, temperature: float) -> tuple[str | None, str, random.Random]:
+    """(prompt kind or None, undressed reply, the generator positioned for the dressing draw)."""
     rng = random.Random(_digest(messages, seed, temperature))
     # Temperature widens the variety; even at 0 seeds differ, as the study's repeated runs do.
     spread = 1.0 + max(0.0, min(float(temperature), 2.0))
     system = _content(next((m for m in messages if m.get("role") == "system"), None)).lstrip()
     user = _content(next((m for m in reversed(messages) if m.get("role") == "user"), None))
     if system.startswith(DISCOVERY_MARKER):
-        return _wrap(_discovery(_request(user), rng, spread), rng)
+        return "discovery", _discovery(_request(user), rng, spread), rng
     if system.startswith(PLANNER_MARKER):
         query, apis = _planner_input(user)
-        return _wrap(_planner(query, apis, rng, spread), rng)
-    return rng.choice(_GENERIC_REPLIES)
+        return "planner", _planner(query, apis, rng, spread), rng
+    return None, rng.choice(_GENERIC_REPLIES), rng
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +471,9 @@ def _scores(query: str, apis: Sequence[tuple[str, str]]) -> list[float]:
     out: list[float] = []
     for api_t, tool_t, desc_t in fields:
         score = 0.0
-        for t in q & (api_t | tool_t | desc_t):
+        # sorted: a set's order follows the per-process hash seed, and float sums depend on order;
+        # ties between APIs must break the same way in every process.
+        for t in sorted(q & (api_t | tool_t | desc_t)):
             # words shared by every offered API (the tool name of a one-tool list) tell none apart
             weight = 1.0 if t in api_t else 0.6 if t in tool_t else 0.4
             score += weight / df[t]
@@ -496,3 +554,38 @@ def _wrap(payload: str, rng: random.Random) -> str:
     if r < _FENCE_RATE + _PROSE_RATE:
         return f"Here is my answer:\n{payload}\nLet me know if you need anything else."
     return payload
+
+
+_RUNAWAY_ITEMS = 2000  # far past any sensible max_tokens: only the limit ends the reply
+
+
+def _run_away(kind: str, payload: str) -> str:
+    """The reply with its list going on and on (discovery: stubs; planner: steps before the selection)."""
+    value = json.loads(payload)
+    if kind == "discovery":
+        base = value[0] if value else {"name": "get_information", "reasoning": "Answer the request."}
+        value = value + [
+            {"name": f"{base['name']}_{i}", "reasoning": f"{base['reasoning']} Variant {i}."}
+            for i in range(2, _RUNAWAY_ITEMS)
+        ]
+        return json.dumps(value, ensure_ascii=False, indent=2)
+    steps = value.get("steps") or ["Call the API"]
+    more = [f"{steps[i % len(steps)]} (again, pass {i})" for i in range(_RUNAWAY_ITEMS)]
+    return json.dumps({"steps": steps + more, "selected_apis": value.get("selected_apis", [])}, ensure_ascii=False)
+
+
+def _stray(kind: str, payload: str, messages: list[dict], rng: random.Random) -> str:
+    """The answer in prose and code that hold lists which are not the answer."""
+    if kind == "discovery":
+        before = (
+            'The request mentions these places: [{"name": "Paris", "country": "France"}, '
+            '{"name": "Lyon", "country": "France"}].'
+        )
+    else:
+        _, apis = _planner_input(_content(next((m for m in reversed(messages) if m.get("role") == "user"), None)))
+        # Offered names in prose are what the planner looked at, not what it picked.
+        listed = json.dumps([name for name, _ in apis[:3]], ensure_ascii=False)
+        before = f"I compared the request with {listed} and kept only what helps."
+    code = '```python\nresp = call(params["origin"], ["a", "b"])\n```'
+    answer_part = f"```json\n{payload}\n```" if rng.random() < 0.5 else payload
+    return f"{before}\n\n{answer_part}\n\nTo call it:\n{code}\nOptions I skipped: [\"none\"]."

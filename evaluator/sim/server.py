@@ -1,9 +1,12 @@
 """OpenAI-compatible chat server that misbehaves on request: the test bed for the LLM engine.
 
 Serves `POST /v1/chat/completions`, `GET /v1/models`, `GET /stats`, `POST /stats/reset` and
-`POST /admin/config`. Answers come from `behaviour.answer` (a heuristic, not a language model).
+`POST /admin/config`. Answers come from `behaviour.reply` (a heuristic, not a language model).
 Faults are drawn per request from `SimConfig`'s rates with a seeded RNG, or taken in order from
-`SimConfig.script` for deterministic tests. Kept lean (orjson, no per-request allocations beyond the
+`SimConfig.script` for deterministic tests. Host quirks: fields it rejects with a 400
+(`reject_params`, from the `reject_after`-th reply on), the raw wait text of its 429s (`retry_value`:
+"0", "-3", "soon"), and a `serial` server that answers one request at a time and keeps working on
+requests whose client hung up (like a CPU llama.cpp server). Kept lean (orjson, no per-request allocations beyond the
 reply) so a zero-latency config serves thousands of requests per second.
 """
 
@@ -21,7 +24,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from . import behaviour
+from . import batch, behaviour
 
 FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length")
 RETRY_HEADER_FORMS = ("all", "seconds", "date", "ms", "reset", "none")
@@ -35,6 +38,7 @@ class SimConfig:
     latency_s: float = 0.0  # the fixed latency, or the lognormal's median
     latency_sigma: float = 0.5  # lognormal shape (sigma of log latency)
     latency_scale: float = 1.0  # multiplies every latency (benchmarks shrink time with it)
+    latency_per_token_s: float = 0.0  # added per completion token: a generating server (long replies take long)
     rpm: float | None = None  # requests per minute, enforced with 429s (token bucket)
     tpm: float | None = None  # tokens per minute (prompt estimate + max_tokens), enforced with 429s
     burst_s: float = 1.0  # bucket capacity in seconds of rate: how bursty a client may be
@@ -53,6 +57,16 @@ class SimConfig:
     api_key: str | None = None  # when set, requests need `Authorization: Bearer <api_key>` (else 401)
     daily_quota: int | None = None  # after this many 200s, a Gemini-style per-day 429 (fatal)
     reject_seed: bool = False  # answer 400 to requests that carry `seed` (hosts that do not implement it)
+    reject_params: list[str] = field(default_factory=list)  # request fields answered with a 400 naming them
+    reject_after: int = 0  # rejections (reject_seed / reject_params) start after this many 200s
+    reject_json_schema: bool = False  # response_format may only be text/json_object (llama-cpp-python)
+    reject_status: int = 400  # 400 (Gemini's wording), 422 (FastAPI's pydantic list) or 500 (llama-cpp-python)
+    retry_value: str = ""  # when set, the raw wait every 429 announces (each header form / retryDelay)
+    serial: bool = False  # one request at a time; abandoned requests are still worked on to the end
+    # Reply content (behaviour.reply): stray lists in prose, runaway replies, cuts at max_tokens.
+    p_stray: float = 0.0  # replies whose answer sits in prose/code holding stray lists
+    p_runaway: float = 0.0  # replies that keep writing list items until a token limit ends them
+    cut_at_max_tokens: bool = False  # cut content beyond max_tokens (4 chars a token), finish "length"
     seed: int = 0  # seeds fault injection and latency draws (answers are seeded by the request)
     script: list[str] = field(default_factory=list)  # faults for the next requests, in order (FAULTS)
 
@@ -63,6 +77,8 @@ class SimConfig:
             raise ValueError("rate_style must be 'openai' or 'gemini'")
         if self.retry_headers not in RETRY_HEADER_FORMS:
             raise ValueError(f"retry_headers must be one of {RETRY_HEADER_FORMS}")
+        if self.reject_status not in (400, 422, 500):
+            raise ValueError("reject_status must be 400, 422 or 500")
         bad = [f for f in self.script if f not in FAULTS]
         if bad:
             raise ValueError(f"unknown fault(s) {bad}; known: {FAULTS}")
@@ -106,6 +122,8 @@ class _Stats:
         self.ok_bodies: dict[int, int] = {}  # hash(request body) -> times answered 200
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.abandoned = 0  # requests whose client hung up before the reply (serial: worked on anyway)
+        self.max_waiting = 0  # serial: most requests waiting for the one worker at once
 
     def as_dict(self) -> dict[str, Any]:
         counts = self.ok_bodies.values()
@@ -120,6 +138,8 @@ class _Stats:
             "faults": dict(self.faults),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "abandoned": self.abandoned,
+            "max_waiting": self.max_waiting,
         }
 
 
@@ -141,6 +161,8 @@ def _err_body(code: int, message: str, status: str, *, as_list: bool, details: l
 class Simulator:
     def __init__(self, config: SimConfig | None = None) -> None:
         self.stats = _Stats()
+        self._worker = asyncio.Lock()  # the one worker of a `serial` server
+        self._waiting = 0
         self.apply(config or SimConfig())
 
     def apply(self, cfg: SimConfig) -> None:
@@ -158,6 +180,7 @@ class Simulator:
             if p > 0
         ]
         self.auth = f"Bearer {cfg.api_key}" if cfg.api_key else None
+        self.rejected = set(cfg.reject_params) | ({"seed"} if cfg.reject_seed else set())
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=16 * 1024 * 1024)
@@ -166,6 +189,8 @@ class Simulator:
         app.router.add_get("/stats", self.get_stats)
         app.router.add_post("/stats/reset", self.reset_stats)
         app.router.add_post("/admin/config", self.admin_config)
+        # -- more routes register here (one line each, their handlers in their own modules) --
+        batch.register(app, self)  # provider Batch APIs (evaluator/sim/batch.py)
         return app
 
     # -- admin -----------------------------------------------------------------------------------
@@ -226,9 +251,21 @@ class Simulator:
             messages = req["messages"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return self._json(400, _err_body(400, "invalid request body", "INVALID_ARGUMENT", as_list=False))
-        if cfg.reject_seed and "seed" in req:
+        refused = sorted(self.rejected.intersection(req)) if self.stats.ok >= cfg.reject_after else []
+        rf = req.get("response_format")
+        if cfg.reject_json_schema and isinstance(rf, dict) and rf.get("type") not in ("text", "json_object"):
+            refused = refused or ["response_format"]
+        if refused:
             # Some OpenAI-compatible hosts reject parameters they do not implement.
-            msg = 'Invalid JSON payload received. Unknown name "seed": Cannot find field.'
+            if cfg.reject_status == 422:  # FastAPI request validation
+                detail = [{"type": "extra_forbidden", "loc": ["body", refused[0]], "msg": "Extra inputs are not permitted"}]
+                return self._json(422, orjson.dumps({"detail": detail}))
+            if cfg.reject_status == 500:  # llama-cpp-python: the validation report, as a server error
+                msg = (f"1 validation error:\n  {{'type': 'extra_forbidden', 'loc': ('body', '{refused[0]}'), "
+                       "'msg': 'Extra inputs are not permitted'}\n\n  File \"app.py\", in create_chat_completion")
+                err = {"message": msg, "type": "internal_server_error", "param": None, "code": None}
+                return self._json(500, orjson.dumps({"error": err}))
+            msg = f'Invalid JSON payload received. Unknown name "{refused[0]}": Cannot find field.'  # Gemini's wording
             return self._json(400, _err_body(400, msg, "INVALID_ARGUMENT", as_list=cfg.list_errors))
 
         fault = cfg.script.pop(0) if cfg.script else None
@@ -254,11 +291,50 @@ class Simulator:
             if early is not None:
                 return early
 
-        latency = self._latency()
+        if not cfg.serial:
+            return await self._generate(req, messages, raw, fault)
+        # One worker: requests wait their turn, and one whose client hangs up is still worked on to
+        # the end (shielded), holding the worker as a real single-slot server does.
+        work = asyncio.ensure_future(self._serially(req, messages, raw, fault))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            self.stats.abandoned += 1
+            raise
+
+    async def _serially(self, req: dict[str, Any], messages: list[dict], raw: bytes, fault: str | None) -> web.Response:
+        queued = self._worker.locked()  # the worker is busy: this one waits its turn
+        if queued:
+            self._waiting += 1
+            self.stats.max_waiting = max(self.stats.max_waiting, self._waiting)
+        async with self._worker:
+            if queued:
+                self._waiting -= 1
+            return await self._generate(req, messages, raw, fault)
+
+    async def _generate(self, req: dict[str, Any], messages: list[dict], raw: bytes, fault: str | None) -> web.Response:
+        body = self.reply_body(req, fault=fault, reply_id=f"chatcmpl-sim-{self.stats.requests}")
+        latency = self._latency() + self.cfg.latency_per_token_s * self.cfg.latency_scale * body["usage"]["completion_tokens"]
         if latency > 0:
             await asyncio.sleep(latency)
-        text = behaviour.answer(messages, seed=int(req.get("seed") or 0), temperature=float(req.get("temperature") or 0.0))
-        finish = "stop"
+        self.stats.prompt_tokens += body["usage"]["prompt_tokens"]
+        self.stats.completion_tokens += body["usage"]["completion_tokens"]
+        h = hash(raw)
+        self.stats.ok += 1
+        self.stats.ok_bodies[h] = self.stats.ok_bodies.get(h, 0) + 1
+        return self._json(200, orjson.dumps(body))
+
+    def reply_body(self, req: dict[str, Any], *, fault: str | None = None, reply_id: str = "chatcmpl-sim") -> dict[str, Any]:
+        """The chat.completion body (usage included) answering the request body `req` under the current
+        knobs — the one place replies are made, so the batch routes answer exactly as the online one.
+        `fault` "null" or "length" shapes it as those faults; no stats are touched."""
+        cfg = self.cfg
+        messages = req["messages"]
+        text, finish = behaviour.reply(
+            messages, seed=int(req.get("seed") or 0), temperature=float(req.get("temperature") or 0.0),
+            max_tokens=req.get("max_tokens"), response_format=req.get("response_format"),
+            p_stray=cfg.p_stray, p_runaway=cfg.p_runaway, cut_at_max_tokens=cfg.cut_at_max_tokens,
+        )
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if fault == "null":
             message = {"role": "assistant", "content": None, "reasoning_content": text}
@@ -268,20 +344,14 @@ class Simulator:
             finish = "length"
         pt = sum(len(m.get("content") or "") for m in messages) // 4 + 4 * len(messages)
         ct = max(1, len(text) // 4)
-        self.stats.prompt_tokens += pt
-        self.stats.completion_tokens += ct
-        body = {
-            "id": f"chatcmpl-sim-{self.stats.requests}",
+        return {
+            "id": reply_id,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": req.get("model", "sim-1"),
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
         }
-        h = hash(raw)
-        self.stats.ok += 1
-        self.stats.ok_bodies[h] = self.stats.ok_bodies.get(h, 0) + 1
-        return self._json(200, orjson.dumps(body))
 
     def _latency(self) -> float:
         cfg = self.cfg
@@ -344,20 +414,21 @@ class Simulator:
                         }
                     ],
                 },
-                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": f"{delay:.3f}s"},
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": cfg.retry_value or f"{delay:.3f}s"},
             ]
             msg = "You exceeded your current quota, please check your plan and billing details."
             return self._json(429, _err_body(429, msg, "RESOURCE_EXHAUSTED", as_list=True, details=details))
         form = cfg.retry_headers
         headers: dict[str, str] = {}
+        given = cfg.retry_value or None  # a host's own (possibly useless) wait text, sent verbatim
         if form in ("all", "seconds"):
-            headers["Retry-After"] = str(max(1, math.ceil(delay)))
+            headers["Retry-After"] = given or str(max(1, math.ceil(delay)))
         if form == "date":
-            headers["Retry-After"] = email.utils.formatdate(time.time() + max(1.0, delay), usegmt=True)
+            headers["Retry-After"] = given or email.utils.formatdate(time.time() + max(1.0, delay), usegmt=True)
         if form in ("all", "ms"):
-            headers["retry-after-ms"] = str(math.ceil(delay * 1000))
+            headers["retry-after-ms"] = given or str(math.ceil(delay * 1000))
         if form in ("all", "reset"):
-            headers["x-ratelimit-reset-requests"] = _duration(delay)
+            headers["x-ratelimit-reset-requests"] = given or _duration(delay)
             headers["x-ratelimit-remaining-requests"] = "0"
         if cfg.rpm:
             headers["x-ratelimit-limit-requests"] = str(int(cfg.rpm))

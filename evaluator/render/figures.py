@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from evaluator.stats import Row, Summary  # noqa: E402
+from ..analysis.stats import Row, Summary  # noqa: E402
 
 COLORS = {"rtp": "#1f77b4", "ptr": "#d62728", "both": "#555555"}
 LABELS = {"rtp": "RtP", "ptr": "PtR", "both": "both"}

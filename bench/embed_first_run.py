@@ -1,0 +1,122 @@
+"""Benchmark: a fresh clone's first run, `python -m evaluator --retrieval-only` with an empty cache.
+
+Two runs back to back, each with its own empty --cache-dir (so each embeds the whole 47k registry
+from scratch): the code as it was before the embedding backends (`--before`, default commit 2acddc3,
+unpacked with `git archive` into a temporary folder and run there with the same virtualenv; its
+default on a CPU was torch fp32) and the working tree's default (`--backend auto`).
+Reported: wall time of each and their ratio, and the largest difference between their RtP figures
+(every RtP row of summary.json: recall, precision, miss per subset, gold set and k). Not part of `python -m bench` (about 2 x 5
+minutes on 2 quiet cores).
+
+    python -m bench.embed_first_run [--order auto-first]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .common import PYTHON, REPO, Goal, Result
+
+NAME = "embed_first_run"
+TITLE = "First run of a fresh clone (--retrieval-only, empty cache): now (auto) vs before (torch fp32)"
+BEFORE = "2acddc3"  # the last commit before the embedding backends
+RUNS = ("before: torch fp32", "now: auto (default)")
+
+
+def _rtp_figures(summary: dict[str, Any]) -> dict[str, float]:
+    """(subset, gold, metric, k) -> mean, for every RtP row of summary.json."""
+    return {f"{r.get('subset')}|{r.get('gold')}|{r.get('metric')}@{r.get('k')}": float(r["mean"])
+            for r in summary.get("rows", []) if r.get("arch") == "rtp" and r.get("mean") is not None}
+
+
+def _checkout(rev: str, dst: Path) -> Path:
+    """The tree at `rev`, unpacked (read-only use of git: nothing in the work tree changes)."""
+    archive = subprocess.run(["git", "archive", rev], cwd=REPO, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dst)], input=archive, check=True)
+    return dst
+
+
+def _run(code: Path, work: Path) -> tuple[float, dict[str, Any]]:
+    from evaluator.config import REPO_ROOT, load_settings
+    from evaluator.data import resolve_data_dir
+
+    data = resolve_data_dir(None, load_settings().data_dir, REPO_ROOT)
+    cache, out = work / "cache", work / "out"
+    cmd = [PYTHON, "-m", "evaluator", "--retrieval-only", "--no-progress", "--data", str(data),
+           "--cache-dir", str(cache), "--out", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=code, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} in {code} failed ({p.returncode}): {p.stderr[-2000:]}")
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    meta = orjson.loads((out / "meta.json").read_bytes()) if (out / "meta.json").exists() else {}
+    return wall, {"summary": summary, "meta": meta}
+
+
+def run(order: list[str] | None = None, before: str = BEFORE) -> Result:
+    order = order or list(RUNS)
+    walls: dict[str, float] = {}
+    sums: dict[str, dict[str, float]] = {}
+    metas: dict[str, Any] = {}
+    for name in order:
+        work = Path(tempfile.mkdtemp(prefix="bench-first-run-"))
+        try:
+            code = REPO
+            if name == RUNS[0]:
+                (work / "code").mkdir()
+                code = _checkout(before, work / "code")
+            walls[name], got = _run(code, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        sums[name] = _rtp_figures(got["summary"])
+        metas[name] = {k: got["meta"].get(k) for k in ("embedder", "backend", "precision")}
+        metas[name]["timings"] = got["meta"].get("runtime", {}).get("timings") or got["meta"].get("timings")
+    ref, new = RUNS
+    common = sorted(set(sums[ref]) & set(sums[new]))
+    diff = max((abs(sums[ref][k] - sums[new][k]) for k in common), default=float("nan"))
+    speed = walls[ref] / walls[new]
+    rows = [[n, round(walls[n], 1), round(walls[ref] / walls[n], 2)] for n in RUNS]
+    return Result(
+        name=NAME, title=TITLE, columns=["run", "wall s", "speed vs before"], rows=rows,
+        goals=[Goal("first run: before's wall / now's wall", speed, ">= 2.5", speed >= 2.5),
+               Goal("max |RtP figure difference| vs before", diff, "<= 0.005", diff <= 0.005)],
+        notes=[f"order: {', '.join(order)}; each with its own empty --cache-dir; 'before' = commit {before}; "
+               f"{len(common)} RtP figures of summary.json compared",
+               "the machine is shared: see loadavg at start and end"],
+        data={"wall_s": walls, "max_rtp_diff": diff, "figures_compared": len(common), "meta": metas,
+              "before": before},
+    )
+
+
+def main() -> None:
+    from .common import machine, print_result, write_result
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--order", choices=["before-first", "now-first"], default="before-first")
+    ap.add_argument("--before", default=BEFORE, help="the commit to compare with (default %(default)s)")
+    a = ap.parse_args()
+    order = list(RUNS) if a.order == "before-first" else list(reversed(RUNS))
+    t0 = time.perf_counter()
+    m = machine()
+    r = run(order, a.before)
+    r.seconds = time.perf_counter() - t0
+    r.machine = m | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
+    r.command = "python -m bench.embed_first_run " + " ".join(sys.argv[1:])
+    print_result(r)
+    write_result(r)
+
+
+if __name__ == "__main__":
+    main()

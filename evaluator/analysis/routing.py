@@ -1,0 +1,329 @@
+"""Complexity-adaptive routing (beyond the paper), from the saved records alone: no embedding, no LLM.
+
+A router sends each query to RtP or PtR. The score router sends it to RtP when RtP's own top-1 cosine
+(`rtp.scores[0]`, free: the pipeline already computed it) is at least τ, else to PtR; the cheap proxies
+the paper names send it to RtP when the query's word count (or clause count) is at most θ. A query
+routed to RtP pays only its RtP planner call; one routed to PtR pays discovery + PtR planner.
+
+Objective for choosing τ: maximise mean recall@k (over runs) on the tuning queries, ties broken by
+fewer tokens, then by the lower threshold. Thresholds are midpoints between consecutive observed
+values of the tuning queries, plus ±inf (the two "always" policies), so a chosen τ never sits on a
+test query's value. The in-sample sweep is optimistic by construction; the held-out evaluations
+choose τ on some queries and score it on others: (a) tuned on the `train` subsets, reported on the
+`test` subsets (settings; by default the last subset in sorted order is the test set and the others
+tune, e.g. G1+G2 → G3); (b) seeded k-fold cross-validation, folds stratified by subset.
+
+Queries whose PtR discovery call failed for good are left out of that run (as in the metrics), so
+every policy is compared on the same queries. Imports nothing from `render`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..schema import GOLDS, ArchBlock, Record, qid_key
+from .metrics import retrieval_obs
+
+# name -> (label, direction): "high" sends high values to RtP, "low" sends low values to RtP.
+SIGNALS: dict[str, tuple[str, str]] = {
+    "score": ("RtP top-1 score", "high"),
+    "words": ("query length (words)", "low"),
+    "clauses": ("clause count", "low"),
+}
+ARCH_LABEL = {"rtp": "RtP", "ptr": "PtR"}
+DEFAULT_FOLDS = 5
+METRICS = ("recall", "precision")
+
+_WORD_RE = re.compile(r"[\w'’-]+")
+# Sentence ends and the conjunctions that usually open a further sub-goal ("... and also tell me",
+# "Then find ..."). A heuristic on purpose: the proxy must cost nothing before any model call.
+_CLAUSE_SPLIT_RE = re.compile(
+    r"[.!?;]+|\b(?:and|also|then|plus|additionally|moreover|furthermore|besides)\b", re.IGNORECASE
+)
+
+
+def word_count(text: str) -> int:
+    return len(_WORD_RE.findall(text))
+
+
+def clause_count(text: str) -> int:
+    return max(1, sum(bool(_WORD_RE.search(seg)) for seg in _CLAUSE_SPLIT_RE.split(text)))
+
+
+# ---------------------------------------------------------------- per-model arrays
+
+
+@dataclass
+class ModelData:
+    """Per-query values of one model, as (runs, queries) arrays; queries in (subset, query_id) order."""
+
+    model: str
+    runs: list[int]
+    keys: list[tuple[str, Any]]  # (subset, query_id)
+    subsets: np.ndarray  # (n,) subset name per query
+    signals: dict[str, np.ndarray]  # name -> (n,)
+    rtp: dict[str, np.ndarray]  # "recall:api_list", ..., "tokens" -> (R, n)
+    ptr: dict[str, np.ndarray]
+    valid: np.ndarray  # (R, n) bool: both architectures scoreable for this query in this run
+    excluded: int = 0  # (run, query) pairs left out: PtR discovery failed or a record is missing
+
+
+def _retrieval(block: ArchBlock, gold: Mapping[str, Sequence[str]], k: int) -> dict[str, float]:
+    obs: dict = {}
+    # Deduplicated as in metrics.record_obs, so "always RtP/PtR" here match the main tables.
+    retrieval_obs("x", block.unique_retrieved, gold, [k], obs)
+    return {f"{m}:{g}": obs[("x", m, k, g)][0] for m in METRICS for g in GOLDS if ("x", m, k, g) in obs}
+
+
+def model_data(records: Sequence[Record], model: str, k: int) -> ModelData:
+    recs = [r for r in records if r.model == model]
+    runs = sorted({r.run for r in recs})
+    keys = sorted({(r.subset, r.query_id) for r in recs}, key=lambda sq: (sq[0], qid_key(sq[1])))
+    pos = {key: i for i, key in enumerate(keys)}
+    rpos = {run: j for j, run in enumerate(runs)}
+    n, R = len(keys), len(runs)
+    names = [f"{m}:{g}" for m in METRICS for g in GOLDS] + ["tokens"]
+    rtp = {name: np.zeros((R, n)) for name in names}
+    ptr = {name: np.zeros((R, n)) for name in names}
+    valid = np.zeros((R, n), dtype=bool)
+    score = np.full(n, -np.inf)
+    text = [""] * n
+    for r in recs:
+        j, i = rpos[r.run], pos[(r.subset, r.query_id)]
+        text[i] = r.query
+        rb, pb = r.rtp, r.ptr
+        if rb is not None and rb.scores:
+            score[i] = float(rb.scores[0])  # identical across runs: RtP retrieval is deterministic
+        if pb is None or pb.excluded or rb is None:
+            continue
+        gold = {g: r.gold_set(g) for g in GOLDS}
+        for block, into in ((rb, rtp), (pb, ptr)):
+            for name, v in _retrieval(block, gold, k).items():
+                into[name][j, i] = v
+            into["tokens"][j, i] = float(block.total_tokens)
+        valid[j, i] = True
+    signals = {
+        "score": score,
+        "words": np.array([word_count(t) for t in text], dtype=float),
+        "clauses": np.array([clause_count(t) for t in text], dtype=float),
+    }
+    return ModelData(model, runs, keys, np.array([s for s, _ in keys]), signals, rtp, ptr, valid,
+                     excluded=int(R * n - valid.sum()))
+
+
+# ---------------------------------------------------------------- policies
+
+
+def route(signal: np.ndarray, tau: float, direction: str) -> np.ndarray:
+    """True where the query goes to RtP."""
+    return signal >= tau if direction == "high" else signal <= tau
+
+
+@dataclass
+class Outcome:
+    """A policy scored on some queries: per metric the per-run means, then mean and std over runs."""
+
+    values: dict[str, list[float]]
+    to_rtp: float  # share of the scored queries sent to RtP
+    n_queries: int
+
+    def mean(self, name: str) -> float:
+        v = self.values[name]
+        return float(np.mean(v)) if v else float("nan")
+
+    def std(self, name: str) -> float | None:
+        v = self.values[name]
+        return float(np.std(v, ddof=1)) if len(v) >= 2 else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"to_rtp": self.to_rtp, "n_queries": self.n_queries,
+                **{name: {"mean": self.mean(name), "std": self.std(name), "values": v}
+                   for name, v in self.values.items()}}
+
+
+def score_policy(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> Outcome:
+    sel = np.ones(len(d.keys), dtype=bool) if sel is None else sel
+    values: dict[str, list[float]] = {name: [] for name in d.rtp}
+    for j in range(len(d.runs)):
+        use = sel & d.valid[j]
+        if not use.any():
+            continue
+        for name in d.rtp:
+            v = np.where(to_rtp, d.rtp[name][j], d.ptr[name][j])
+            values[name].append(float(v[use].mean()))
+    share = float(to_rtp[sel].mean()) if sel.any() else float("nan")
+    return Outcome(values, share, int(sel.sum()))
+
+
+def candidates(values: np.ndarray) -> np.ndarray:
+    """-inf, midpoints between consecutive distinct finite values, +inf."""
+    u = np.unique(values[np.isfinite(values)])
+    return np.concatenate([[-np.inf], (u[:-1] + u[1:]) / 2, [np.inf]])
+
+
+def sweep(d: ModelData, signal: str, sel: np.ndarray | None = None,
+          taus: np.ndarray | None = None) -> list[tuple[float, Outcome]]:
+    sel = np.ones(len(d.keys), dtype=bool) if sel is None else sel
+    direction = SIGNALS[signal][1]
+    s = d.signals[signal]
+    taus = candidates(s[sel]) if taus is None else taus
+    return [(float(t), score_policy(d, route(s, float(t), direction), sel)) for t in taus]
+
+
+def choose(points: Sequence[tuple[float, Outcome]], gold: str) -> tuple[float, Outcome]:
+    """The objective: highest mean recall, then fewest tokens, then the lowest threshold."""
+    def key(p: tuple[float, Outcome]) -> tuple[float, float, float]:
+        # Rounded so that float noise in a mean never outranks a real token saving.
+        return (-round(p[1].mean(f"recall:{gold}"), 9), round(p[1].mean("tokens"), 6), p[0])
+
+    return min(points, key=key)
+
+
+def oracle(d: ModelData, gold: str, sel: np.ndarray | None = None) -> tuple[np.ndarray, dict[str, str]]:
+    """Each subset sent wholesale to the architecture with the higher mean recall on it (in-sample)."""
+    sel = np.ones(len(d.keys), dtype=bool) if sel is None else sel
+    to_rtp = np.zeros(len(d.keys), dtype=bool)
+    choice: dict[str, str] = {}
+    for sub in sorted(set(d.subsets[sel].tolist())):
+        m = sel & (d.subsets == sub)
+        r = score_policy(d, np.ones_like(m), m)
+        p = score_policy(d, np.zeros_like(m), m)
+        key_r = (-round(r.mean(f"recall:{gold}"), 9), r.mean("tokens"))
+        key_p = (-round(p.mean(f"recall:{gold}"), 9), p.mean("tokens"))
+        choice[sub] = "rtp" if key_r <= key_p else "ptr"
+        to_rtp[m] = choice[sub] == "rtp"
+    return to_rtp, choice
+
+
+def baselines(d: ModelData, gold: str, sel: np.ndarray | None = None) -> dict[str, Any]:
+    n = len(d.keys)
+    o_mask, o_choice = oracle(d, gold, sel)
+    return {
+        "always_rtp": score_policy(d, np.ones(n, dtype=bool), sel).as_dict(),
+        "always_ptr": score_policy(d, np.zeros(n, dtype=bool), sel).as_dict(),
+        "oracle": score_policy(d, o_mask, sel).as_dict() | {"choice": o_choice},
+    }
+
+
+def split_masks(d: ModelData, train: Sequence[str], test: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """`train`/`test` are full subset names (see `config.match_subsets` for prefixes)."""
+    subs = d.subsets.tolist()
+    return (np.array([s in train for s in subs], dtype=bool), np.array([s in test for s in subs], dtype=bool))
+
+
+def fold_ids(d: ModelData, folds: int, seed: int) -> np.ndarray:
+    """Fold of each query: shuffled within each subset (seeded), then dealt round-robin."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(len(d.keys), dtype=int)
+    for sub in sorted(set(d.subsets.tolist())):
+        idx = np.flatnonzero(d.subsets == sub)
+        out[rng.permutation(idx)] = np.arange(len(idx)) % folds
+    return out
+
+
+def heldout_split(d: ModelData, signal: str, gold: str, train: np.ndarray, test: np.ndarray) -> dict[str, Any]:
+    tau, fit = choose(sweep(d, signal, train), gold)
+    applied = route(d.signals[signal], tau, SIGNALS[signal][1])
+    return {"tau": tau, "train": fit.as_dict(), "test": score_policy(d, applied, test).as_dict(),
+            "test_baselines": baselines(d, gold, test)}
+
+
+def cross_validate(d: ModelData, signal: str, gold: str, folds: np.ndarray) -> dict[str, Any]:
+    to_rtp = np.zeros(len(d.keys), dtype=bool)
+    taus: list[float] = []
+    for f in sorted(set(folds.tolist())):
+        test = folds == f
+        tau, _ = choose(sweep(d, signal, ~test), gold)  # chosen without the fold it is scored on
+        to_rtp[test] = route(d.signals[signal], tau, SIGNALS[signal][1])[test]
+        taus.append(tau)
+    return {"taus": taus, "test": score_policy(d, to_rtp).as_dict(), "test_baselines": baselines(d, gold)}
+
+
+# ---------------------------------------------------------------- study
+
+
+@dataclass
+class Options:
+    k: int
+    train: list[str] = field(default_factory=list)  # full subset names; empty: no held-out split
+    test: list[str] = field(default_factory=list)
+    folds: int = DEFAULT_FOLDS
+    seed: int = 0
+
+
+def analyse_model(d: ModelData, opt: Options) -> dict[str, Any]:
+    out: dict[str, Any] = {"n_queries": len(d.keys), "runs": d.runs, "excluded_run_queries": d.excluded,
+                           "baselines": {}, "sweeps": {}, "best_in_sample": {}, "heldout": {}}
+    train, test = split_masks(d, opt.train, opt.test)
+    folds = fold_ids(d, opt.folds, opt.seed)
+    for signal in SIGNALS:
+        pts = sweep(d, signal)
+        out["sweeps"][signal] = [{"tau": t, "to_rtp": o.to_rtp,
+                                  **{name: {"mean": o.mean(name), "std": o.std(name)} for name in o.values}}
+                                 for t, o in pts]
+        for gold in GOLDS:
+            tau, best = choose(pts, gold)
+            out["best_in_sample"].setdefault(signal, {})[gold] = {"tau": tau, **best.as_dict(),
+                                                                  "to_rtp_by_subset": _share_by_subset(d, signal, tau)}
+    for gold in GOLDS:
+        out["baselines"][gold] = baselines(d, gold)
+        h = out["heldout"].setdefault(gold, {})
+        for signal in SIGNALS:
+            if train.any() and test.any():
+                h.setdefault("subset_split", {})[signal] = heldout_split(d, signal, gold, train, test)
+            if len(set(folds.tolist())) >= 2:
+                h.setdefault("cv", {})[signal] = cross_validate(d, signal, gold, folds)
+    return out
+
+
+def _share_by_subset(d: ModelData, signal: str, tau: float) -> dict[str, float]:
+    to_rtp = route(d.signals[signal], tau, SIGNALS[signal][1])
+    return {sub: float(to_rtp[d.subsets == sub].mean()) for sub in sorted(set(d.subsets.tolist()))}
+
+
+
+
+@dataclass
+class RoutingResult:
+    """`routing.json`: `meta` (signals, objective, split) and per model the sweeps, baselines and held-out results."""
+
+    meta: dict[str, Any]
+    models: dict[str, dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"meta": self.meta, "models": self.models}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RoutingResult:
+        return cls(dict(d.get("meta") or {}), dict(d.get("models") or {}))
+
+
+def routing_study(records: Sequence[Record], opt: Options, about: Mapping[str, Any] | None = None,
+                  log: Callable[[str], None] = lambda _: None) -> RoutingResult:
+    """Every model with PtR records; `about` is copied into the result's meta (simulated models, embedder)."""
+    t0 = time.perf_counter()
+    models = sorted({r.model for r in records if r.model is not None and r.ptr is not None})
+    meta: dict[str, Any] = dict(about or {}) | {
+        "models": models, "k": opt.k, "subsets": sorted({r.subset for r in records}),
+        "signals": {name: {"label": label, "rtp_when": "signal >= tau" if direc == "high" else "signal <= tau"}
+                    for name, (label, direc) in SIGNALS.items()},
+        "objective": "max mean recall@k over runs (per gold set), ties: fewer tokens, then lower tau",
+        "thresholds": "midpoints between consecutive observed values of the tuning queries, plus -inf and +inf",
+        "tokens": "mean per query of prompt+completion tokens: RtP planner if routed to RtP, "
+                  "PtR discovery + planner if routed to PtR",
+        "split": {"train": opt.train, "test": opt.test}, "folds": opt.folds, "fold_seed": opt.seed,
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for m in models:
+        d = model_data(records, m, opt.k)
+        out[m] = analyse_model(d, opt)
+        if d.excluded:
+            log(f"{m}: {d.excluded} (run, query) pairs left out (PtR discovery failed or record missing)")
+    meta["timing_s"] = round(time.perf_counter() - t0, 2)
+    return RoutingResult(meta, out)

@@ -1,0 +1,383 @@
+"""Scaling study (paper Table 10, Figure 3): RtP and PtR recall on sub-registries of growing size.
+
+Computes from the run's records and embeddings and makes no LLM call: PtR reuses the stubs the run
+saved (stub generation does not depend on the registry). A sub-registry is an index over some rows of
+the full embedding matrix, so nothing is re-embedded. Imports nothing from `render`.
+
+A sub-registry of target size n for subset S holds every gold API of S (the union of both gold sets,
+`api_list` and `relevant`; the paper's "all Ground-Truth APIs for the subset under study") plus
+n - |gold| distractors drawn without replacement from the other APIs, stratified by category in
+proportion to the category sizes of that pool (APIs without a category form their own stratum).
+Seed s at size n draws with `numpy.random.default_rng([s, n])`: same seed, same sub-registry, same
+numbers. Where the gold union alone reaches n, the point is gold-only (no distractors, no variance).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import retrieve
+from ..data import Registry
+from ..index import VectorIndex
+from ..parse import Stub, stub_text
+from ..schema import GOLDS, PtrBlock, Record, qid_key
+from .metrics import recall
+from .stats import mean_std
+
+Encode = Callable[[list[str]], np.ndarray]
+
+DEFAULT_SIZES = (1000, 2000, 5000, 10000, 20000)
+DEFAULT_SEEDS = 5
+NO_CATEGORY = "(no category)"
+FULL = "full"
+
+
+# ---------------------------------------------------------------- sub-registries
+
+
+@dataclass
+class SubRegistry:
+    rows: np.ndarray  # registry rows, ascending
+    gold_only: bool
+    per_stratum: dict[str, int]  # distractors drawn from each stratum
+
+
+def strata(categories: Sequence[str | None], exclude: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The distractor pool split by category, in a fixed (sorted) order so draws are reproducible."""
+    keep = np.ones(len(categories), dtype=bool)
+    keep[exclude] = False
+    groups: dict[str, list[int]] = {}
+    for row in np.flatnonzero(keep).tolist():
+        groups.setdefault(categories[row] or NO_CATEGORY, []).append(row)
+    return [(name, np.asarray(groups[name], dtype=np.int64)) for name in sorted(groups)]
+
+
+def allocate(sizes: Sequence[int], n: int) -> list[int]:
+    """Split n draws across strata in proportion to their sizes (largest remainder; never more than a
+    stratum holds). Exact proportions keep seed-to-seed variance to the choice of APIs only."""
+    total = sum(sizes)
+    if n >= total:
+        return list(sizes)
+    quotas = [n * s / total for s in sizes]
+    counts = [math.floor(q) for q in quotas]
+    # Ties broken by stratum order, which is sorted by name: deterministic.
+    order = sorted(range(len(sizes)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in order[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def sample_subregistry(
+    pool: Sequence[tuple[str, np.ndarray]], gold_rows: np.ndarray, size: int, rng: np.random.Generator
+) -> SubRegistry:
+    need = size - len(gold_rows)
+    if need <= 0:
+        return SubRegistry(np.sort(gold_rows), True, {})
+    counts = allocate([len(rows) for _, rows in pool], need)
+    picked = [gold_rows]
+    per: dict[str, int] = {}
+    for (name, rows), c in zip(pool, counts, strict=True):
+        if c:
+            picked.append(rng.choice(rows, size=c, replace=False))
+            per[name] = c
+    return SubRegistry(np.sort(np.concatenate(picked)), False, per)
+
+
+def seed_rng(seed: int, size: int) -> np.random.Generator:
+    return np.random.default_rng([seed, size])
+
+
+# ---------------------------------------------------------------- inputs
+
+
+@dataclass
+class SubsetInput:
+    """Everything one subset's points need, embedded once."""
+
+    name: str
+    query_ids: list[Any]
+    query_vecs: np.ndarray  # (n, d)
+    gold: dict[str, list[set[int]]]  # gold set -> per query, registry rows of its gold APIs
+    gold_len: dict[str, list[int]]  # |G| per query, gold APIs missing from the registry included
+    gold_rows: np.ndarray  # union of both gold sets, registry rows
+    gold_missing: int  # gold APIs not in the registry (cannot be in any sub-registry)
+    units: list[tuple[str, int]] = field(default_factory=list)  # PtR (model, run), one block of n each
+    stub_vecs: np.ndarray | None = None
+    owners: list[int] = field(default_factory=list)  # stub -> unit * n + query
+    ptr_valid: np.ndarray | None = None  # (units, n): PtR evaluable (record present, discovery call ok)
+    saved_rtp: list[list[str]] = field(default_factory=list)  # saved top-k, for the full-registry check
+    saved_ptr: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+
+
+def _stub_texts(ptr: PtrBlock) -> list[str]:
+    return [stub_text(Stub(s.name, s.reasoning)) for s in ptr.stubs]
+
+
+def build_inputs(
+    records: Sequence[Record], registry: Registry, subsets: Sequence[str], encode: Encode, k: int
+) -> list[SubsetInput]:
+    """Groups records by subset and embeds queries and stubs: one encode call for each kind."""
+    by_subset: dict[str, dict[Any, Record]] = {s: {} for s in subsets}
+    units_of: dict[str, set[tuple[str, int]]] = {s: set() for s in subsets}
+    for r in records:
+        if r.subset in by_subset:
+            by_subset[r.subset].setdefault(r.query_id, r)
+            if r.ptr is not None and r.model is not None:
+                units_of[r.subset].add((r.model, r.run))
+    query_texts: list[str] = []
+    stub_texts: list[str] = []
+    # Per subset: where its queries start in query_texts, and (owner, stub text index or None = the raw query).
+    plans: list[tuple[SubsetInput, int, list[tuple[int, int | None]]]] = []
+    row = registry.row
+    for name in subsets:
+        qs = by_subset[name]
+        qids = sorted(qs, key=qid_key)
+        gold: dict[str, list[set[int]]] = {g: [] for g in GOLDS}
+        gold_len: dict[str, list[int]] = {g: [] for g in GOLDS}
+        union: set[str] = set()
+        for q in qids:
+            for g in GOLDS:
+                ids = list(dict.fromkeys(qs[q].gold_set(g)))
+                gold[g].append({row[i] for i in ids if i in row})
+                gold_len[g].append(len(ids))
+                union.update(ids)
+        si = SubsetInput(
+            name=name,
+            query_ids=qids,
+            query_vecs=np.zeros((0, 0), np.float32),
+            gold=gold,
+            gold_len=gold_len,
+            gold_rows=np.asarray(sorted(row[i] for i in union if i in row), dtype=np.int64),
+            gold_missing=sum(i not in row for i in union),
+            units=sorted(units_of[name]),
+            saved_rtp=[list(qs[q].rtp.retrieved[:k]) if qs[q].rtp else [] for q in qids],
+        )
+        first_query = len(query_texts)
+        query_texts += [qs[q].query for q in qids]
+        stub_plan: list[tuple[int, int | None]] = []
+        n = len(qids)
+        qpos = {q: i for i, q in enumerate(qids)}
+        unit_pos = {u: j for j, u in enumerate(si.units)}
+        si.ptr_valid = np.zeros((len(si.units), n), dtype=bool)
+        for r in records:
+            if r.subset != name or r.ptr is None or r.model is None:
+                continue
+            u, qi = unit_pos[(r.model, r.run)], qpos[r.query_id]
+            ptr = r.ptr
+            si.saved_ptr[(u, qi)] = list(ptr.retrieved[:k])
+            if ptr.excluded:
+                continue  # as in metrics: no stubs to judge, PtR is not scored for this query
+            si.ptr_valid[u, qi] = True
+            texts = _stub_texts(ptr)
+            owner = u * n + qi
+            if not texts and ptr.fallback:
+                stub_plan.append((owner, None))  # the run searched with the raw query
+                continue
+            for t in texts:
+                stub_plan.append((owner, len(stub_texts)))
+                stub_texts.append(t)
+        plans.append((si, first_query, stub_plan))
+    qv = encode(query_texts)
+    sv = encode(stub_texts) if stub_texts else np.zeros((0, qv.shape[1]), np.float32)
+    out = []
+    for si, first, stub_plan in plans:
+        n = len(si.query_ids)
+        si.query_vecs = qv[first : first + n]
+        si.owners = [owner for owner, _ in stub_plan]
+        vecs = [si.query_vecs[owner % n] if t is None else sv[t] for owner, t in stub_plan]
+        si.stub_vecs = np.stack(vecs).astype(np.float32) if vecs else np.zeros((0, qv.shape[1]), np.float32)
+        out.append(si)
+    return out
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+Key = tuple[str, str | None, str, str | None]  # (arch, model, metric, gold)
+
+
+@dataclass
+class Searched:
+    """Top-k registry rows of one subset on one (sub-)registry: per query, and per (PtR unit, query)."""
+
+    rtp: list[list[int]]
+    ptr: list[list[int]]  # index unit * n + query
+
+
+def search(index: VectorIndex, si: SubsetInput, k: int) -> Searched:
+    """Two batched searches: every query, then every stub of every (model, run) at once."""
+    rtp = [r.rows[:k] for r in retrieve.rtp(index, si.query_vecs, k)]
+    ptr: list[list[int]] = []
+    if si.units:
+        assert si.stub_vecs is not None
+        n_units = len(si.units) * len(si.query_ids)
+        ptr = [r.rows[:k] for r in retrieve.ptr(index, si.stub_vecs, si.owners, n_units, k, [k])]
+    return Searched(rtp, ptr)
+
+
+def score(si: SubsetInput, found: Searched) -> dict[Key, float]:
+    """One point, one seed. PtR values: mean over queries per run, then over the model's runs."""
+    n = len(si.query_ids)
+    out: dict[Key, float] = {}
+    for g in GOLDS:
+        out[("rtp", None, "recall", g)] = float(
+            np.nanmean([recall(found.rtp[q], si.gold[g][q], si.gold_len[g][q]) for q in range(n)])
+        )
+    per_model: dict[str, dict[tuple[str, str | None], list[float]]] = {}
+    for u, (model, _run) in enumerate(si.units):
+        assert si.ptr_valid is not None
+        valid = np.flatnonzero(si.ptr_valid[u]).tolist()
+        if not valid:
+            continue
+        acc = per_model.setdefault(model, {})
+        tops = {q: set(found.ptr[u * n + q]) for q in valid}
+        for g in GOLDS:
+            vals = [recall(list(tops[q]), si.gold[g][q], si.gold_len[g][q]) for q in valid]
+            acc.setdefault(("recall", g), []).append(float(np.nanmean(vals)))
+        # divergent: the top-k sets differ (STUDY.md); disjoint: they share nothing (the paper's 3.2 wording).
+        acc.setdefault(("divergent", None), []).append(float(np.mean([tops[q] != set(found.rtp[q]) for q in valid])))
+        acc.setdefault(("disjoint", None), []).append(float(np.mean([not tops[q] & set(found.rtp[q]) for q in valid])))
+    for model, acc in per_model.items():
+        for (metric, g), vals in acc.items():
+            out[("ptr" if metric == "recall" else "both", model, metric, g)] = statistics.fmean(vals)
+    return out
+
+
+def full_check(registry: Registry, si: SubsetInput, found: Searched) -> dict[str, Any]:
+    """Share of queries whose recomputed full-registry top-k equals the saved one: a low value means
+    the embedder, cache or registry differ from the run's."""
+    ids = registry.ids
+    same = [{ids[r] for r in rows} == set(saved) for rows, saved in zip(found.rtp, si.saved_rtp, strict=True) if saved]
+    out: dict[str, Any] = {"rtp_same_topk": float(np.mean(same)) if same else None}
+    if si.units and si.saved_ptr:
+        assert si.ptr_valid is not None
+        n = len(si.query_ids)
+        same = [{ids[r] for r in found.ptr[u * n + q]} == set(saved)
+                for (u, q), saved in si.saved_ptr.items() if si.ptr_valid[u, q]]
+        out["ptr_same_topk"] = float(np.mean(same)) if same else None
+    return out
+
+
+@dataclass
+class Point:
+    subset: str
+    size: int | str  # target size, or "full"
+    n_apis: list[int]  # actual size per draw
+    gold_only: bool
+    seeds: list[int]  # seeds drawn ([] for the full registry and gold-only points: no randomness)
+    values: dict[Key, list[float]]  # per seed
+    distractors_per_stratum: dict[str, int] = field(default_factory=dict)  # first seed's draw
+
+
+def run_points(
+    registry: Registry, api_vecs: np.ndarray, inputs: Sequence[SubsetInput], sizes: Sequence[int],
+    seeds: int, k: int, log: Callable[[str], None] = lambda _: None,
+) -> tuple[list[Point], dict[str, Any]]:
+    cats = [a.category for a in registry.apis]
+    points: list[Point] = []
+    checks: dict[str, Any] = {}
+    full_index = VectorIndex(api_vecs)
+    for si in inputs:
+        pool = strata(cats, si.gold_rows)
+        for size in sizes:
+            if size >= len(registry):
+                log(f"{si.name}: size {size:,} is not below the registry's {len(registry):,}; the full point covers it")
+                continue
+            t = time.perf_counter()
+            gold_only = len(si.gold_rows) >= size
+            draws = [0] if gold_only else list(range(seeds))
+            values: dict[Key, list[float]] = {}
+            n_apis: list[int] = []
+            per: dict[str, int] = {}
+            for s in draws:
+                sub = sample_subregistry(pool, si.gold_rows, size, seed_rng(s, size))
+                if s == draws[0]:
+                    per = sub.per_stratum
+                n_apis.append(len(sub.rows))
+                for key, v in score(si, search(VectorIndex(api_vecs, rows=sub.rows), si, k)).items():
+                    values.setdefault(key, []).append(v)
+            points.append(Point(si.name, size, n_apis, gold_only, [] if gold_only else draws, values, per))
+            log(f"{si.name}: size {size:,}{' (gold only)' if gold_only else ''}: {time.perf_counter() - t:.1f}s")
+        found = search(full_index, si, k)
+        points.append(Point(si.name, FULL, [len(registry)], False, [], {key: [v] for key, v in score(si, found).items()}))
+        checks[si.name] = full_check(registry, si, found)
+    return points, checks
+
+
+# ---------------------------------------------------------------- outputs
+
+
+def tidy_rows(points: Sequence[Point]) -> list[dict[str, Any]]:
+    rows = []
+    for p in points:
+        for (arch, model, metric, gold), vals in sorted(p.values.items(), key=lambda kv: str(kv[0])):
+            m, s = mean_std(vals)
+            rows.append({"subset": p.subset, "size": p.size, "n_apis": p.n_apis, "gold_only": p.gold_only,
+                         "arch": arch, "model": model, "metric": metric, "gold": gold,
+                         "mean": m, "std": s if p.seeds else None, "values": vals})
+    return rows
+
+
+
+# ---------------------------------------------------------------- the study
+
+
+@dataclass
+class ScalingResult:
+    """`scaling.json`: `meta` (what was run), the points (with per-seed values) and the full-registry check."""
+
+    meta: dict[str, Any]
+    points: list[Point]
+    full_registry_check: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "meta": self.meta,
+            "points": [{"subset": p.subset, "size": p.size, "n_apis": p.n_apis, "gold_only": p.gold_only,
+                        "seeds": p.seeds, "distractors_per_stratum": p.distractors_per_stratum} for p in self.points],
+            "rows": tidy_rows(self.points),
+            "full_registry_check": self.full_registry_check,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ScalingResult:
+        pts = {(p["subset"], p["size"]): Point(p["subset"], p["size"], list(p["n_apis"]), bool(p["gold_only"]),
+                                               list(p["seeds"]), {}, dict(p.get("distractors_per_stratum") or {}))
+               for p in d.get("points") or []}
+        for r in d.get("rows") or []:
+            pts[(r["subset"], r["size"])].values[(r["arch"], r["model"], r["metric"], r["gold"])] = list(r["values"])
+        return cls(dict(d.get("meta") or {}), list(pts.values()), dict(d.get("full_registry_check") or {}))
+
+
+def scaling_study(
+    records: Sequence[Record], registry: Registry, api_vecs: np.ndarray, encode: Encode, *, subsets: Sequence[str],
+    divergence_subset: str, k: int, sizes: Sequence[int] = DEFAULT_SIZES, seeds: int = DEFAULT_SEEDS,
+    about: Mapping[str, Any] | None = None, log: Callable[[str], None] = lambda _: None,
+) -> ScalingResult:
+    """`subsets` are full subset names present in `records`; `about` is copied into the result's meta
+    (embedder, registry choice, simulated models: what the section states)."""
+    t0 = time.perf_counter()
+    inputs = build_inputs(records, registry, subsets, encode, k)
+    points, checks = run_points(registry, api_vecs, inputs, sorted(set(sizes)), seeds, k, log)
+    models = sorted({m for si in inputs for m, _ in si.units})
+    runs = sorted({r for si in inputs for _, r in si.units})
+    meta: dict[str, Any] = dict(about or {}) | {
+        "models": models, "runs": len(runs), "registry_size": len(registry), "k": k, "sizes": sorted(set(sizes)),
+        "seeds": seeds, "subsets": list(subsets), "divergence_subset": divergence_subset,
+        "gold_definition": "union of api_list and relevant gold APIs of the subset",
+        "gold_union": {si.name: {"union": len(si.gold_rows) + si.gold_missing, "in_registry": len(si.gold_rows),
+                                 "missing_from_registry": si.gold_missing, "queries": len(si.query_ids),
+                                 "stubs": int(len(si.owners))} for si in inputs},
+        "sampling": "gold union + distractors stratified by category (uncategorised = one stratum), "
+                    "largest-remainder allocation proportional to the pool's category sizes, "
+                    "numpy.random.default_rng([seed, size])",
+    }
+    meta["timing_s"] = round(time.perf_counter() - t0, 2)
+    return ScalingResult(meta, points, checks)

@@ -1,0 +1,338 @@
+"""The application: prepare → run models → write outputs → analyses → render.
+
+Knows the order of the stages and the output folder; knows nothing of argparse or exit codes (see
+`cli`). Every check that can fail on a user's input runs before embedding or any LLM call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .analysis import routing as R
+from .analysis import scaling as SC
+from .analysis import stats as S
+from .analysis.main import main_study
+from .config import ConfigError, Settings, analysis_subsets
+from .data import DataError, Registry, load_registry
+from .llm import LLMEngine, ModelProfile, load_profile
+from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
+from .progress import Progress
+from .render import figures as F
+from .render import report as RP
+from .render import routing as RR
+from .render import scaling as RS
+from .schema import (
+    REPORT_FILE,
+    SUMMARY_FILE,
+    Meta,
+    ModelInfo,
+    OutputDir,
+    Record,
+    RegistryInfo,
+    check_writable,
+)
+from .sim.harness import start_simulator
+from .study import Inputs, Study, load_inputs, make_embedder, prepare
+
+Log = Callable[[str], None]
+SCALING_FILE = "scaling.json"
+ROUTING_FILE = "routing.json"
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+@dataclass
+class Outcome:
+    out: Path
+    failed: Counter[str] = field(default_factory=Counter)  # calls that failed for good, per error kind
+    message: str = ""  # set when the invocation did something else than a study (--batch-cancel)
+
+
+# ---------------------------------------------------------------- checks before any work
+
+
+def output_path(s: Settings) -> Path:
+    return Path(s.out) if s.out else Path("results") / time.strftime("%Y%m%d-%H%M%S")
+
+
+def load_profiles(s: Settings) -> dict[str, ModelProfile]:
+    """Every profile resolved and checked (types, keys present) before any work starts."""
+    profiles: dict[str, ModelProfile] = {}
+    for name in dict.fromkeys(s.models):
+        p = load_profile(name, **s.overrides.as_kwargs())
+        if p.name in profiles:
+            raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
+        profiles[p.name] = p
+    return profiles
+
+
+def check_inputs(s: Settings, inputs: Inputs) -> None:
+    """After the data is loaded, before embedding: budgets the registry can serve, and some queries."""
+    n = len(inputs.registry)
+    if s.k > n:
+        raise ConfigError(f"--k {s.k} is above the registry's {n:,} APIs; pass --k {n} or less.")
+    too_big = sorted(k for k in set(s.ks) if k > n)
+    if too_big and "ks" in s.cli_keys:
+        raise ConfigError(f"--ks {','.join(map(str, too_big))} above the registry's {n:,} APIs; "
+                          f"pass --ks with values up to {n}.")
+    if not inputs.queries:
+        what = f"subsets {','.join(s.subsets)}" if s.subsets else "the query files"
+        raise DataError(f"no queries to run: {what} in {inputs.data_dir or ', '.join(s.queries)} gave none"
+                        + (f" (--limit {s.limit})" if s.limit else "") + "; check --subsets and the data folder.")
+
+
+def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
+    """Config-file ablation budgets above a small registry are dropped (with a note); flags are not:
+    `check_inputs` rejects those."""
+    n = len(registry)
+    if "ks" not in s.cli_keys and any(k > n for k in s.ks):
+        dropped = sorted(k for k in set(s.ks) if k > n)
+        s.ks = [k for k in s.ks if k <= n] or [min(s.k, n)]
+        log(f"note: k-ablation values {','.join(map(str, dropped))} from the config are above the registry's "
+            f"{n} APIs; left out")
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run(s: Settings, *, progress: bool = True, retrieval_only: bool = False, log: Log = _stderr) -> Outcome:
+    out = output_path(s)
+    cache_root = s.resolve_path(s.cache_dir)
+    check_writable(cache_root, "--cache-dir")
+    check_writable(out, "--out")
+    profiles = {} if retrieval_only else load_profiles(s)
+    if s.batch and profiles:
+        from .batch import study as batch_study
+
+        batch_study.check(profiles)  # a profile without a batch API: one line, before any work
+        if s.batch == "cancel":
+            return Outcome(out, message=batch_study.cancel_message(batch_study.cancel(profiles, cache_root, log)))
+    inputs = load_inputs(s)
+    check_inputs(s, inputs)
+    fit_ks_to_registry(s, inputs.registry, log)
+    study = prepare(s, progress, inputs)
+    od = OutputDir(out)
+    if retrieval_only:
+        records = retrieval_only_records(study)
+        meta = build_meta(study, {})
+    else:
+        # meta states the profiles as declared: an auto-started simulator's port is an accident of this run
+        records, llm_stats, sim_stats, batch_stats = run_models(study, dict(profiles), cache_root, progress)
+        meta = build_meta(study, profiles)
+        meta.llm_stats = llm_stats
+        meta.runtime["simulator_stats"] = sim_stats
+        from .batch.cost import accounting
+
+        meta.batch = batch_stats
+        meta.cost = {n: accounting(p, llm_stats.get(n), batch_stats.get(n)) for n, p in profiles.items()}
+    od.write_meta(meta)
+    od.write_records(records)
+    if not retrieval_only:
+        notes = run_extras(s, study, records, meta, od, progress, log)
+        meta.analysis_notes = notes
+        od.write_meta(meta)
+    render_outputs(od)
+    failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
+    return Outcome(out, failed)
+
+
+def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
+               progress: bool) -> tuple[list[Record], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator.
+    With `--batch`, the calls first go through the batch APIs; the run then answers them from the cache."""
+    s = study.settings
+    sims = {}
+    with contextlib.ExitStack() as stack:
+        for name, p in list(profiles.items()):
+            if p.simulated and not p.base_url:
+                sims[name] = stack.enter_context(start_simulator())
+                profiles[name] = dataclasses.replace(p, base_url=sims[name].base_url)
+        batch_stats: dict[str, Any] = {}
+        if s.batch == "submit":
+            from .batch.study import run_batch
+
+            batch_stats = run_batch(study, profiles, cache_root, log=_stderr)
+        per_unit = calls_per_unit(study) * s.runs
+        bar = Progress({n: per_unit for n in profiles}, enabled=progress)
+        t = time.perf_counter()
+        with bar:
+            records, llm_stats = asyncio.run(_run_async(study, profiles, cache_root, bar))
+        study.timings["llm_s"] = time.perf_counter() - t
+        # The simulator's own count of what it answered: a rerun from the cache shows zero requests.
+        sim_stats = {n: sim.stats() for n, sim in sims.items()}
+    return records, llm_stats, sim_stats, batch_stats
+
+
+async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
+                     bar: Progress) -> tuple[list[Record], dict[str, Any]]:
+    async with contextlib.AsyncExitStack() as stack:
+        engines = {n: await stack.enter_async_context(LLMEngine(p, cache_root=cache_root)) for n, p in profiles.items()}
+        for n, e in engines.items():
+            bar.attach(n, e.stats)
+        runner = StudyRunner(study, engines, bar)
+        units = [Unit(m, r) for m in profiles for r in range(study.settings.runs)]
+        try:
+            await runner.run(units)
+        finally:
+            stats = {n: e.stats.as_dict() for n, e in engines.items()}
+    return runner.records, stats
+
+
+def build_meta(study: Study, profiles: dict[str, ModelProfile]) -> Meta:
+    s = study.settings
+    return Meta(
+        version=__version__, settings=s.study_dict(), data_dir=str(study.data_dir or ""),
+        embedder=study.embedder.cache_name, precision=study.embedder.precision, backend=study.embedder.backend,
+        registry=RegistryInfo(s.registry, len(study.registry), study.registry.source, study.registry.format),
+        subsets=study.subsets, k=s.k, ks=sorted(set(s.ks)), runs=s.runs if profiles else 1,
+        models=[ModelInfo(n, p.model, p.simulated, p.request_settings()) for n, p in profiles.items()],
+        retrieval_only=not profiles, warnings=study.warnings.as_dict(),
+        # Everything that changes from one invocation to the next lives here and stays out of summary.json.
+        runtime={"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "timings": study.timings,
+                 "embed": dataclasses.asdict(study.embedder.stats)},
+    )
+
+
+# ---------------------------------------------------------------- analyses beside the main study
+
+
+def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od: OutputDir, progress: bool,
+               log: Log) -> dict[str, str]:
+    """Scaling and routing, reusing this run's embeddings and records; returns why any did not run."""
+    if not s.extras:
+        return {"scaling": "not run (--no-extras)", "routing": "not run (--no-extras)"}
+    if set(s.archs) != {"rtp", "ptr"}:
+        why = f"needs both architectures; this run had only {', '.join(s.archs)}"
+        return {"scaling": why, "routing": why}
+    notes: dict[str, str] = {}
+    subs = analysis_subsets(s, sorted(study.subsets))
+    quiet: Log = log if progress else (lambda _m: None)
+    if subs.scaling:
+        res = SC.scaling_study(
+            records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
+            subsets=subs.scaling, divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes,
+            seeds=s.scaling_seeds, about=_about(meta, s, "scaling_subsets"), log=quiet)
+        od.write_json(SCALING_FILE, res.to_dict())
+    else:
+        notes["scaling"] = "no subset to run it on"
+    opt = R.Options(k=s.k, train=subs.routing_train, test=subs.routing_test, folds=s.routing_folds,
+                    seed=s.routing_seed)
+    od.write_json(ROUTING_FILE, R.routing_study(records, opt, _about(meta, s, "routing_test")).to_dict())
+    return notes
+
+
+def _about(meta: Meta, s: Settings, setting: str) -> dict[str, Any]:
+    derived = not getattr(s, setting)
+    return {"embedder": meta.embedder, "precision": meta.precision, "backend": meta.backend,
+            "registry_choice": meta.registry.choice,
+            "simulated_models": meta.simulated_models,
+            "subsets_rule": "derived from the subsets present: sorted, the last one is the held-out test set"
+            if derived else "as set in [analysis]",
+            "split_rule": "derived: the last subset in sorted order is the test set, the others tune"
+            if derived else "as set in [analysis]"}
+
+
+# ---------------------------------------------------------------- render
+
+
+def render_outputs(od: OutputDir, *, with_figures: bool = True) -> None:
+    """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network)."""
+    meta = od.read_meta()
+    records = od.read_records()
+    result = main_study(records, meta)
+    od.write_text(SUMMARY_FILE, S.dumps(S.summary_dict(result.summary, meta.study_view())))
+    scaling = od.read_json(SCALING_FILE)
+    routing = od.read_json(ROUTING_FILE)
+    sections: list[str] = []
+    skipped: list[str] = []
+    figs: list[Path] = []
+    if with_figures:
+        figs = F.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
+                                simulated=RP.labels_of(meta, result.summary.models).simulated)
+    if scaling is not None:
+        sres = SC.ScalingResult.from_dict(scaling)
+        sections.append(RS.section_md(sres))
+        if with_figures:
+            RS.figure(sres, od.figures / "scaling.png")
+    elif not meta.retrieval_only:
+        skipped.append(f"Scaling study (Table 10): {meta.analysis_notes.get('scaling', 'not run')}; "
+                       "`python -m evaluator scaling OUT` runs it from the saved data.")
+    if routing is not None:
+        rres = R.RoutingResult.from_dict(routing)
+        sections.append(RR.section_md(rres))
+        if not (rres.meta["split"]["train"] and rres.meta["split"]["test"]):
+            skipped.append("Routing held-out subset split: it needs two subsets, one to tune τ on and one to "
+                           "report on; cross-validation is shown instead.")
+        if with_figures:
+            RR.figure(rres, od.figures / "routing.png")
+    elif not meta.retrieval_only:
+        skipped.append(f"Routing study: {meta.analysis_notes.get('routing', 'not run')}; "
+                       "`python -m evaluator routing OUT` runs it from the saved data.")
+    od.write_text(REPORT_FILE, RP.compose(meta, result, sections=sections, figures=[p.name for p in figs],
+                                          skipped=skipped))
+
+
+# ---------------------------------------------------------------- the analyses alone, on a finished run
+
+
+def _records_with_ptr(od: OutputDir, what: str) -> list[Record]:
+    records = od.read_records()
+    if not any(r.ptr is not None and r.model is not None for r in records):
+        raise DataError(f"{od.path}: no PtR records (a retrieval-only run?); {what} needs both architectures.")
+    return records
+
+
+def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = None, device: str = "auto",
+                        progress: bool = True, log: Log = _stderr) -> SC.ScalingResult:
+    """The scaling study on a finished run: its registry re-read, every vector from its embedding cache."""
+    meta = od.read_meta()
+    records = od.read_records()
+    # --data on this command wins; else the run's --tools, else its data folder
+    data = data_dir or meta.settings.get("tools") or meta.data_dir or meta.settings.get("data_dir")
+    if not data:
+        raise DataError(f"{od.path}/meta.json names no data_dir; pass --data DIR.")
+    registry = load_registry(data, meta.registry.choice if meta.registry.choice != "?" else "full",
+                             fmt=meta.settings.get("tools_format") or "auto")
+    if meta.registry.size and meta.registry.size != len(registry):
+        log(f"warning: the registry now has {len(registry):,} APIs, the run had {meta.registry.size:,}")
+    run_s = dataclasses.replace(s, embedder=meta.settings.get("embedder") or meta.embedder,
+                                precision=meta.precision if meta.precision != "?" else "auto", device=device,
+                                # old runs had only torch; the cache key is model/backend/precision
+                                backend=meta.backend if meta.backend != "?" else "torch")
+    embedder = make_embedder(run_s, progress)
+    encode = lambda texts: embedder.encode(texts, desc="embedding (cache misses)")  # noqa: E731
+    api_vecs = encode(registry.texts())
+    subs = analysis_subsets(s, sorted({r.subset for r in records}))
+    res = SC.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
+                           divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
+                           about=_about(meta, s, "scaling_subsets"), log=log)
+    res.meta["embed"] = dataclasses.asdict(embedder.stats)
+    if embedder.stats.embedded:
+        log(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")
+    od.write_json(SCALING_FILE, res.to_dict())
+    render_outputs(od)
+    return res
+
+
+def routing_from_output(od: OutputDir, s: Settings, log: Log = _stderr) -> R.RoutingResult:
+    meta = od.read_meta()
+    records = _records_with_ptr(od, "routing")
+    subs = analysis_subsets(s, sorted({r.subset for r in records}))
+    opt = R.Options(k=s.k, train=subs.routing_train, test=subs.routing_test, folds=s.routing_folds,
+                    seed=s.routing_seed)
+    res = R.routing_study(records, opt, _about(meta, s, "routing_test"), log=log)
+    od.write_json(ROUTING_FILE, res.to_dict())
+    render_outputs(od)
+    return res

@@ -1,0 +1,343 @@
+"""Clients of the providers' Batch APIs, behind one interface: submit, find, state, results, cancel.
+
+- `OpenAIBatch`: OpenAI-compatible `/v1/files` + `/v1/batches` (OpenAI, Together, Groq, ... and the
+  simulator). The request lines are the chat bodies the online engine would POST, unchanged.
+- `GeminiBatch`: Gemini's native batch API (resumable file upload, `models/{m}:batchGenerateContent`,
+  `batches/{id}`); chat bodies are translated to GenerateContentRequests on the way in and the
+  GenerateContentResponses back to chat.completion bodies on the way out, so the engine stores them
+  exactly as it stores online replies.
+
+Every submit carries a token (OpenAI: batch metadata; Gemini: display name) so a batch whose id was
+lost to a crash can be found again with `find` instead of being created twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import aiohttp
+import orjson
+
+from ..llm.errors import ConfigError, FatalLLMError, redact
+from ..llm.profiles import ModelProfile
+from .files import Request, Result, parse_results
+
+TOKEN_KEY = "evaluator_token"
+# Per-batch limits when the profile names none: OpenAI's documented 50,000 requests / 200 MB input file;
+# Gemini's 2 GB input file. A provider with smaller ones rejects the batch and the runner splits it.
+DEFAULT_LIMITS: dict[str, tuple[int | None, int | None]] = {
+    "openai": (50_000, 200 * 1024 * 1024),
+    "gemini": (None, 2 * 1024**3),
+}
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+class BatchAPIError(FatalLLMError):
+    """The provider refused a batch call for a reason a retry will not fix. Fatal for the run (one line);
+    every reply imported before it is cached and every submitted batch is recorded, so a rerun resumes."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status, when there was one (404: no such batch or file)
+
+
+@dataclass
+class BatchState:
+    status: str  # running | completed | failed | expired | cancelled
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    errors: list[dict[str, Any]] = field(default_factory=list)  # why a whole batch failed (validation)
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def too_large(self) -> bool:
+        """Failed validation for its size: worth splitting and submitting again."""
+        text = " ".join(f"{e.get('code', '')} {e.get('message', '')}" for e in self.errors).lower()
+        return self.status == "failed" and any(w in text for w in ("too large", "too_large", "too many", "exceed", "limit"))
+
+
+class BatchAPI(Protocol):
+    async def submit(self, requests: list[Request], token: str) -> str: ...
+    async def find(self, token: str) -> str | None: ...
+    async def state(self, batch_id: str) -> BatchState: ...
+    async def results(self, batch_id: str) -> list[Result]: ...
+    async def cancel(self, batch_id: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+class _Http:
+    def __init__(self, profile: ModelProfile, api_key: str | None, headers: dict[str, str]) -> None:
+        self.profile = profile
+        self._key = api_key
+        loopback = profile.simulated or urlsplit(profile.base_url).hostname in ("127.0.0.1", "localhost", "::1")
+        self.session = aiohttp.ClientSession(
+            headers=headers, timeout=aiohttp.ClientTimeout(total=max(120.0, profile.timeout_s)), trust_env=not loopback
+        )
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def call(self, method: str, url: str, *, retries: int = 5, **kw: Any) -> tuple[bytes, Any]:
+        """Body and headers of a 2xx answer; transient failures (429, 5xx, connection) are retried."""
+        delay = 1.0
+        for attempt in range(retries + 1):
+            try:
+                async with self.session.request(method, url, **kw) as r:
+                    raw, headers, status = await r.read(), r.headers, r.status
+            except (aiohttp.ClientError, TimeoutError) as e:
+                if attempt == retries:
+                    raise BatchAPIError(f"{self.profile.name}: cannot reach the batch API at {url} ({type(e).__name__})") from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            if 200 <= status < 300:
+                return raw, headers
+            text = redact(raw[:300].decode(errors="replace"), self._key)
+            if status in (401, 403):
+                env = self.profile.api_key_env or "the profile's api_key_env"
+                raise FatalLLMError(f"{self.profile.name}: the batch API rejected the key ({status}); check {env} [{text}]")
+            if (status == 429 or status >= 500) and attempt < retries:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            raise BatchAPIError(f"{self.profile.name}: {method} {urlsplit(url).path} answered {status}: {text}", status)
+        raise AssertionError("unreachable")
+
+
+# -- OpenAI-compatible ----------------------------------------------------------------------------------
+_OPENAI_STATUS = {"validating": "running", "in_progress": "running", "finalizing": "running", "cancelling": "running",
+                  "completed": "completed", "failed": "failed", "expired": "expired", "cancelled": "cancelled"}
+
+
+class OpenAIBatch:
+    def __init__(self, profile: ModelProfile, api_key: str | None) -> None:
+        self.base = profile.base_url.rstrip("/")
+        self.http = _Http(profile, api_key, {"Authorization": f"Bearer {api_key}"} if api_key else {})
+
+    async def close(self) -> None:
+        await self.http.close()
+
+    async def submit(self, requests: list[Request], token: str) -> str:
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field("file", b"".join(r.line() for r in requests), filename=f"{token}.jsonl",
+                       content_type="application/jsonl")
+        raw, _ = await self.http.call("POST", f"{self.base}/files", data=form, retries=0)
+        file_id = orjson.loads(raw)["id"]
+        body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h",
+                "metadata": {TOKEN_KEY: token}}
+        raw, _ = await self.http.call("POST", f"{self.base}/batches", json=body, retries=0)
+        return orjson.loads(raw)["id"]
+
+    async def find(self, token: str) -> str | None:
+        after: str | None = None
+        for _ in range(20):  # the newest 2,000 batches: a lost one was created minutes ago
+            params = {"limit": "100"} | ({"after": after} if after else {})
+            raw, _ = await self.http.call("GET", f"{self.base}/batches", params=params)
+            page = orjson.loads(raw)
+            for b in page.get("data", []):
+                if (b.get("metadata") or {}).get(TOKEN_KEY) == token:
+                    return b["id"]
+            if not page.get("has_more") or not page.get("data"):
+                return None
+            after = page["data"][-1]["id"]
+        return None
+
+    async def state(self, batch_id: str) -> BatchState:
+        raw, _ = await self.http.call("GET", f"{self.base}/batches/{batch_id}")
+        b = orjson.loads(raw)
+        counts = b.get("request_counts") or {}
+        errors = (b.get("errors") or {}).get("data") or []
+        return BatchState(_OPENAI_STATUS.get(b["status"], "running"), int(counts.get("total") or 0),
+                          int(counts.get("completed") or 0), int(counts.get("failed") or 0), errors)
+
+    async def results(self, batch_id: str) -> list[Result]:
+        raw, _ = await self.http.call("GET", f"{self.base}/batches/{batch_id}")
+        b = orjson.loads(raw)
+        out: list[Result] = []
+        for fid in (b.get("output_file_id"), b.get("error_file_id")):
+            if fid:
+                data, _ = await self.http.call("GET", f"{self.base}/files/{fid}/content")
+                out += parse_results(data, f"batch {batch_id} file {fid}")
+        return out
+
+    async def cancel(self, batch_id: str) -> None:
+        await self.http.call("POST", f"{self.base}/batches/{batch_id}/cancel")
+
+
+# -- Gemini native -----------------------------------------------------------------------------------------
+_EFFORT_BUDGET = {"none": 0, "low": 1024, "medium": 8192, "high": 24576}  # Google's OpenAI-compat mapping
+_GEMINI_FINISH = {"STOP": "stop", "MAX_TOKENS": "length", "SAFETY": "content_filter", "RECITATION": "content_filter"}
+_KNOWN_BODY = {"model", "messages", "temperature", "max_tokens", "max_completion_tokens", "seed", "top_p",
+               "reasoning_effort", "stop", "response_format"}
+
+
+def chat_to_gemini(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat request body as a GenerateContentRequest (the same call through Gemini's native API)."""
+    unknown = sorted(set(body) - _KNOWN_BODY)
+    if unknown:
+        raise ConfigError(f"the Gemini batch API cannot carry request field(s) {unknown}; "
+                          "remove them from the profile's [extra_body] or submit with batch = \"openai\"")
+    system = [m.get("content") or "" for m in body["messages"] if m.get("role") in ("system", "developer")]
+    contents = [
+        {"role": "model" if m.get("role") == "assistant" else "user", "parts": [{"text": m.get("content") or ""}]}
+        for m in body["messages"] if m.get("role") not in ("system", "developer")
+    ]
+    gen: dict[str, Any] = {}
+    if "temperature" in body:
+        gen["temperature"] = body["temperature"]
+    if body.get("max_tokens") or body.get("max_completion_tokens"):
+        gen["maxOutputTokens"] = body.get("max_tokens") or body.get("max_completion_tokens")
+    for src, dst in (("seed", "seed"), ("top_p", "topP")):
+        if src in body:
+            gen[dst] = body[src]
+    if "stop" in body:
+        gen["stopSequences"] = body["stop"] if isinstance(body["stop"], list) else [body["stop"]]
+    rf = body.get("response_format") or {}
+    if rf.get("type") in ("json_schema", "json_object"):
+        gen["responseMimeType"] = "application/json"
+        if rf.get("type") == "json_schema":
+            gen["responseJsonSchema"] = (rf.get("json_schema") or {}).get("schema", {})
+    if "reasoning_effort" in body:
+        gen["thinkingConfig"] = {"thinkingBudget": _EFFORT_BUDGET.get(body["reasoning_effort"], 8192)}
+    req: dict[str, Any] = {"contents": contents, "generation_config": gen}
+    if system:
+        req["system_instruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+    return req
+
+
+def gemini_to_completion(resp: dict[str, Any], model: str) -> dict[str, Any]:
+    """A GenerateContentResponse as the chat.completion body Gemini's OpenAI-compatible endpoint returns."""
+    cand = (resp.get("candidates") or [{}])[0]
+    parts = (cand.get("content") or {}).get("parts") or []
+    text = "".join(p.get("text", "") for p in parts if not p.get("thought"))
+    usage = resp.get("usageMetadata") or {}
+    pt = int(usage.get("promptTokenCount") or 0)
+    ct = int(usage.get("candidatesTokenCount") or 0) + int(usage.get("thoughtsTokenCount") or 0)
+    finish = _GEMINI_FINISH.get(cand.get("finishReason", "STOP"), str(cand.get("finishReason", "stop")).lower())
+    return {
+        "id": resp.get("responseId", "gemini-batch"), "object": "chat.completion", "created": int(time.time()),
+        "model": resp.get("modelVersion", model),
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text or None}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
+    }
+
+
+def _gemini_status(state: str) -> str:
+    s = state.removeprefix("BATCH_STATE_").removeprefix("JOB_STATE_")
+    return {"SUCCEEDED": "completed", "FAILED": "failed", "CANCELLED": "cancelled", "EXPIRED": "expired"}.get(s, "running")
+
+
+class GeminiBatch:
+    def __init__(self, profile: ModelProfile, api_key: str | None) -> None:
+        u = urlsplit(profile.base_url)
+        self.root = f"{u.scheme}://{u.netloc}"  # native paths start at the host, whatever the OpenAI-compat path
+        self.model = profile.model.removeprefix("models/")
+        self.http = _Http(profile, api_key, {"x-goog-api-key": api_key} if api_key else {})
+
+    async def close(self) -> None:
+        await self.http.close()
+
+    async def submit(self, requests: list[Request], token: str) -> str:
+        data = b"".join(orjson.dumps({"key": r.custom_id, "request": chat_to_gemini(r.body)}) + b"\n" for r in requests)
+        start = {"X-Goog-Upload-Protocol": "resumable", "X-Goog-Upload-Command": "start",
+                 "X-Goog-Upload-Header-Content-Length": str(len(data)),
+                 "X-Goog-Upload-Header-Content-Type": "application/jsonl"}
+        _, headers = await self.http.call("POST", f"{self.root}/upload/v1beta/files", headers=start,
+                                          json={"file": {"display_name": token}}, retries=0)
+        upload_url = headers.get("X-Goog-Upload-URL")
+        if not upload_url:
+            raise BatchAPIError(f"{self.http.profile.name}: the file upload did not return an upload URL")
+        fin = {"X-Goog-Upload-Command": "upload, finalize", "X-Goog-Upload-Offset": "0"}
+        raw, _ = await self.http.call("POST", upload_url, headers=fin, data=data, retries=0)
+        file_name = orjson.loads(raw)["file"]["name"]
+        body = {"batch": {"display_name": token, "input_config": {"file_name": file_name}}}
+        raw, _ = await self.http.call("POST", f"{self.root}/v1beta/models/{self.model}:batchGenerateContent",
+                                      json=body, retries=0)
+        return orjson.loads(raw)["name"]
+
+    async def find(self, token: str) -> str | None:
+        page_token = None
+        for _ in range(20):
+            params = {"pageSize": "100"} | ({"pageToken": page_token} if page_token else {})
+            raw, _ = await self.http.call("GET", f"{self.root}/v1beta/batches", params=params)
+            page = orjson.loads(raw)
+            for op in page.get("operations", []):
+                meta = op.get("metadata") or {}
+                if meta.get("displayName") == token or meta.get("display_name") == token:
+                    return op["name"]
+            page_token = page.get("nextPageToken")
+            if not page_token:
+                return None
+        return None
+
+    async def _get(self, batch_id: str) -> dict[str, Any]:
+        raw, _ = await self.http.call("GET", f"{self.root}/v1beta/{batch_id}")
+        return orjson.loads(raw)
+
+    async def state(self, batch_id: str) -> BatchState:
+        op = await self._get(batch_id)
+        meta = op.get("metadata") or {}
+        st = meta.get("batchStats") or {}
+        errors = [{"code": op["error"].get("status", ""), "message": op["error"].get("message", "")}] if op.get("error") else []
+        return BatchState(_gemini_status(meta.get("state", "")), int(st.get("requestCount") or 0),
+                          int(st.get("successfulRequestCount") or 0), int(st.get("failedRequestCount") or 0), errors)
+
+    async def results(self, batch_id: str) -> list[Result]:
+        op = await self._get(batch_id)
+        resp = op.get("response") or {}
+        out: list[Result] = []
+        if resp.get("responsesFile"):
+            data, _ = await self.http.call("GET", f"{self.root}/download/v1beta/{resp['responsesFile']}:download",
+                                           params={"alt": "media"})
+            lines = [orjson.loads(x) for x in data.splitlines() if x.strip()]
+        else:
+            lines = [{"key": (x.get("metadata") or {}).get("key"), **x}
+                     for x in (resp.get("inlinedResponses") or {}).get("inlinedResponses", [])]
+        for x in lines:
+            key = x.get("key")
+            if not isinstance(key, str):
+                continue
+            if x.get("response") is not None:
+                out.append(Result(key, 200, gemini_to_completion(x["response"], self.model)))
+            else:
+                err = x.get("error") or x.get("status") or {}
+                if err.get("status") in ("CANCELLED", "DEADLINE_EXCEEDED"):  # never ran: worth another try
+                    out.append(Result(key, None, None, {"code": err["status"].lower(), "message": err.get("message", "")}))
+                    continue
+                code = int(err.get("code") or 500)
+                out.append(Result(key, code, {"error": {"message": err.get("message", ""), "status": err.get("status", "")}}))
+        return out
+
+    async def cancel(self, batch_id: str) -> None:
+        await self.http.call("POST", f"{self.root}/v1beta/{batch_id}:cancel")
+
+
+def batch_kind(profile: ModelProfile) -> str:
+    """The profile's batch API, or one `ConfigError` line saying how to declare one."""
+    kind = getattr(profile, "batch", None)
+    if kind in ("openai", "gemini"):
+        return kind
+    raise ConfigError(
+        f"model {profile.name!r} declares no batch API: add batch = \"openai\" (OpenAI-compatible /v1/batches) "
+        f"or batch = \"gemini\" to its profile (configs/models/{profile.name}.toml or the .toml you passed), "
+        "or run without --batch"
+    )
+
+
+def batch_api(profile: ModelProfile, api_key: str | None) -> BatchAPI:
+    return OpenAIBatch(profile, api_key) if batch_kind(profile) == "openai" else GeminiBatch(profile, api_key)
+
+
+def batch_limits(profile: ModelProfile) -> tuple[int | None, int | None]:
+    """(requests, bytes) per batch: the profile's `batch_max_requests` / `batch_max_bytes`, else the provider's."""
+    req, size = DEFAULT_LIMITS[batch_kind(profile)]
+    return profile.batch_max_requests or req, profile.batch_max_bytes or size

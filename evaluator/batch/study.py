@@ -1,0 +1,162 @@
+"""The study's calls through Batch APIs and request files: collect, `--batch` rounds, export, import.
+
+A *collect pass* runs the study's own request building (`StudyRunner`) with stand-in engines that
+answer from the response cache and record every other call instead of sending it; a branch whose
+call was deferred stops there (a deferred discovery yields no stubs, hence no planner call yet). So
+the first pass yields every RtP planner and PtR discovery request, and once the discovery replies are
+cached the next pass yields the PtR planners built from their stubs. `batch_rounds` repeats
+collect -> submit -> import until nothing new comes back; the study then runs from the cache, and
+anything still missing is called online as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from ..llm import ChatResult, LLMEngine, ModelProfile, resolve_api_key
+from ..llm.cache import ResponseCache
+from .files import Request
+from .providers import batch_api, batch_kind, chat_to_gemini
+from .runner import BatchRunner, BatchStats
+from .store import JobStore
+
+DEFERRED = "deferred: sent through the batch API / request file"
+_PLACEHOLDER_URL = "http://127.0.0.1:9/v1"  # a simulated profile's key never depends on its URL
+
+
+# Set in the task of a study branch once one of its calls was deferred. A later call of the same branch
+# is built on that missing reply (e.g. `--fallback-to-query` plans on the raw query when discovery
+# "failed") and must not be collected: it is not a request the study will make. Each branch (RtP, PtR of
+# one query) runs in its own task, so the flag never leaks into another branch.
+_BRANCH_DEFERRED: ContextVar[bool] = ContextVar("batch_branch_deferred", default=False)
+
+
+class _Collector:
+    """Stands in for an `LLMEngine` in a collect pass: cached calls are answered, the rest recorded."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.stats = engine.stats
+        self.calls: dict[str, Any] = {}  # cache key -> Prepared, in the order the study made them
+
+    async def chat(self, messages: list[dict[str, Any]], *, run: int, prompt_version: str, **kw: Any) -> ChatResult:
+        if _BRANCH_DEFERRED.get():
+            return ChatResult(None, None, error=DEFERRED)
+        prepared = self.engine.prepare(messages, run=run, prompt_version=prompt_version, **kw)
+        if self.engine.lookup(prepared.key) is not None:
+            return await self.engine.send(prepared)  # a cache hit: no network
+        self.calls.setdefault(prepared.key, prepared)
+        _BRANCH_DEFERRED.set(True)
+        return ChatResult(None, None, error=DEFERRED)
+
+    def __getattr__(self, name: str) -> Any:  # anything else the runner asks of an engine
+        return getattr(self.engine, name)
+
+
+def _offline(p: ModelProfile) -> ModelProfile:
+    return dataclasses.replace(p, base_url=p.base_url or _PLACEHOLDER_URL)
+
+
+async def collect(study: Any, profiles: dict[str, ModelProfile], cache_root: Path, batcher: Any = None) -> dict[str, list[Request]]:
+    """Every chat request the study would send now that is not cached, per model (no network).
+
+    `batcher`: the stub search to use (default: the pipeline's own), as `StudyRunner` takes it."""
+    from ..pipeline import StudyRunner, Unit  # the study's own request building
+
+    async with contextlib.AsyncExitStack() as stack:
+        collectors = {}
+        for n, p in profiles.items():
+            engine = await stack.enter_async_context(LLMEngine(_offline(p), cache_root=cache_root, api_key=""))
+            collectors[n] = _Collector(engine)
+        runner = StudyRunner(study, collectors, None, batcher)
+        await runner.run([Unit(m, r) for m in profiles for r in range(study.settings.runs)])
+    return {n: [Request(k, _body(p)) for k, p in c.calls.items()] for n, c in collectors.items()}
+
+
+def _body(prepared: Any) -> dict[str, Any]:
+    body = prepared.body
+    if isinstance(body, bytes | str):
+        import orjson
+
+        body = orjson.loads(body)
+    return body
+
+
+async def batch_rounds(
+    study: Any,
+    profiles: dict[str, ModelProfile],
+    cache_root: Path,
+    *,
+    cancel: bool = False,
+    max_rounds: int = 4,
+    log: Callable[[str], None] | None = None,
+    batcher: Callable[[], Any] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Bring the study's replies into the cache through each model's batch API; stats per model."""
+    say = log or (lambda m: None)
+    check(profiles)
+    store = JobStore(cache_root)
+    cache = ResponseCache(cache_root)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            runners: dict[str, BatchRunner] = {}
+            for n, p in profiles.items():
+                engine = await stack.enter_async_context(LLMEngine(p, cache_root=cache_root))
+                api = batch_api(p, resolve_api_key(p))
+                stack.push_async_callback(api.close)
+                runners[n] = BatchRunner(p, engine, api, store, cache, log=say)
+            if cancel:
+                await asyncio.gather(*(r.cancel_open() for r in runners.values()))
+                return {n: r.stats.as_dict() for n, r in runners.items()}
+            await asyncio.gather(*(r.resume() for r in runners.values()))
+            for rnd in range(1, max_rounds + 1):
+                todo = await collect(study, profiles, cache_root, batcher() if batcher else None)
+                todo = {n: runners[n].missing(reqs) for n, reqs in todo.items()}
+                if not any(todo.values()):
+                    break
+                say(f"batch round {rnd}: " + ", ".join(f"{n} {len(r):,} requests" for n, r in todo.items()))
+                before = {n: r.stats.stored for n, r in runners.items()}
+                await asyncio.gather(*(runners[n].run(reqs) for n, reqs in todo.items() if reqs))
+                if all(r.stats.stored == before[n] for n, r in runners.items()):
+                    break  # nothing new came back: what is left goes online
+            return {n: r.stats.as_dict() for n, r in runners.items()}
+    finally:
+        store.close()
+        cache.close()
+
+
+def empty_stats() -> dict[str, Any]:
+    return BatchStats().as_dict()
+
+
+def run_batch(study: Any, profiles: dict[str, ModelProfile], cache_root: Path,
+              log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """`--batch`: the study's replies into the cache through the batch APIs (stats per model)."""
+    return asyncio.run(batch_rounds(study, profiles, Path(cache_root), log=log))
+
+
+def cancel(profiles: dict[str, ModelProfile], cache_root: Path, log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """`--batch-cancel`: cancel every open batch of these models, import what they finished."""
+    # An auto-started simulator is new each run: it holds no batch of an earlier one.
+    reachable = {n: p for n, p in profiles.items() if p.base_url}
+    return asyncio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=lambda m: None))
+
+
+def cancel_message(stats: dict[str, dict[str, Any]]) -> str:
+    n = sum(s["cancelled"] for s in stats.values())
+    stored = sum(s["stored"] for s in stats.values())
+    return (f"cancelled {n} open batch(es); {stored:,} replies they had finished are in the cache. "
+            "Rerun without --batch-cancel to finish the study (with --batch to submit the rest again).")
+
+
+def check(profiles: dict[str, ModelProfile]) -> None:
+    """Before any work: every model declares a batch API its requests fit (else one `ConfigError` line)."""
+    for p in profiles.values():
+        if batch_kind(p) == "gemini":
+            chat_to_gemini({"model": p.model, "messages": [], **p.extra_body})  # fields Gemini's API cannot carry

@@ -1,0 +1,32 @@
+"""Data stage: the API registry and the benchmark queries, read and validated.
+
+Registries: the project's JSONL (ToolBench's, one API a line), ToolBench's `toolenv/tools` tree, MCP
+`tools/list` results and OpenAI-style function definitions, detected from content or forced
+(`registry.TOOLS_FORMATS`). Queries: ToolBench `test_instruction` files, or JSONL / CSV with `query`
+and `gold`. Every API embeds by one rule (`EMBED_TEXT_RULE`). Every file is read through `source`,
+so a bad input stops the run with one line naming the file, the line or record and what was expected
+(`DataError`), before any work; lesser problems are counted as warnings that reach the report; nothing
+is dropped silently and nothing is half-loaded.
+"""
+
+from .locate import resolve_data_dir
+from .model import (
+    EMBED_TEXT_RULE,
+    GOLD_SETS,
+    REGISTRY_CHOICES,
+    Api,
+    DataError,
+    Query,
+    Registry,
+    Warnings,
+    api_id,
+    qid_key,
+)
+from .queries import find_query_files, load_queries, load_query_files, normalise_qid, select_subsets
+from .registry import TOOLS_FORMATS, load_registry
+
+__all__ = [
+    "EMBED_TEXT_RULE", "GOLD_SETS", "REGISTRY_CHOICES", "TOOLS_FORMATS", "Api", "DataError", "Query", "Registry",
+    "Warnings", "api_id", "find_query_files", "load_queries", "load_query_files", "load_registry", "normalise_qid",
+    "qid_key", "resolve_data_dir", "select_subsets",
+]

@@ -1,0 +1,111 @@
+"""The data model every reader produces: APIs, the registry, queries, warnings, and `DataError`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+GOLD_SETS = ("api_list", "relevant")
+REGISTRY_CHOICES = ("full", "described")
+
+# The one rule for the text that is embedded for an API, whatever file it came from (see Api.text).
+EMBED_TEXT_RULE = (
+    "Each API is embedded as `{tool}/{api}: {description}` (an API without a description as "
+    "`{tool}/{api}: `); when its definition declares parameters (MCP `inputSchema`, OpenAI "
+    "`parameters`, or a `parameters` JSON Schema in the JSONL registry) ` Parameters: name (description); "
+    "name; ...` follows: the schema's top-level properties in declared order, each with its description "
+    "when it has one. ToolBench registries (JSONL and the toolenv tree) carry no parameters, so their "
+    "text is `{tool}/{api}: {description}` exactly as in the study. For MCP `{tool}` is the server, "
+    "for OpenAI-style lists the `tool` field or the file's name."
+)
+
+
+class DataError(Exception):
+    """Bad or missing input data; the message is one line saying where and what to do."""
+
+
+def api_id(tool_name: str, api_name: str) -> str:
+    return f"{tool_name}::{api_name}"
+
+
+def qid_key(qid: Any) -> tuple[int, Any]:
+    """Sort key for query ids that may be ints or strings (ints first, each in natural order)."""
+    return (0, qid) if isinstance(qid, int) else (1, str(qid))
+
+
+Param = tuple[str, "str | None"]  # (name, description)
+
+
+@dataclass(frozen=True)
+class Api:
+    tool_name: str
+    api_name: str
+    category: str | None
+    description: str | None
+    parameters: tuple[Param, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return api_id(self.tool_name, self.api_name)
+
+    @property
+    def display(self) -> str:
+        """How the planner prompt names the API."""
+        return f"{self.tool_name}/{self.api_name}"
+
+    @property
+    def text(self) -> str:
+        """The document text that is embedded: EMBED_TEXT_RULE."""
+        head = f"{self.tool_name}/{self.api_name}: {self.description or ''}"
+        if not self.parameters:
+            return head  # ToolBench: byte-identical to the study's text, so cached embeddings stay valid
+        params = "; ".join(f"{n} ({d})" if d else n for n, d in self.parameters)
+        return f"{head.rstrip()} Parameters: {params}"
+
+
+@dataclass
+class Warnings:
+    """Counted data problems; each kind keeps a few examples for the report."""
+
+    counts: Counter = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, kind: str, example: str) -> None:
+        self.counts[kind] += 1
+        ex = self.examples.setdefault(kind, [])
+        if len(ex) < 5:
+            ex.append(example)
+
+    def as_dict(self) -> dict:
+        return {k: {"count": n, "examples": self.examples.get(k, [])} for k, n in sorted(self.counts.items())}
+
+
+@dataclass
+class Registry:
+    apis: list[Api]
+    source: str
+    choice: str = "full"
+    format: str = "jsonl"  # the reader(s) used: jsonl, toolbench, mcp, openai (joined with + when mixed)
+
+    def __post_init__(self) -> None:
+        self.ids = [a.id for a in self.apis]
+        self.row = {i: n for n, i in enumerate(self.ids)}
+
+    def __len__(self) -> int:
+        return len(self.apis)
+
+    def texts(self) -> list[str]:
+        return [a.text for a in self.apis]
+
+    def lookup_display(self) -> dict[str, str]:
+        """Map of `tool/api` display names (case-folded) to ids, for resolving planner output."""
+        return {a.display.casefold(): a.id for a in self.apis}
+
+
+@dataclass(frozen=True)
+class Query:
+    subset: str
+    query_id: int | str  # int when the file's id is integral (ToolBench), else the string
+    text: str
+    gold: dict[str, tuple[str, ...]]  # gold set name -> API ids

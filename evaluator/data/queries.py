@@ -1,0 +1,266 @@
+"""Query files: ToolBench `test_instruction` JSON, or your own JSONL / CSV with `query` and `gold`.
+
+Own files: one query a record with `query` (the request), `gold` (API ids `tool::api`, a JSON list or
+a `;`-separated cell), and optional `id`, `subset` (default: the file's name) and `relevant` (a
+stricter second gold set; default: the same as `gold`). Query ids of any JSON type are normalised:
+integral numbers and canonical integer strings become ints (so `"7"` and `7` are the same id), any
+other id is a string; within a subset ids are all ints or, if any is not, all strings. A repeated id
+within a subset is an error naming both records.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import toolbench
+from .model import GOLD_SETS, DataError, Query, Registry, Warnings
+from .source import get_str, json_type, parse_csv, parse_json, parse_jsonl, read_text, reading, stem
+
+QUERY_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".tsv")
+QUERY_DIRS = ("queries", "data/test_instruction", "test_instruction")
+_INT_RE = re.compile(r"-?(?:0|[1-9][0-9]*)")
+
+
+@dataclass
+class RawQuery:
+    where: str
+    subset: str
+    qid: int | str  # normalised, before the per-subset type rule
+    text: str
+    gold: dict[str, tuple[str, ...]]
+    defaulted: bool  # the id is the record's position: the file gave none
+    one_gold: bool = False  # an own file without `relevant`: both gold sets are `gold`
+
+
+def _is_query_name(p: Path) -> bool:
+    n = p.name.lower()
+    return p.is_file() and any(n.endswith(s) or n.endswith(s + ".gz") for s in QUERY_SUFFIXES)
+
+
+def find_query_files(path: Path) -> list[Path]:
+    """Query files of a data folder: its queries/ (or ToolBench's test_instruction/) folder, else the
+    folder's own queries*.jsonl/csv/json and *_instruction.json files."""
+    path = Path(path)
+    with reading(path):
+        for rel in QUERY_DIRS:
+            d = path / rel
+            files = sorted(p for p in d.iterdir() if _is_query_name(p)) if d.is_dir() else []
+            if files:
+                return files
+        if path.is_dir():
+            top = sorted(p for p in path.iterdir() if _is_query_name(p))
+            named = [p for p in top if stem(p).lower().startswith("queries") or stem(p).endswith("_instruction")]
+            if named:
+                return named
+    raise DataError(
+        f"No query files under {path}: expected a queries/ folder, queries.jsonl or queries.csv "
+        f"(query, gold columns), or ToolBench's data/test_instruction/*.json."
+    )
+
+
+def select_subsets(files: Iterable[Path], wanted: list[str] | None) -> list[Path]:
+    """`wanted` holds file stems or prefixes such as `G1`; None keeps every file."""
+    files = list(files)
+    if not wanted:
+        return files
+    out: list[Path] = []
+    for w in wanted:
+        match = [f for f in files if stem(f) == w] or [f for f in files if stem(f).startswith(w)]
+        if not match:
+            raise DataError(f"Subset {w!r} matches no query file; available: {', '.join(stem(f) for f in files)}.")
+        out += [f for f in match if f not in out]
+    return out
+
+
+def normalise_qid(value: object, where: str) -> int | str | None:
+    """An id of any JSON type as int (integral numbers, canonical integer strings) or str; None if absent."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, list, dict)):
+        raise DataError(f"{where}: a query id must be a string or a number, not {json_type(value)}.")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise DataError(f"{where}: a query id must be a finite number or a string, not {value}.")
+        return int(value) if value.is_integer() else repr(value)
+    if isinstance(value, str):
+        s = value.strip()
+        if not s:
+            return None
+        return int(s) if _INT_RE.fullmatch(s) else s
+    raise DataError(f"{where}: a query id must be a string or a number, not {type(value).__name__}.")
+
+
+def _gold_list(value: object, where: str, column: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items = value.split(";")
+    elif isinstance(value, list):
+        bad = next((v for v in value if not isinstance(v, str)), None)
+        if bad is not None:
+            raise DataError(f"{where}: '{column}' entries must be API id strings (tool::api), not {json_type(bad)}.")
+        items = value
+    else:
+        raise DataError(
+            f"{where}: '{column}' must be a list of API ids or one ';'-separated string, not {json_type(value)}."
+        )
+    ids = [i.strip() for i in items if i.strip()]
+    return tuple(dict.fromkeys(ids))
+
+
+def _own_record(where: str, rec: dict, position: int, subset: str) -> RawQuery:
+    text = get_str(rec, "query", where, required=True)
+    if "gold" not in rec:
+        raise DataError(f"{where}: missing 'gold' (the expected API ids, tool::api, as a list or ';'-separated).")
+    gold = _gold_list(rec["gold"], where, "gold")
+    relevant = _gold_list(rec.get("relevant"), where, "relevant")
+    one_gold = not relevant  # no stricter set given: both gold sets are `gold`
+    raw_id = rec.get("id", rec.get("query_id"))
+    qid = normalise_qid(raw_id, where)
+    sub = (get_str(rec, "subset", where) or "").strip()
+    if sub and (not sub.isprintable() or any(c in sub for c in "/\\")):
+        # Subset names become parts of output names (figures, tables): keep them plain.
+        raise DataError(f"{where}: subset {sub!r} may not contain '/', '\\' or control characters.")
+    return RawQuery(where, sub or subset, position if qid is None else qid, text,
+                    {"api_list": gold, "relevant": gold if one_gold else relevant}, qid is None, one_gold)
+
+
+def _toolbench_record(where: str, rec: object, n: int, subset: str) -> RawQuery:
+    if not isinstance(rec, dict) or not isinstance(rec.get("query"), str):
+        raise DataError(f"{where}: needs a string 'query' (ToolBench test_instruction format).")
+    qid = normalise_qid(rec.get("query_id"), where)
+    return RawQuery(where, subset, n if qid is None else qid, rec["query"], toolbench.gold_ids(where, rec), qid is None)
+
+
+def read_query_file(path: Path) -> list[RawQuery]:
+    """Every record of one query file, validated; raises DataError at the first bad one."""
+    path = Path(path)
+    subset = stem(path)
+    with reading(path):
+        text = read_text(path)
+        name = path.name.lower().removesuffix(".gz")
+        if name.endswith((".csv", ".tsv")):
+            rows = parse_csv(path, text, ("query", "gold"))
+            return [_own_record(w, r, n, subset) for n, (w, r) in enumerate(rows, 1)]
+        if name.endswith((".jsonl", ".ndjson")):
+            recs = parse_jsonl(path, text)
+            if recs and toolbench.is_query_record(recs[0][1]):
+                return [_toolbench_record(w, r, n, subset) for n, (w, r) in enumerate(recs)]
+            return [_own_record(w, r, n, subset) for n, (w, r) in enumerate(recs, 1)]
+        doc = parse_json(path, text, "a JSON list of queries (name the file .jsonl for one query a line)")
+        if not isinstance(doc, list):
+            raise DataError(
+                f"{path}: expected a JSON list of queries (ToolBench test_instruction format, or records with "
+                f"query and gold), got {json_type(doc)}."
+            )
+        if doc and isinstance(doc[0], dict) and not toolbench.is_query_record(doc[0]):
+            out = []
+            for n, r in enumerate(doc):
+                where = f"{path} record {n}"
+                if not isinstance(r, dict):
+                    raise DataError(f"{where}: expected an object with query and gold, got {json_type(r)}.")
+                out.append(_own_record(where, r, n + 1, subset))
+            return out
+        return [_toolbench_record(f"{path} record {n}", r, n, subset) for n, r in enumerate(doc)]
+
+
+def _unify_ids(raws: list[RawQuery]) -> None:
+    """Within a subset ids are all ints or all strings (outputs sort by them); then no id repeats."""
+    by_subset: dict[str, list[RawQuery]] = {}
+    for r in raws:
+        by_subset.setdefault(r.subset, []).append(r)
+    for subset, group in by_subset.items():
+        if any(isinstance(r.qid, str) for r in group):
+            for r in group:
+                r.qid = str(r.qid)
+        first: dict[int | str, RawQuery] = {}
+        for r in group:
+            prior = first.setdefault(r.qid, r)
+            if prior is not r:
+                how = " (its position: the record has no id)" if r.defaulted else ""
+                raise DataError(
+                    f"{r.where}: query id {r.qid!r}{how} repeats {prior.where} in subset {subset!r}; "
+                    "give every query a unique id."
+                )
+
+
+def _pick_subsets(raws: list[RawQuery], wanted: list[str] | None) -> list[RawQuery]:
+    if not wanted:
+        return raws
+    names = list(dict.fromkeys(r.subset for r in raws))
+    keep: set[str] = set()
+    for w in wanted:
+        match = [s for s in names if s == w] or [s for s in names if s.startswith(w)]
+        if not match:
+            raise DataError(f"Subset {w!r} matches no query subset; available: {', '.join(names)}.")
+        keep.update(match)
+    return [r for r in raws if r.subset in keep]
+
+
+def finish(
+    raws: list[RawQuery], registry: Registry | None, warnings: Warnings, limit: int | None
+) -> list[Query]:
+    """Skip empty gold sets (counted), keep the first `limit` per subset, count gold ids the registry lacks."""
+    out: list[Query] = []
+    per_subset: dict[str, int] = {}
+    for r in raws:
+        if limit and per_subset.get(r.subset, 0) >= limit:
+            continue
+        if not r.gold["api_list"]:
+            warnings.add("empty_gold", f"{r.where} (query_id {r.qid}) has an empty gold set; skipped")
+            continue
+        if registry is not None:
+            for g in GOLD_SETS:
+                if g != GOLD_SETS[0] and r.one_gold:
+                    continue  # the same set as the first: its missing ids are counted once
+                for a in r.gold[g]:
+                    if a not in registry.row:
+                        # Kept in the gold set: a retriever that cannot find it should be scored as missing it.
+                        warnings.add(f"gold_not_in_registry_{g}", f"{r.where} (query_id {r.qid}): {a}")
+        per_subset[r.subset] = per_subset.get(r.subset, 0) + 1
+        out.append(Query(subset=r.subset, query_id=r.qid, text=r.text, gold=r.gold))
+    return out
+
+
+def load_queries(
+    path: Path, registry: Registry | None = None, warnings: Warnings | None = None, limit: int | None = None
+) -> list[Query]:
+    """One query file (may be empty)."""
+    raws = read_query_file(Path(path))
+    _unify_ids(raws)
+    return finish(raws, registry, warnings if warnings is not None else Warnings(), limit)
+
+
+def _expand(p: Path) -> list[Path]:
+    """A folder given as a query path stands for its query files (else a data folder's)."""
+    if not p.is_dir():
+        return [p]
+    with reading(p):
+        files = sorted(f for f in p.iterdir() if _is_query_name(f))
+    return files or find_query_files(p)
+
+
+def load_query_files(
+    paths: Iterable[str | Path], registry: Registry | None = None, warnings: Warnings | None = None,
+    limit: int | None = None, subsets: list[str] | None = None,
+) -> list[Query]:
+    """Every query of every file (a folder: its query files), validated together (ids unique per subset);
+    an empty result is an error."""
+    paths = [f for p in paths for f in _expand(Path(p))]
+    if not paths:
+        raise DataError("No query file given; pass --queries FILE... or a --data folder with queries.")
+    raws = [r for p in paths for r in read_query_file(p)]
+    _unify_ids(raws)
+    raws = _pick_subsets(raws, subsets)
+    queries = finish(raws, registry, warnings if warnings is not None else Warnings(), limit)
+    if not queries:
+        names = ", ".join(str(p) for p in paths)
+        why = "every query has an empty gold set" if raws else "the files hold no query"
+        raise DataError(f"No query to run in {names}: {why}; add queries with a non-empty gold set.")
+    return queries

@@ -1,0 +1,193 @@
+"""Finding and reading a registry in any supported format, with the format detected from content.
+
+Formats: `jsonl` (the project's and ToolBench's one API a line), `toolbench` (the `toolenv/tools`
+tree), `mcp` (tools/list results) and `openai` (function-calling definitions). A folder of tool files
+mixes formats freely; each file is detected on its own unless `fmt` forces one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import mcp, openai, toolbench
+from .model import REGISTRY_CHOICES, Api, DataError, Registry, Warnings
+from .source import json_type, parse_json, parse_jsonl, read_text, reading, stem
+
+TOOLS_FORMATS = ("auto", "jsonl", "toolbench", "mcp", "openai")
+TOOL_SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz")
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
+# Where a data folder keeps its registry, in the order they are tried.
+CANDIDATES = (
+    "registry/apis.jsonl.gz", "registry/apis.jsonl", "apis.jsonl.gz", "apis.jsonl",
+    "data/toolenv/tools", "toolenv/tools",
+    "tools", "tools.json", "tools.jsonl", "tools.jsonl.gz", "registry",
+)
+Entry = tuple[str, Api]
+
+
+def _is_tool_file(p: Path) -> bool:
+    name = p.name.lower()
+    return p.is_file() and name.endswith(TOOL_SUFFIXES) and not _is_query_file(p)
+
+
+def _is_query_file(p: Path) -> bool:
+    # Query files may sit next to loose tool files in a data folder; they are never tool definitions.
+    s = stem(p).lower()
+    return s.startswith("queries") or s.endswith("_instruction")
+
+
+def _is_tree(d: Path) -> bool:
+    return any(p.is_dir() and any(p.glob("*.json")) for p in d.iterdir())
+
+
+def locate(path: Path, fmt: str = "auto") -> tuple[str, Path]:
+    """('file' | 'folder' | 'tree', where) for a registry file, a folder of tool files or a data folder."""
+    if not path.exists():
+        raise DataError(f"{path}: no such file or folder; check the path.")
+    if path.is_file():
+        return "file", path
+    with reading(path):
+        for rel in CANDIDATES:
+            c = path / rel
+            if c.is_file():
+                return "file", c
+            if c.is_dir():
+                return ("tree" if fmt == "toolbench" or _is_tree(c) else "folder"), c
+        if fmt == "toolbench" or _is_tree(path):
+            return "tree", path
+        if any(_is_tool_file(p) for p in path.iterdir()):
+            return "folder", path
+    raise DataError(
+        f"No registry found under {path}. Looked for: {', '.join(CANDIDATES)}, a ToolBench <Category>/<tool>.json "
+        f"tree, or tool definition files ({', '.join(TOOL_SUFFIXES)})."
+    )
+
+
+def _records(path: Path) -> tuple[dict | None, list[tuple[str, object]]]:
+    """(container object or None, its tool records each with where it is)."""
+    text = read_text(path)
+    name = path.name.lower()
+    if name.endswith(JSONL_SUFFIXES):
+        return None, list(parse_jsonl(path, text))
+    if not name.endswith((".json", ".json.gz")) and _several_lines(text):
+        try:
+            json.loads(text)
+        except (ValueError, RecursionError):
+            return None, list(parse_jsonl(path, text))  # another suffix holding one record a line
+    doc = parse_json(path, text, "a JSON list or object of tool definitions (or use .jsonl for one a line)")
+    if isinstance(doc, list):
+        return None, [(f"{path} record {n}", r) for n, r in enumerate(doc)]
+    if not isinstance(doc, dict):
+        raise DataError(f"{path}: expected a JSON object or list of tool definitions, got {json_type(doc)}.")
+    container = doc
+    if isinstance(doc.get("result"), dict) and "tools" in doc["result"]:  # a JSON-RPC tools/list response
+        container = {**doc["result"], **({"server": doc["server"]} if "server" in doc else {})}
+    key = next((k for k in openai.LIST_KEYS if k in container), None)
+    if key is None:
+        return None, [(str(path), doc)]  # one tool definition
+    items = container[key]
+    if not isinstance(items, list):
+        raise DataError(f"{path}: '{key}' must be a list of tool definitions, not {json_type(items)}.")
+    return container, [(f"{path} {key}[{n}]", r) for n, r in enumerate(items)]
+
+
+def _several_lines(text: str) -> bool:
+    return sum(1 for ln in text.split("\n") if ln.strip()) > 1
+
+
+def detect(container: dict | None, records: list[tuple[str, object]]) -> str:
+    if container is not None and "server" in container:
+        return "mcp"
+    if container is not None and "tools" not in container:
+        return "openai"  # functions / functionDeclarations
+    first = next((r for _, r in openai.flatten(records[:1])), None) if records else None
+    if mcp.is_tool(first):
+        return "mcp"
+    if openai.is_function(first) or (isinstance(first, dict) and any(k in first for k in openai.LIST_KEYS[2:])):
+        return "openai"
+    if isinstance(first, dict) and ("tool_name" in first or "api_name" in first):
+        return "jsonl"
+    if container is not None:
+        return "mcp"  # a tools/list result whose tools lack inputSchema
+    if first is None:
+        return "jsonl"  # an empty file: nothing to tell, nothing to read
+    shown = json.dumps(first)[:120] if isinstance(first, dict) else json_type(first)
+    raise DataError(
+        f"{records[0][0]}: cannot tell the registry format from this record ({shown}); expected an MCP tool "
+        "(name, inputSchema), an OpenAI function ({\"type\": \"function\", \"function\": {...}}) or a JSONL "
+        "record (tool_name, api_name). Force one with --tools-format mcp|openai|jsonl."
+    )
+
+
+def read_file(path: Path, fmt: str = "auto") -> tuple[str, list[Entry]]:
+    """(format used, the file's APIs)."""
+    if fmt == "toolbench":
+        raise DataError(f"{path}: --tools-format toolbench reads a ToolBench tools folder (<Category>/<tool>.json), not a file.")
+    with reading(path):
+        container, records = _records(path)
+        used = detect(container, records) if fmt == "auto" else fmt
+        if used == "mcp":
+            server = mcp.server_name(container or {}, str(path), stem(path))
+            return used, mcp.apis(records, server)
+        if used == "openai":
+            return used, openai.apis(records, stem(path))
+        out: list[Entry] = []
+        for where, rec in records:
+            if not isinstance(rec, dict):
+                raise DataError(f"{where}: expected a JSON object (tool_name, api_name, ...), got {json_type(rec)}.")
+            out.append((where, toolbench.jsonl_api(where, rec)))
+        return used, out
+
+
+def read_entries(path: Path, fmt: str = "auto") -> tuple[str, Path, list[Entry]]:
+    """(formats used, the file or folder read, its APIs in file order)."""
+    if fmt not in TOOLS_FORMATS:
+        raise DataError(f"Unknown tools format {fmt!r}; use one of {', '.join(TOOLS_FORMATS)}.")
+    kind, found = locate(path, fmt)
+    if kind == "tree":
+        return "toolbench", found, toolbench.tree_apis(found)
+    if kind == "file":
+        used, entries = read_file(found, fmt)
+        return used, found, entries
+    files = sorted(p for p in found.iterdir() if _is_tool_file(p))
+    if not files:
+        raise DataError(f"{found}: no tool definition files ({', '.join(TOOL_SUFFIXES)}) in this folder.")
+    formats: list[str] = []
+    entries: list[Entry] = []
+    for f in files:
+        used, more = read_file(f, fmt)
+        formats += [used] if used not in formats else []
+        entries += more
+    return "+".join(sorted(formats)), found, entries
+
+
+def load_registry(
+    path: str | Path, choice: str = "full", warnings: Warnings | None = None, fmt: str | None = "auto"
+) -> Registry:
+    """Read a registry file or folder; `described` keeps only APIs that have a description."""
+    if choice not in REGISTRY_CHOICES:
+        raise DataError(f"Unknown registry choice {choice!r}; use one of {', '.join(REGISTRY_CHOICES)}.")
+    warnings = warnings if warnings is not None else Warnings()
+    used, found, entries = read_entries(Path(path), fmt or "auto")
+    apis: list[Api] = []
+    seen: dict[str, tuple[str, int]] = {}
+    for where, api in entries:
+        if api.id in seen:
+            first_where, pos = seen[api.id]
+            # Keep the first record (or the first described one): a later duplicate never wins silently.
+            warnings.add("duplicate_api", f"{where} repeats {api.id!r} from {first_where}")
+            if apis[pos].description is None and api.description is not None:
+                apis[pos] = api
+                seen[api.id] = (where, pos)
+            continue
+        seen[api.id] = (where, len(apis))
+        apis.append(api)
+    if not apis:
+        raise DataError(f"{found}: the registry holds no API.")
+    if choice == "described":
+        kept = [a for a in apis if a.description is not None]
+        if not kept:
+            raise DataError(f"{found}: no API has a description, so the 'described' registry is empty.")
+        apis = kept
+    return Registry(apis=apis, source=str(found), choice=choice, format=used)

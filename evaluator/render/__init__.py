@@ -1,0 +1,1 @@
+"""Rendering: analyses' typed results -> `report.md` sections and PNG figures. Computes nothing, reads no file."""

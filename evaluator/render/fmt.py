@@ -1,0 +1,77 @@
+"""The one number format of the report, and the Markdown table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..analysis.stats import Row, Test
+
+DASH = "–"
+
+
+def fnum(x: float | None, digits: int = 3) -> str:
+    """A number with `digits` decimals and its leading zero (`0.512`); a dash when undefined."""
+    return DASH if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def fpct(x: float | None, digits: int = 1) -> str:
+    return DASH if x is None or not math.isfinite(x) else f"{100 * x:.{digits}f}%"
+
+
+def fint(x: float | None) -> str:
+    return DASH if x is None or not math.isfinite(x) else f"{x:,.0f}"
+
+
+def mean_pm(mean: float | None, std: float | None, digits: int = 3, pct: bool = False) -> str:
+    """'mean±std' (or just the mean when there is no std)."""
+    if mean is None:
+        return DASH
+    f = fpct if pct else fnum
+    return f(mean, digits) + (f"±{f(std, digits)}" if std is not None else "")
+
+
+def fms(row: Row | None, digits: int = 3, pct: bool = False) -> str:
+    return DASH if row is None else mean_pm(row.mean, row.std, digits, pct)
+
+
+def format_p(p: float | None) -> str:
+    if p is None or not math.isfinite(p):
+        return DASH
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def ptest(t: Test | None) -> str:
+    if t is None:
+        return DASH
+    p = format_p(t.pvalue)
+    return p if p == DASH else f"{p}{t.stars}" if t.stars != "n.s." else f"{p} n.s."
+
+
+def bold(s: str, on: bool) -> str:
+    return f"**{s}**" if on and s != DASH else s
+
+
+def better(a: Row | None, b: Row | None) -> tuple[bool, bool]:
+    """Which of two rows has the higher mean (for bold); neither on a tie or a missing value."""
+    if a is None or b is None or a.mean is None or b.mean is None or a.mean == b.mean:
+        return False, False
+    return a.mean > b.mean, b.mean > a.mean
+
+
+def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def section(title: str, caption: str, body: str) -> str:
+    return f"### {title}\n\n_{caption}_\n\n{body}\n"
+
+
+def simulated_note(models: Sequence[str]) -> str:
+    if not models:
+        return ""
+    names = ", ".join(f"`{m}`" for m in models)
+    return (f"> **SIMULATED LLM ({names}):** the LLM was simulated by a heuristic, so these numbers measure "
+            "the pipeline, not a language model.\n")

@@ -1,0 +1,211 @@
+"""`report.md` composed from values: the run's meta, the main study's result, and the scaling and
+routing sections as already-rendered text. Reads and writes no file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..analysis.main import MainResult
+from ..batch.report import cost_section_md
+from ..data import EMBED_TEXT_RULE
+from ..schema import Meta
+from . import tables as T
+from .fmt import table
+
+DECISIONS = [
+    "Gold sets: every retrieval table is given for `api_list` (paper-comparable default) and then for "
+    "`relevant`.",
+    "Precision@k divides by the nominal k even when fewer than k APIs were retrieved (PtR with no stub).",
+    "RtP retrieval is deterministic: computed once per query (rows with model = null, one value, no std); "
+    "`checks.rtp_inconsistent_queries` in summary.json counts queries whose saved RtP lists differ "
+    "between records.",
+    "Across runs: mean and sample standard deviation (ddof = 1); with one run the std is empty.",
+    "Pass rate: the plan selects at least one of the APIs offered to it (a name it made up is no selection; "
+    "older records without `selected_offered` count any selection). A planner reply that could not be parsed counts as "
+    "no selection (a planner outcome); a call that failed for good after retries (`llm_error`) is an "
+    "infrastructure outcome and is excluded from the planner metrics (counted under Errors). A discovery "
+    "call that failed for good excludes that query from PtR retrieval, stub and planner metrics.",
+    "Selection rate = |selected ∩ R| / |R| with R the k APIs shown to the planner (undefined, so excluded, "
+    "when R is empty); fidelity = |selected ∩ R| / |selected|, excluded when nothing was selected. Both are "
+    "means over queries.",
+    "Jaccard of planner-selected sets: two empty selections are the same (empty) intended trajectory and "
+    "score 1.0; the share of such queries is shown as 'both refused'.",
+    "Complete miss: R ∩ G = ∅ at the main k. On a miss the planner 'used a wrong tool' if it selected "
+    "anything and 'refused' if it selected nothing without a parse error.",
+    "Match% and stub cosine are pooled over stubs (not averaged per query); a stub's match is its top-1 "
+    "API being gold. Stubs that copy the discovery prompt's own example (`search_flights`; flagged "
+    "`example_copy` in queries.jsonl) are left out of Match% and the cosines. Unique% = distinct stub names / all stub names per subset and run (names "
+    "lower-cased and stripped), then averaged over runs.",
+    "Budget-equivalent k (Table 5): the k of the ablation nearest to PtR's mean effective search width at "
+    "the main k (ties to the smaller k).",
+    "Win/loss counts and the Wilcoxon test use per-query values averaged over runs (RtP retrieval is one "
+    "value), computed as exact fractions so that equal averages tie; Wilcoxon `zero_method='wilcox'` drops tied queries, exact null distribution for up to 50 "
+    "untied differences, tie-corrected normal approximation otherwise; p is '–' when no query differs.",
+    "t-tests: one-sample (PtR per-run means vs the RtP value) for precision/recall, Student's two-sample "
+    "for pass rate; with one run or zero run-to-run variance the p-value is undefined and shown as '–'.",
+    "Significance: * p < .05, ** p < .01, *** p < .001, n.s. otherwise (as in the paper).",
+    "PtR: every stub is searched to the largest k of the ablation, so the re-ranked union's first k "
+    "entries are exactly TopK_t max_s sim(s, d_t) at every k. A query whose discovery reply yields no "
+    "stub retrieves nothing and gets no planner call (counted in Gen%), unless `fallback_to_query` is on.",
+    "Prompts are this project's own (evaluator/prompts.py; the paper's verbatim prompts are not in the "
+    "available text); their versions are part of the response-cache key. The planner sees the main-k "
+    "retrieved APIs as `tool/api: description`; its selections are mapped back to registry ids by exact, "
+    "normalised, then close (difflib >= 0.85) name matching; a name that matches nothing offered is "
+    "looked up in the registry, else kept as written (it counts against fidelity).",
+]
+
+
+def warnings_md(w: Mapping[str, Any]) -> str:
+    """Counted data problems, as the data loader writes them: kind -> {count, examples}."""
+    if not w:
+        return "No data warnings.\n"
+    items = [(str(k), _warning_cell(v)) for k, v in sorted(w.items())]
+    return "\n".join(f"- {k}: {v if not isinstance(v, list | dict) else len(v)}" for k, v in items) + "\n"
+
+
+def _warning_cell(v: Any) -> Any:
+    """`{"count": n, "examples": [...]}` (the data loader's form) -> 'n (e.g. ...)'; other values as given."""
+    if isinstance(v, Mapping) and "count" in v:
+        ex = [str(e) for e in (v.get("examples") or [])[:3]]
+        return f"{v['count']}" + (f" (e.g. {'; '.join(ex)})" if ex else "")
+    return v
+
+
+def llm_stats_md(st: Mapping[str, Any]) -> str:
+    if not st:
+        return ""
+    cols = sorted({k for v in st.values() if isinstance(v, Mapping) for k, x in v.items()
+                   if isinstance(x, int | float | str | bool) or x is None})
+    body = [[str(m)] + [_cell(v.get(col)) for col in cols] for m, v in sorted(st.items()) if isinstance(v, Mapping)]
+    return "## LLM accounting\n\n" + table(["model"] + cols, body) + "\n"
+
+
+def _cell(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return "–" if x is None else str(x)
+
+
+def run_decisions(meta: Meta, result: MainResult) -> list[str]:
+    """The decisions that depend on this run, stated from it (never fixed numbers)."""
+    reg = meta.registry
+    size = f"{reg.size:,}" if isinstance(reg.size, int) else "?"
+    how = ("every API; an API without a description is embedded as `{tool_name}/{api_name}: `" if reg.choice == "full"
+           else "only APIs with a description" if reg.choice == "described" else reg.choice)
+    qps = result.summary.checks.get("queries_per_subset", {})
+    subsets = ", ".join(f"{s} ({n})" for s, n in qps.items()) or "none"
+    temps = sorted({str(m.profile.get("temperature")) for m in meta.models if "temperature" in m.profile})
+    out = [
+        f"Registry: {size} APIs{f' ({reg.format})' if reg.format else ''}, choice `{reg.choice}` ({how}). "
+        "The paper used 46,984 ToolBench APIs.",
+        f"Embedded text: {EMBED_TEXT_RULE}",
+        f"Queries: {sum(qps.values())} in {len(qps)} subset(s): {subsets}. The paper used 200/200/100 "
+        "queries for G1/G2/G3.",
+        f"Embedder: `{meta.embedder}`, {meta.backend} {meta.precision} (the paper: gte-base, 768-d); vectors are "
+        "L2-normalised; search is exact inner product (faiss.IndexFlatIP), re-scored in float64 so results do "
+        "not depend on how queries were batched; exact ties go to the higher registry row, as FAISS orders them.",
+    ]
+    if meta.models:
+        out.append(f"Sampling: temperature {', '.join(temps) or 'as in each profile'}; the run index is sent as "
+                   "`seed` and is part of the cache key, so N runs are N samples (providers that ignore the "
+                   "seed still vary, as the paper observed).")
+    return out
+
+
+def _model_desc(m: str, labels: T.Labels) -> str:
+    bits = [labels.model_ids[m]] if m in labels.model_ids else []
+    bits += ["simulated"] if m in labels.simulated else []
+    return f"`{m}`" + (f" ({', '.join(bits)})" if bits else "")
+
+
+def labels_of(meta: Meta, models: Sequence[str]) -> T.Labels:
+    # the bundled simulator is simulated whatever meta says (an output folder with a bare meta.json)
+    simulated = set(meta.simulated_models) | {m for m in models if m == "sim"}
+    size = meta.registry.size
+    return T.Labels(simulated=simulated & set(models) if models else simulated, embedder=meta.embedder,
+                    registry_size=f"{size:,}" if isinstance(size, int) else "?",
+                    registry_choice=meta.registry.choice, runs=str(meta.runs),
+                    model_ids={m.name: m.model for m in meta.models if m.model and m.model != m.name})
+
+
+def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), figures: Sequence[str] = (),
+            skipped: Sequence[str] = ()) -> str:
+    """`sections`: extra Markdown sections (scaling, routing) in order; `figures`: file names under
+    figures/; `skipped`: one line per table or analysis that could not be made, with why."""
+    summary = result.summary
+    models = sorted({m.name for m in meta.models} | set(summary.models))
+    labels = labels_of(meta, models)
+    c = T.Ctx(result, labels)
+    out: list[str] = ["# Tool discovery: Retrieve-then-Plan vs Plan-then-Retrieve\n"]
+    for m in models:
+        if m in labels.simulated:
+            out.append(f"> **SIMULATED LLM — model `{m}`:** the LLM was simulated by a heuristic, so its numbers "
+                       "measure the pipeline, not a language model.\n")
+    qps = summary.checks.get("queries_per_subset", {})
+    out.append("\n".join([
+        f"- Models: {', '.join(_model_desc(m, labels) for m in models) or 'none (retrieval only)'}",
+        f"- Embedder: `{labels.embedder}`",
+        f"- Registry: {labels.registry_size} APIs, choice `{labels.registry_choice}`",
+        "- Gold: `api_list` (every API of the tools sampled for the query; paper-comparable, shown first) and "
+        "`relevant` (APIs the reference solution needs)" if len(result.golds) > 1 else
+        f"- Gold: one set per query, `{result.golds[0] if result.golds else 'none'}` (see the skipped tables)",
+        f"- Runs: {labels.runs}; main k = {result.k}; ablation ks = {', '.join(map(str, result.ks))}",
+        f"- Subsets: {', '.join(f'{s} (n={n})' for s, n in qps.items())}",
+        f"- Records: {summary.checks.get('records', 0)}; evaluator version {meta.version}",
+    ]) + "\n")
+    if summary.checks.get("rtp_inconsistent_queries"):
+        out.append(f"> **Warning:** {summary.checks['rtp_inconsistent_queries']} records carry an RtP retrieved "
+                   "list that differs from another record of the same query; RtP rows use the first.\n")
+
+    out.append("## Retrieval: k-ablation\n")
+    for m in models or [None]:
+        for gold in result.golds:
+            out.append(T.table1(c, m, gold))
+            if m is None:
+                out.append(T.table1(c, m, gold, "precision"))
+    for m in models:
+        if not (T.has(summary, m, "ptr") or T.has(summary, m, "rtp")):
+            continue
+        out.append(f"## Model `{m}`" + (" (simulated LLM)" if m in labels.simulated else "") + "\n")
+        if m in result.contrasts:
+            out.append(T.table2(c, result.contrasts[m]))
+        for gold in result.golds:
+            out.append(T.table3(c, m, gold))
+        for gold in result.golds:
+            out.append(T.table11(c, m, gold))
+        if T.has(summary, m, "ptr"):
+            for gold in result.golds:
+                out.append(T.table4(c, m, gold))
+            for gold in result.golds:
+                out.append(T.table5(c, m, gold))
+        out.append(T.table6(c, m))
+        if T.has(summary, m, "both"):
+            out.append(T.table7(c, m))
+        out.append(T.table8(c, m))
+        if m in result.trajectories:
+            out.append(T.table9(c, result.trajectories[m], m))
+        out.append(T.errors_table(c, m))
+    if not models:
+        out.append(T.errors_table(c, None))
+
+    if figures:
+        out.append("## Figures\n\n" + "\n".join(f"![{f.rsplit('.', 1)[0]}](figures/{f})" for f in figures) + "\n")
+    out.append("## Data warnings\n\n" + warnings_md(meta.warnings))
+    if st := llm_stats_md(meta.llm_stats):
+        out.append(st)
+    if cost := cost_section_md(meta.cost, meta.batch):
+        out.append(cost)
+    all_skipped = [*result.skipped, *skipped]
+    out.append("## Skipped tables and analyses\n\n" + ("\n".join(f"- {s}" for s in all_skipped) if all_skipped
+                                                         else "None: every table and analysis was made.") + "\n")
+    out.append("## Decisions\n\n" + "\n".join(f"- {d}" for d in [*run_decisions(meta, result), *DECISIONS]) + "\n")
+    out.append("## summary.json\n\n`rows`: one row per (model, subset, arch, metric, k, gold) with `mean`, `std` "
+               "(sample, null with one value) and `values` (per-run means; RtP retrieval: model null, one value; "
+               "`wins`/`ties`: one count on run-averaged recall; `recall_win_rtp`/`recall_win_ptr`/`recall_tie`: per-run "
+               "fractions of queries). `tests`: one entry per test (`ttest_1samp`, `ttest_ind`, `wilcoxon`) "
+               "with statistic, p-value (null when undefined), stars and n. `checks`: record counts and "
+               "consistency checks. `meta`: only what the numbers depend on (paths, timings and accounting "
+               "are in meta.json).\n")
+    out.extend(s.rstrip() + "\n" for s in sections)
+    return "\n".join(out)

@@ -1,0 +1,163 @@
+"""The routing study's section and figure, from a `RoutingResult`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..analysis.routing import ARCH_LABEL, SIGNALS, RoutingResult
+from ..schema import GOLDS
+from .fmt import DASH, fint, mean_pm, simulated_note, table
+
+
+def _f(o: Mapping[str, Any], name: str, digits: int = 3) -> str:
+    m, s = o[name]["mean"], o[name]["std"]
+    if m is None or (isinstance(m, float) and math.isnan(m)):
+        return DASH
+    return mean_pm(m, s, digits) if digits else fint(m)
+
+
+def _tau(signal: str, tau: float) -> str:
+    if math.isinf(tau):
+        # ±inf are the "always" policies: say which, not the symbol.
+        high = SIGNALS[signal][1] == "high"
+        return "always PtR" if (tau > 0) == high else "always RtP"
+    return f"{tau:.3f}" if signal == "score" else f"{tau:g}"
+
+
+def _saving(o: Mapping[str, Any], ptr: Mapping[str, Any], rtp: Mapping[str, Any]) -> str:
+    t, tp, tr = o["tokens"]["mean"], ptr["tokens"]["mean"], rtp["tokens"]["mean"]
+    if not tp:
+        return DASH
+    s = f"{100 * (tp - t) / tp:.1f}%"
+    if tp > tr:
+        s += f" ({100 * (tp - t) / (tp - tr):.0f}%)"
+    return s
+
+
+def section_md(result: RoutingResult) -> str:
+    meta = result.meta
+    k = meta["k"]
+    out = ["## Complexity-adaptive routing (beyond the paper)\n"]
+    if note := simulated_note(meta.get("simulated_models") or []):
+        out.append(note)
+    out.append("\n".join([
+        f"- Models: {', '.join(f'`{m}`' for m in meta['models'])}; recall@{k} and precision@{k} per run, "
+        "mean ± std over runs; both gold sets (`api_list` paper-comparable; `relevant` stricter).",
+        "- Score router: RtP when RtP's top-1 cosine ≥ τ, else PtR. Proxies (computable before any call): "
+        "RtP when the query has at most θ words / clauses (clauses: sentence ends and conjunctions such as "
+        "*and*, *also*, *then*).",
+        "- Tokens: mean per query; a query sent to RtP pays its RtP planner call only, one sent to PtR pays "
+        "discovery + PtR planner. *Saving* is against always-PtR, in parentheses the share of PtR's extra "
+        "(discovery-driven) tokens avoided.",
+        "- Objective to choose τ: maximise mean recall, ties broken by fewer tokens. Candidates are midpoints "
+        "between observed values of the tuning queries plus ±inf (= always RtP / always PtR).",
+        "- Oracle: each subset sent wholesale to its better architecture (by mean recall), chosen on the "
+        "queries it is scored on: an upper reference, not a deployable router.",
+        f"- Held-out: (a) {split_text(meta)}; (b) {meta['folds']}-fold cross-validation (folds stratified by "
+        f"subset, seed {meta['fold_seed']}): every query is routed by a τ chosen without its fold.",
+    ]) + "\n")
+    for model, res in result.models.items():
+        sim = " (simulated LLM)" if model in (meta.get("simulated_models") or []) else ""
+        if res["excluded_run_queries"]:
+            out.append(f"`{model}`: {res['excluded_run_queries']} (run, query) pairs left out (PtR discovery "
+                       "failed for good, or a record is missing).\n")
+        for gold in GOLDS:
+            b = res["baselines"][gold]
+            subs = sorted(b["oracle"]["choice"])
+            header = ["policy", "threshold", "to RtP", f"R@{k}", f"P@{k}", "tokens/query", "saving vs PtR",
+                      "to RtP by subset"]
+            body = []
+            for name, o in (("always RtP", b["always_rtp"]), ("always PtR", b["always_ptr"])):
+                body.append([name, "–", f"{100 * o['to_rtp']:.0f}%", _f(o, f"recall:{gold}"),
+                             _f(o, f"precision:{gold}"), _f(o, "tokens", 0), _saving(o, b["always_ptr"], b["always_rtp"]), "–"])
+            o = b["oracle"]
+            body.append(["per-subset oracle", ", ".join(f"{s}→{ARCH_LABEL[c]}" for s, c in o["choice"].items()),
+                         f"{100 * o['to_rtp']:.0f}%", _f(o, f"recall:{gold}"), _f(o, f"precision:{gold}"),
+                         _f(o, "tokens", 0), _saving(o, b["always_ptr"], b["always_rtp"]), "–"])
+            for signal, (label, _d) in SIGNALS.items():
+                o = res["best_in_sample"][signal][gold]
+                by = ", ".join(f"{s} {100 * o['to_rtp_by_subset'][s]:.0f}%" for s in subs)
+                body.append([f"{label}, best τ (in-sample)", _tau(signal, o["tau"]), f"{100 * o['to_rtp']:.0f}%",
+                             _f(o, f"recall:{gold}"), _f(o, f"precision:{gold}"), _f(o, "tokens", 0),
+                             _saving(o, b["always_ptr"], b["always_rtp"]), by])
+            out.append(f"### In-sample — model `{model}`{sim}, gold `{gold}`\n\n" + table(header, body) + "\n")
+
+            header = ["evaluation", "signal", "τ (chosen on tuning queries)", "test n", "to RtP", f"R@{k}",
+                      f"P@{k}", "tokens/query", f"always RtP R@{k}", f"always PtR R@{k}", f"oracle R@{k}",
+                      "saving vs PtR"]
+            body = []
+            h = res["heldout"][gold]
+            for ev, label in (("subset_split", f"{'+'.join(meta['split']['train'])} → {'+'.join(meta['split']['test'])}"),
+                              ("cv", f"{meta['folds']}-fold CV")):
+                for signal, r in (h.get(ev) or {}).items():
+                    tb, t = r["test_baselines"], r["test"]
+                    tau = _tau(signal, r["tau"]) if "tau" in r else ", ".join(_tau(signal, x) for x in r["taus"])
+                    body.append([label, SIGNALS[signal][0], tau, str(t["n_queries"]), f"{100 * t['to_rtp']:.0f}%",
+                                 _f(t, f"recall:{gold}"), _f(t, f"precision:{gold}"), _f(t, "tokens", 0),
+                                 _f(tb["always_rtp"], f"recall:{gold}"), _f(tb["always_ptr"], f"recall:{gold}"),
+                                 _f(tb["oracle"], f"recall:{gold}"),
+                                 _saving(t, tb["always_ptr"], tb["always_rtp"])])
+            if body:
+                out.append(f"### Held-out — model `{model}`{sim}, gold `{gold}`\n\n" + table(header, body) + "\n")
+            else:
+                out.append(f"### Held-out — model `{model}`, gold `{gold}`\n\nNo held-out split possible "
+                           "(the tuning or test subsets are missing, or too few queries for the folds).\n")
+    out.append("![routing](figures/routing.png)\n")  # sections are inlined into OUT/report.md
+    return "\n".join(out)
+
+
+def figure(result: RoutingResult, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless
+    import matplotlib.pyplot as plt
+
+    meta = result.meta
+    models = list(result.models)
+    fig, axes = plt.subplots(len(models), len(GOLDS), figsize=(6 * len(GOLDS), 4.2 * len(models)),
+                             squeeze=False)
+    styles = {"score": ("#2ca02c", "o", "-"), "words": ("#9467bd", ".", "--"), "clauses": ("#8c564b", ".", ":")}
+    for mi, model in enumerate(models):
+        res = result.models[model]
+        for gi, gold in enumerate(GOLDS):
+            ax = axes[mi][gi]
+            for signal, (color, marker, ls) in styles.items():
+                pts = sorted(res["sweeps"][signal], key=lambda p: p["tokens"]["mean"])
+                ax.plot([p["tokens"]["mean"] for p in pts], [p[f"recall:{gold}"]["mean"] for p in pts],
+                        color=color, marker=marker, ls=ls, ms=3, lw=1, alpha=0.8,
+                        label=f"{SIGNALS[signal][0]} (one point per τ)")
+                best = res["best_in_sample"][signal][gold]
+                ax.scatter([best["tokens"]["mean"]], [best[f"recall:{gold}"]["mean"]], s=90, facecolors="none",
+                           edgecolors=color, linewidths=1.5, zorder=5)
+            ax.scatter([], [], s=90, facecolors="none", edgecolors="#555555", label="best τ (in-sample), circled")
+            b = res["baselines"][gold]
+            for name, key, mk, color in (("always RtP", "always_rtp", "s", "#1f77b4"),
+                                         ("always PtR", "always_ptr", "^", "#d62728"),
+                                         ("per-subset oracle", "oracle", "*", "#000000")):
+                ax.scatter([b[key]["tokens"]["mean"]], [b[key][f"recall:{gold}"]["mean"]], marker=mk, s=110,
+                           color=color, label=name, zorder=6)
+            ax.set_xlabel("tokens per query (mean)")
+            ax.set_ylabel(f"recall@{meta['k']} (gold {gold})")
+            title = f"{model}" + (" (simulated LLM)" if model in (meta.get("simulated_models") or []) else "")
+            ax.set_title(f"{title}: recall vs tokens, all queries (in-sample)", fontsize=10)
+            ax.grid(alpha=0.3)
+    # One legend under the panels: inside, it hides the sweep's points.
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.1 / len(models), 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+
+
+def split_text(meta: Mapping[str, Any]) -> str:
+    train, test = meta["split"]["train"], meta["split"]["test"]
+    if not train or not test:
+        return "no subset split (it needs at least two subsets: one to tune τ on, one to report on)"
+    return f"τ tuned on {'+'.join(train)}, reported on {'+'.join(test)} ({meta.get('split_rule', 'as set')})"

@@ -1,0 +1,323 @@
+"""The main study's tables (paper Tables 1–9 and 11, errors) as Markdown sections, from `MainResult`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ..analysis import stats as S
+from ..analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
+from ..analysis.main import MainResult
+from ..analysis.metrics import RETRIEVAL_METRICS
+from .fmt import DASH, better, bold, fms, fnum, fpct, ptest, section, table
+
+
+@dataclass
+class Labels:
+    """What every caption states about the run, resolved once from meta."""
+
+    simulated: set[str]
+    embedder: str
+    registry_size: str
+    registry_choice: str
+    runs: str
+    model_ids: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Ctx:
+    r: MainResult
+    info: Labels
+
+    @property
+    def s(self) -> S.Summary:
+        return self.r.summary
+
+    def label(self, model: str | None, gold: str | None = None) -> str:
+        bits = [f"model `{model}`" + (" (simulated LLM)" if model in self.info.simulated else "")
+                if model else "retrieval only (no LLM)"]
+        if gold:
+            bits.append(f"gold `{gold}`")
+        bits += [f"embedder `{self.info.embedder}`", f"registry {self.info.registry_size} APIs "
+                 f"({self.info.registry_choice})", f"runs {self.info.runs}", f"k = {self.r.k}"]
+        return ", ".join(bits) + self.scored(model)
+
+    def scored(self, model: str | None) -> str:
+        """n actually scored per architecture (summed over subsets and runs) and truncated replies."""
+        sc = self.r.scored
+        parts = []
+        if (rr := sc.get((None, "rtp"))) is not None:
+            parts.append(f"RtP retrieval {rr.retrieval}")
+        rtp, ptr = sc.get((model, "rtp")), sc.get((model, "ptr"))
+        if model is not None and rtp is not None:
+            parts.append(f"RtP planner {rtp.planner}")
+        if model is not None and ptr is not None:
+            parts += [f"PtR retrieval {ptr.retrieval}", f"PtR planner {ptr.planner}"]
+        text = "; n scored (summed over runs): " + ", ".join(parts) if parts else ""
+        if model is not None:
+            text += f"; truncated replies (finish_reason length): {(rtp.truncated if rtp else 0) + (ptr.truncated if ptr else 0)}"
+        return text
+
+    def n(self, subset: str) -> str:
+        return f"{subset} (n={self.s.checks.get('queries_per_subset', {}).get(subset, '?')})"
+
+    def count(self, model: str | None, subset: str, arch: str, metric: str) -> str:
+        r = self.s.row(model, subset, arch, metric)
+        return DASH if r is None else str(int(math.fsum(r.values)))
+
+
+def has(s: S.Summary, model: str | None, arch: str) -> bool:
+    return any(r.model == model and r.arch == arch for r in s.rows)
+
+
+def table1(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
+    subs = c.s.subsets
+    with_ptr = model is not None and has(c.s, model, "ptr")
+    header = ["k"] + [f"{sub} {a}" for sub in subs for a in (("RtP", "PtR") if with_ptr else ("RtP",))]
+    body = []
+    for k in c.r.ks:
+        line = [str(k)]
+        for sub in subs:
+            r = c.s.row(None, sub, "rtp", metric, k, gold)
+            if with_ptr:
+                p = c.s.row(model, sub, "ptr", metric, k, gold)
+                br, bp = better(r, p)
+                line += [bold(fms(r), br), bold(fms(p), bp)]
+            else:
+                line.append(fms(r))
+        body.append(line)
+    name = "Recall" if metric == "recall" else "Precision"
+    return section(f"Table 1{'' if metric == 'recall' else 'b'}: {name} at retrieval budget k",
+                    f"{c.label(model, gold)}. RtP is deterministic (one value)"
+                    + ("; PtR mean±std over runs. Bold: better architecture." if with_ptr else "."),
+                    table(header, body))
+
+
+def table3(c: Ctx, model: str, gold: str) -> str:
+    k = c.r.k
+    header = ["Subset", "Metric", "RtP mean", "RtP ±std", "PtR mean", "PtR ±std", "p (t-test)", "p (Wilcoxon)",
+              "wins RtP / PtR / ties"]
+    body = []
+    for sub in c.s.subsets:
+        for metric, name in (("pass", "Pass rate"), ("precision", "Precision"), ("recall", "Recall")):
+            is_pass = metric == "pass"
+            r = c.s.row(model if is_pass else None, sub, "rtp", metric, k, None if is_pass else gold)
+            p = c.s.row(model, sub, "ptr", metric, k, None if is_pass else gold)
+            if r is None and p is None:
+                continue
+            br, bp = better(r, p)
+            tt = c.s.test(model, sub, metric, k, None if is_pass else gold, "ttest_ind" if is_pass else "ttest_1samp")
+            wx = c.s.test(model, sub, metric, k, None if is_pass else gold, "wilcoxon")
+            wins = DASH
+            if metric == "recall":
+                wr, wp, ti = (c.s.row(model, sub, a, m, k, gold) for a, m in
+                              (("rtp", "wins"), ("ptr", "wins"), ("both", "ties")))
+                if wr and wp and ti:
+                    wins = f"{wr.mean:.0f} / {wp.mean:.0f} / {ti.mean:.0f}"
+            body.append([c.n(sub), name, bold(fnum(r.mean if r else None), br), fnum(r.std if r else None),
+                         bold(fnum(p.mean if p else None), bp), fnum(p.std if p else None), ptest(tt), ptest(wx),
+                         wins])
+    return section("Table 3: Main results", f"{c.label(model, gold)}. p: one-sample t-test for precision/recall "
+                    "(PtR per-run means vs deterministic RtP), two-sample t-test for pass rate; Wilcoxon: paired "
+                    "per-query signed-rank on run-averaged values. Wins on run-averaged per-query recall. "
+                    "* p<.05, ** p<.01, *** p<.001.", table(header, body))
+
+
+def table11(c: Ctx, model: str, gold: str) -> str:
+    k = c.r.k
+    header = ["Subset", "P RtP", "P PtR", "R RtP", "R PtR", "Pass RtP", "Pass PtR"]
+    body = []
+    for sub in c.s.subsets:
+        line = [c.n(sub)]
+        for metric in ("precision", "recall", "pass"):
+            is_pass = metric == "pass"
+            r = c.s.row(model if is_pass else None, sub, "rtp", metric, k, None if is_pass else gold)
+            p = c.s.row(model, sub, "ptr", metric, k, None if is_pass else gold)
+            t = c.s.test(model, sub, metric, k, None if is_pass else gold, "ttest_ind" if is_pass else "ttest_1samp")
+            br, bp = better(r, p)
+            sup = f"<sup>{t.stars}</sup>" if t and t.stars else ""
+            line += [bold(fms(r), br), bold(fms(p), bp) + sup]
+        body.append(line)
+    return section(f"Table 11: {model} (compact)", f"{c.label(model, gold)}. Superscripts on PtR: t-test of "
+                    "the PtR–RtP difference (one-sample for P/R, two-sample for pass rate).", table(header, body))
+
+
+def table4(c: Ctx, model: str, gold: str) -> str:
+    header = ["Subset", "Gen.%", "Stubs/q", "Unique%", "Match%", "Cos (correct)", "Cos (incorrect)"]
+    body = []
+    for sub in c.s.subsets:
+        def g(metric: str, gd: str | None = None, sub: str = sub) -> S.Row | None:
+            return c.s.row(model, sub, "ptr", metric, None, gd)
+        body.append([c.n(sub), fms(g("gen"), 1, True), fms(g("stubs_per_query"), 2), fms(g("stub_unique"), 1, True),
+                     fms(g("stub_match", gold), 1, True), fms(g("stub_cos_correct", gold)),
+                     fms(g("stub_cos_incorrect", gold))])
+    return section("Table 4: Stub generation", f"{c.label(model, gold)}. Match%: stubs whose top-1 API is gold "
+                    "(pooled over stubs); Cos: mean cosine of a stub to its top-1 API.", table(header, body))
+
+
+def budget_equivalent_k(width: float | None, ks: Sequence[int]) -> int | None:
+    if width is None or not ks:
+        return None
+    return min(ks, key=lambda kk: (abs(kk - width), kk))
+
+
+def table5(c: Ctx, model: str, gold: str) -> str:
+    k = c.r.k
+    header = ["Subset", "Stubs/q", f"PtR eff. width (k={k})", "RtP eff. width", "Budget-equiv. k",
+              "RtP recall (budget-equiv.)", f"PtR recall (k={k})"] + [f"PtR width k={kk}" for kk in c.r.ks]
+    body = []
+    for sub in c.s.subsets:
+        w = c.s.row(model, sub, "ptr", "width", k)
+        beq = budget_equivalent_k(w.mean if w else None, c.r.ks)
+        rr = c.s.row(None, sub, "rtp", "recall", beq, gold) if beq else None
+        body.append([c.n(sub), fms(c.s.row(model, sub, "ptr", "stubs_per_query"), 2), fms(w, 1), str(k),
+                     str(beq) if beq else DASH, fms(rr), fms(c.s.row(model, sub, "ptr", "recall", k, gold))]
+                    + [fms(c.s.row(model, sub, "ptr", "width", kk), 1) for kk in c.r.ks])
+    return section("Table 5: Effective search width", f"{c.label(model, gold)}. RtP searches exactly k candidates; "
+                    "PtR's width is the size of the deduplicated union of per-stub top-k lists before the cut. "
+                    "Budget-equivalent RtP recall from Table 1.", table(header, body))
+
+
+def table6(c: Ctx, model: str) -> str:
+    k = c.r.k
+    spec: list[tuple[str, str, str, str | None, Callable[[S.Row | None], str]]] = [
+        ("Selection rate", "ptr", "selection_rate", None, lambda r: fms(r, 1, True)),
+        ("Selection rate", "rtp", "selection_rate", None, lambda r: fms(r, 1, True)),
+        ("Jaccard (selected)", "both", "jaccard_selected", None, lambda r: fms(r, 2)),
+        ("Both refused", "both", "both_refused", None, lambda r: fms(r, 1, True)),
+        ("Plan steps", "ptr", "plan_steps", None, lambda r: fms(r, 2)),
+        ("Plan steps", "rtp", "plan_steps", None, lambda r: fms(r, 2)),
+        ("APIs named", "ptr", "apis_named", None, lambda r: fms(r, 2)),
+        ("APIs named", "rtp", "apis_named", None, lambda r: fms(r, 2)),
+        ("Fidelity", "ptr", "fidelity", None, lambda r: fms(r, 1, True)),
+        ("Fidelity", "rtp", "fidelity", None, lambda r: fms(r, 1, True)),
+    ]
+    for gold in c.r.golds:
+        spec += [
+            (f"Complete miss [{gold}]", arch, "miss", gold, lambda r: fms(r, 1, True)) for arch in ("ptr", "rtp")
+        ] + [
+            (f"On miss: wrong tool [{gold}]", arch, "miss_wrong_tool", gold, lambda r: fms(r, 1, True))
+            for arch in ("ptr", "rtp")
+        ] + [
+            (f"On miss: refused [{gold}]", arch, "miss_refused", gold, lambda r: fms(r, 1, True)) for arch in ("ptr", "rtp")
+        ]
+    header = ["Metric", "Arch."] + c.s.subsets
+    body = []
+    for name, arch, metric, gold, f in spec:
+        # RtP's complete-miss rate is pure retrieval: deterministic, stored under model = null.
+        m = None if arch == "rtp" and metric in RETRIEVAL_METRICS else model
+        body.append([name, {"ptr": "PtR", "rtp": "RtP", "both": "both"}[arch]]
+                    + [f(c.s.row(m, sub, arch, metric, k, gold)) for sub in c.s.subsets])
+    return section("Table 6: Trajectories", f"{c.label(model)}. Selection rate = |selected∩R|/|R|; fidelity = "
+                    "|selected∩R|/|selected| (queries with a selection); Jaccard of planner-selected sets "
+                    "(both empty = 1.0).", table(header, body))
+
+
+def table7(c: Ctx, model: str) -> str:
+    k = c.r.k
+    header = ["Subset", "n", "Identical", "Divergent"] + [f"Divergent k={kk}" for kk in c.r.ks]
+    body = []
+    for sub in c.s.subsets:
+        d = c.s.row(model, sub, "both", "divergent", k)
+        n = c.s.checks.get("queries_per_subset", {}).get(sub, "?")
+        body.append([sub, str(n), fpct(1 - d.mean if d and d.mean is not None else None), fms(d, 1, True)]
+                    + [fms(c.s.row(model, sub, "both", "divergent", kk), 1, True) for kk in c.r.ks])
+    return section("Table 7: Tool selection divergence", f"{c.label(model)}. Fraction of queries whose RtP and "
+                    "PtR top-k sets differ (mean±std over runs).", table(header, body))
+
+
+def table8(c: Ctx, model: str) -> str:
+    k = c.r.k
+    header = ["Subset", "RtP tokens/q", "PtR tokens/q", "Overhead", "RtP completion/q", "PtR completion/q",
+              "Completion overhead"] + [f"ΔR [{g}]" for g in c.r.golds] + [
+        "PtR discovery prompt / completion", "PtR planner prompt / completion", "RtP planner prompt / completion"]
+    body = []
+    for sub in c.s.subsets:
+        rt = c.s.row(model, sub, "rtp", "tokens_total", k)
+        pt = c.s.row(model, sub, "ptr", "tokens_total", k)
+        over = (pt.mean - rt.mean) / rt.mean if rt and pt and rt.mean and pt.mean is not None else None
+        rc, pcomp = completion(c, model, sub, "rtp"), completion(c, model, sub, "ptr")
+        cover = (pcomp - rc) / rc if rc and pcomp is not None else None
+        deltas = []
+        for gold in c.r.golds:
+            rr = c.s.row(None, sub, "rtp", "recall", k, gold)
+            pr = c.s.row(model, sub, "ptr", "recall", k, gold)
+            deltas.append(f"{pr.mean - rr.mean:+.3f}" if rr and pr and rr.mean is not None and pr.mean is not None
+                          else DASH)
+
+        def pc(arch: str, call: str, sub: str = sub) -> str:
+            a = c.s.row(model, sub, arch, f"tokens_{call}_prompt", k)
+            b = c.s.row(model, sub, arch, f"tokens_{call}_completion", k)
+            return f"{fnum(a.mean if a else None, 0)} / {fnum(b.mean if b else None, 0)}"
+        body.append([sub, fnum(rt.mean if rt else None, 0), fnum(pt.mean if pt else None, 0),
+                     DASH if over is None else f"{100 * over:+.0f}%", fnum(rc, 0), fnum(pcomp, 0),
+                     DASH if cover is None else f"{100 * cover:+.0f}%"] + deltas
+                    + [pc("ptr", "discovery"), pc("ptr", "planner"), pc("rtp", "planner")])
+    return section("Table 8: Inference cost", f"{c.label(model)}. Mean prompt + completion tokens per query over "
+                    "all calls of the architecture (RtP: planner; PtR: discovery + planner), cached replies "
+                    f"included; ΔR = PtR − RtP recall@{k}. Completion/q: completion tokens only (all calls of "
+                    "the architecture); the paper's Table 8 figures match completion tokens only, so compare "
+                    "those columns with it.", table(header, body))
+
+
+def completion(c: Ctx, model: str, sub: str, arch: str) -> float | None:
+    """Mean completion tokens per query over every call of the architecture."""
+    calls = ("planner",) if arch == "rtp" else ("discovery", "planner")
+    means = [r.mean for call in calls if (r := c.s.row(model, sub, arch, f"tokens_{call}_completion", c.r.k))
+             and r.mean is not None]
+    return math.fsum(means) if means else None
+
+
+def errors_table(c: Ctx, model: str | None) -> str:
+    header = ["Subset", "Arch.", "records", "planner parse errors", "planner LLM errors", "discovery parse errors",
+              "discovery LLM errors", "fallbacks (raw query)"]
+    body = []
+    for sub in c.s.subsets:
+        for arch in ("rtp", "ptr"):
+            if c.s.row(model, sub, arch, "n_queries") is None:
+                continue
+            cells = [c.count(model, sub, arch, m) for m in
+                     ("n_queries", "planner_parse_error", "planner_llm_error")]
+            if arch == "ptr":
+                cells += [c.count(model, sub, arch, m) for m in
+                          ("discovery_parse_error", "discovery_llm_error", "fallback")]
+            else:
+                cells += [DASH, DASH, DASH]
+            body.append([sub, arch.replace("rtp", "RtP").replace("ptr", "PtR")] + cells)
+    return section("Errors", f"{c.label(model)}. Counts summed over runs.", table(header, body))
+
+
+
+
+def table2(c: Ctx, ex: Contrasts) -> str:
+    header = ["Side", "Subset", "Query id", "Query", f"RtP R@{c.r.k}", f"PtR R@{c.r.k}", "Stubs", "Lost proper nouns"]
+    body = []
+    for side, items in (("RtP wins", ex.rtp_wins), ("PtR wins", ex.ptr_wins)):
+        for x in items:
+            q = x.query if len(x.query) <= 160 else x.query[:157] + "..."
+            body.append([side, x.subset, str(x.query_id), q.replace("|", "/"), fnum(x.rtp_recall), fnum(x.ptr_recall),
+                         ", ".join(f"`{s}`" for s in x.stubs) or DASH, ", ".join(x.lost_nouns) or DASH])
+    if not body:
+        return section("Table 2: Worked contrasts", f"{c.label(ex.model)}. Rule: {CONTRAST_RULE}",
+                       "No query meets the rule in this run.")
+    return section("Table 2: Worked contrasts", f"{c.label(ex.model)}. Rule: {CONTRAST_RULE}", table(header, body))
+
+
+def table9(c: Ctx, t: Trajectory | None, model: str) -> str:
+    title = "Table 9: Example trajectory"
+    if t is None:
+        return section(title, f"{c.label(model)}. Rule: {TRAJECTORY_RULE}", "No query meets the rule in this run.")
+
+    def ids(xs: list[str]) -> str:
+        return "<br>".join(f"`{x}`" for x in xs) or DASH
+
+    def steps(xs: list[str]) -> str:
+        return "<br>".join(f"{i + 1}. {x.replace('|', '/')}" for i, x in enumerate(xs)) or DASH
+
+    body = [["Query", f"{t.subset} #{t.query_id}: {t.query.replace('|', '/')}", ""],
+            ["Stubs (PtR discovery)", DASH, ids(t.stubs)],
+            [f"Retrieved top-{t.k}", ids(t.rtp_top), ids(t.ptr_top)],
+            ["Plan steps", steps(t.rtp_steps), steps(t.ptr_steps)],
+            ["Selected APIs", ids(t.rtp_selected), ids(t.ptr_selected)]]
+    return section(title, f"{c.label(model)}. Rule: {TRAJECTORY_RULE}", table(["", "RtP", "PtR"], body))

@@ -1,0 +1,84 @@
+"""CPU thread sizing for the numeric libraries (torch, ONNX Runtime, OpenVINO, FAISS).
+
+Two things keep an embedder from collapsing when the machine is shared:
+- pools sized to the CPUs this process may actually use (its affinity mask and the cgroup's CPU
+  quota), not the host's core count, which containers and `taskset` hide from `os.cpu_count()`;
+- a passive wait policy, so a thread that waits for its siblings sleeps instead of spinning on a
+  core another process needs. OpenMP reads `OMP_WAIT_POLICY` once, when the runtime loads, so
+  `configure_env()` must run before torch or faiss is first imported (embed.py and index.py call
+  it at import time, before they import either).
+
+`EVALUATOR_THREADS` overrides the count (e.g. to leave a core free for something else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from pathlib import Path
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _cgroup_quota(root: Path = _CGROUP_ROOT) -> float | None:
+    """CPUs allowed by the cgroup's CFS quota (v2 `cpu.max`, else v1), None when unlimited."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota != "max":
+            return int(quota) / int(period)
+        return None
+    except (OSError, ValueError):
+        pass
+    try:
+        q = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        p = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return q / p if q > 0 and p > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def available_cpus() -> int:
+    """The number of CPUs this process can keep busy: min(affinity, cgroup quota), at least 1."""
+    override = os.environ.get("EVALUATOR_THREADS", "").strip()
+    if override.isdigit() and int(override) > 0:
+        return int(override)
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        n = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    if quota is not None:
+        # A 1.5-CPU quota throttles a second thread half the time: round down, keep one.
+        n = min(n, max(1, math.floor(quota)))
+    return max(1, n)
+
+
+def configure_env() -> int:
+    """Set the thread environment before torch/faiss load; returns the thread count.
+
+    Uses setdefault: a user's own OMP_NUM_THREADS / OMP_WAIT_POLICY win.
+    """
+    n = available_cpus()
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    os.environ.setdefault("MKL_NUM_THREADS", str(n))
+    # HF tokenizers' own thread pool would compete with the model's threads for the same cores.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return n
+
+
+def configure_torch(n: int | None = None) -> None:
+    import torch
+
+    n = n or available_cpus()
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    with contextlib.suppress(RuntimeError):  # only possible before torch's first parallel work
+        torch.set_num_interop_threads(1)
+
+
+def configure_faiss(n: int | None = None) -> None:
+    import faiss
+
+    faiss.omp_set_num_threads(n or available_cpus())

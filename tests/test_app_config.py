@@ -1,0 +1,133 @@
+"""Settings and flags a user gets wrong: one line naming the file or flag, the key and what is expected,
+before any work (nothing embedded, no LLM call, no output folder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from data_fixtures import make_data_dir
+
+from evaluator.app import load_profiles
+from evaluator.cli import main
+from evaluator.config import ConfigError, ProfileOverrides, Settings, analysis_subsets, load_settings
+
+
+def _cfg(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "settings.toml"
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('[retrieval]\nks = ["a"]\n', "[retrieval] ks must be a list of integers, not ['a']"),
+    ('[retrieval]\nk = "5"\n', "[retrieval] k must be a integer, not '5'"),
+    ("[run]\nruns = true\n", "[run] runs must be a integer"),
+    ("[data]\nsubsets = \"G1\"\n", "[data] subsets must be a list of strings"),
+    ("[run]\nruns = 0\n", "runs (--runs) must be at least 1"),
+    ("[run]\nmodel = \"sim\"\n", "unknown key 'model' in [run]; known: models"),
+    ("[embeddings]\nmodel = \"x\"\n", "unknown section [embeddings]"),
+    ("[analysis]\nscaling_sizes = [100, 0]\n", "scaling_sizes value must be at least 1"),
+    ("[retrieval\n", "invalid TOML"),
+])
+def test_config_file_errors_name_file_key_and_type(tmp_path: Path, text: str, expected: str) -> None:
+    path = _cfg(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_settings(path)
+    msg = str(e.value)
+    assert expected in msg and str(path) in msg and "\n" not in msg
+
+
+def test_numbers_where_numbers_belong(tmp_path: Path) -> None:
+    s = load_settings(_cfg(tmp_path, "[retrieval]\nk = 3\nks = [1, 3]\n[analysis]\nrouting_test = [\"gamma\"]\n"))
+    assert (s.k, s.ks, s.routing_test) == (3, [1, 3], ["gamma"])
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    rc = main(list(argv))
+    err = capsys.readouterr().err
+    return rc, err
+
+
+def _one_line(err: str) -> str:
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    return make_data_dir(tmp_path / "data")
+
+
+def test_bad_flags_are_one_line(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "o"
+    rc, err = _run(capsys, "--k", "abc", "--out", str(out))
+    assert rc == 2 and "--k" in _one_line(err)
+    rc, err = _run(capsys, "--retrieval-only", "--timeout", "0", "--data", str(data), "--out", str(out))
+    assert rc == 2 and "--timeout" in _one_line(err)
+    rc, err = _run(capsys, "--config", str(_cfg(tmp_path, '[retrieval]\nks = ["a"]\n')), "--retrieval-only")
+    assert rc == 2 and "ks must be a list of integers" in _one_line(err)
+    assert not out.exists()
+
+
+def test_unusable_folders_fail_before_any_work(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    cache = tmp_path / "cache"
+    rc, err = _run(capsys, "--retrieval-only", "--data", str(data), "--out", str(a_file), "--cache-dir", str(cache))
+    assert rc == 2 and "--out" in _one_line(err) and "is a file" in err
+    rc, err = _run(capsys, "--retrieval-only", "--data", str(data), "--out", str(a_file / "sub"), "--cache-dir", str(cache))
+    assert rc == 2 and "--out" in _one_line(err)
+    rc, err = _run(capsys, "--retrieval-only", "--data", str(data), "--cache-dir", str(a_file), "--out", str(tmp_path / "o"))
+    assert rc == 2 and "--cache-dir" in _one_line(err)
+    assert not cache.exists() and not (tmp_path / "o").exists()  # nothing embedded, nothing written
+
+
+def test_budgets_above_the_registry_and_empty_query_sets(tmp_path: Path, data: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    cache, out = tmp_path / "cache", tmp_path / "o"
+    base = ["--retrieval-only", "--data", str(data), "--cache-dir", str(cache), "--out", str(out)]
+    rc, err = _run(capsys, *base, "--k", "100")
+    assert rc == 2 and "--k 100 is above the registry's 14 APIs" in _one_line(err)
+    rc, err = _run(capsys, *base, "--ks", "1,5,500")
+    assert rc == 2 and "--ks 500" in _one_line(err)
+    (data / "queries" / "G2_instruction.json").write_text("[]")
+    (data / "queries" / "G1_instruction.json").write_text("[]")
+    rc, err = _run(capsys, *base)
+    assert rc == 2 and "quer" in _one_line(err)
+    assert not (cache / "embeddings").exists() and not out.exists()  # rejected before embedding
+
+
+def test_profile_overrides_from_flags() -> None:
+    s = Settings(models=["sim"], overrides=ProfileOverrides(max_tokens=77, timeout_s=9.5, concurrency=3))
+    p = load_profiles(s)["sim"]
+    assert (p.max_tokens, p.timeout_s, p.concurrency) == (77, 9.5, 3)
+
+
+def test_analysis_subsets_rule() -> None:
+    s = Settings()
+    three = analysis_subsets(s, ["G3_instruction", "G1_instruction", "G2_instruction"])
+    assert three.routing_train == ["G1_instruction", "G2_instruction"] and three.routing_test == ["G3_instruction"]
+    assert three.scaling == ["G1_instruction", "G2_instruction"] and three.divergence == "G1_instruction"
+    one = analysis_subsets(s, ["only"])
+    assert (one.routing_train, one.routing_test, one.scaling) == ([], [], ["only"])
+    s.routing_test, s.scaling_subsets = ["G1"], ["G2", "G3"]
+    set_ = analysis_subsets(s, ["G1_instruction", "G2_instruction", "G3_instruction"])
+    assert set_.routing_test == ["G1_instruction"] and set_.routing_train == ["G2_instruction", "G3_instruction"]
+    assert set_.scaling == ["G2_instruction", "G3_instruction"]
+    s.routing_test = ["nope"]
+    with pytest.raises(ConfigError, match="routing_test: subset 'nope'"):
+        analysis_subsets(s, ["G1_instruction"])
+
+
+def test_summary_meta_holds_no_paths_or_timings(tmp_path: Path) -> None:
+    from evaluator.schema import Meta
+
+    meta = Meta.from_dict({"settings": {"cache_dir": "/x/cache", "out": "/y", "k": 5}, "data_dir": "/d",
+                           "runtime": {"timings": {"embed_s": 1.0}}, "llm_stats": {"sim": {"requests": 3}},
+                           "registry": {"choice": "full", "size": 10, "source": "/d/registry"}})
+    view = json.dumps(meta.study_view())
+    for volatile in ("/x/cache", "/y", "/d", "timings", "requests"):
+        assert volatile not in view

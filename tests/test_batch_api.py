@@ -1,0 +1,261 @@
+"""Batch clients and runner against the simulator's OpenAI-style and Gemini-style batch APIs."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from evaluator.batch.files import Request  # noqa: E402
+from evaluator.batch.providers import batch_api  # noqa: E402
+from evaluator.batch.runner import BatchRunner  # noqa: E402
+from evaluator.batch.store import JobStore  # noqa: E402
+from evaluator.llm import LLMEngine, load_profile  # noqa: E402
+from evaluator.llm.cache import ResponseCache  # noqa: E402
+from evaluator.sim.batch import batch_stats, configure_batch, reset_batch_stats  # noqa: E402
+from evaluator.sim.harness import start_simulator  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sim_server():
+    with start_simulator() as handle:
+        yield handle
+
+
+@pytest.fixture
+def sim(sim_server):
+    configure_batch(sim_server.base_url, reset=True, turnaround_s=0.1)
+    reset_batch_stats(sim_server.base_url)
+    return sim_server
+
+
+def profile(sim, kind: str = "openai", **kw):
+    return dataclasses.replace(load_profile("sim", base_url=sim.base_url), batch=kind, **kw)
+
+
+def messages(i: int) -> list[dict]:
+    return [{"role": "system", "content": "You are the planning step of an LLM agent."},
+            {"role": "user", "content": f"User request:\nfind the weather in city #{i}"}]
+
+
+async def run_batch(p, root: Path, n: int, **runner_kw):
+    """Submit n requests through p's batch API; returns (runner stats, {key: cached content})."""
+    async with LLMEngine(p, cache_root=root) as engine:
+        reqs = [Request((pr := engine.prepare(messages(i), run=i % 2, prompt_version="v1")).key, pr.body) for i in range(n)]
+        store, cache = JobStore(root), ResponseCache(root)
+        api = batch_api(p, None)
+        try:
+            runner = BatchRunner(p, engine, api, store, cache, log=lambda m: None, **runner_kw)
+            stats = await runner.run(reqs)
+        finally:
+            await api.close()
+            store.close()
+            cache.close()
+        contents = {r.custom_id: (engine.lookup(r.custom_id) or None) for r in reqs}
+    return stats, {k: v.content if v else None for k, v in contents.items()}
+
+
+async def online(p, root: Path, n: int) -> dict[str, str | None]:
+    async with LLMEngine(p, cache_root=root) as engine:
+        out = {}
+        for i in range(n):
+            pr = engine.prepare(messages(i), run=i % 2, prompt_version="v1")
+            out[pr.key] = (await engine.send(pr)).content
+        return out
+
+
+@pytest.mark.parametrize("kind", ["openai", "gemini"])
+def test_batch_replies_equal_online_replies(sim, tmp_path, kind):
+    p = profile(sim, kind)
+    stats, got = asyncio.run(run_batch(p, tmp_path / "b", 12))
+    want = asyncio.run(online(p, tmp_path / "o", 12))
+    assert got == want and all(want.values())
+    assert stats.stored == 12 and stats.batches == 1
+    assert batch_stats(sim.base_url)["batches_created"] == 1
+
+
+@pytest.mark.parametrize("kind", ["openai", "gemini"])
+def test_failed_and_expired_requests_resubmitted_nothing_paid_twice(sim, tmp_path, kind):
+    configure_batch(sim.base_url, p_fail=0.3, expire_next=1, expire_done_share=0.5, seed=3)
+    stats, got = asyncio.run(run_batch(profile(sim, kind), tmp_path, 30, max_attempts=8))
+    assert all(got.values())  # every request ends up answered and cached
+    server = batch_stats(sim.base_url)
+    assert server["requests_failed"] > 0 and server["requests_expired"] > 0
+    assert stats.resubmitted == server["requests_failed"] + server["requests_expired"]
+    assert server["requests_ok"] == 30 and server["repeated_ok"] == 0  # nothing answered (billed) twice
+
+
+def test_oversized_batch_is_split(sim, tmp_path):
+    configure_batch(sim.base_url, max_requests=8)
+    # The profile does not know the limit: the provider rejects the batch and it is split until it fits.
+    stats, got = asyncio.run(run_batch(profile(sim), tmp_path / "blind", 20))
+    server = batch_stats(sim.base_url)
+    assert all(got.values()) and server["rejected_oversized"] >= 1 and stats.split >= 1
+    assert server["requests_ok"] == 20
+    # A profile that declares the limit splits before submitting: nothing rejected.
+    reset_batch_stats(sim.base_url)
+    stats, got = asyncio.run(run_batch(profile(sim, batch_max_requests=8), tmp_path / "known", 20))
+    server = batch_stats(sim.base_url)
+    assert all(got.values()) and server["rejected_oversized"] == 0 and server["batches_created"] == 3
+
+
+def test_byte_limit_split(sim, tmp_path):
+    configure_batch(sim.base_url, max_bytes=2000)
+    stats, got = asyncio.run(run_batch(profile(sim, batch_max_bytes=2000), tmp_path, 20))
+    server = batch_stats(sim.base_url)
+    assert all(got.values()) and server["rejected_oversized"] == 0 and server["batches_created"] > 1
+
+
+@pytest.mark.parametrize("kind", ["openai", "gemini"])
+def test_batch_lost_before_its_id_was_stored_is_found_not_recreated(sim, tmp_path, kind):
+    p = profile(sim, kind)
+
+    async def crash_after_create():
+        async with LLMEngine(p, cache_root=tmp_path) as engine:
+            reqs = [Request((pr := engine.prepare(messages(i), run=i % 2, prompt_version="v1")).key, pr.body) for i in range(5)]
+        store, api = JobStore(tmp_path), batch_api(p, None)
+        job = store.new(p.name, kind, [r.custom_id for r in reqs])
+        await api.submit(reqs, job.token)  # the process "dies" before store.submitted(...)
+        await api.close()
+        store.close()
+        return reqs
+
+    asyncio.run(crash_after_create())
+    stats, got = asyncio.run(run_batch(p, tmp_path, 5))
+    assert stats.resumed == 1 and all(got.values())
+    assert batch_stats(sim.base_url)["batches_created"] == 1
+
+
+def test_cancel_stuck_batch(sim, tmp_path):
+    configure_batch(sim.base_url, stuck_next=1)
+    p = profile(sim)
+
+    async def go():
+        async with LLMEngine(p, cache_root=tmp_path) as engine:
+            reqs = [Request((pr := engine.prepare(messages(i), run=0, prompt_version="v1")).key, pr.body) for i in range(4)]
+            store, cache, api = JobStore(tmp_path), ResponseCache(tmp_path), batch_api(p, None)
+            runner = BatchRunner(p, engine, api, store, cache, log=lambda m: None)
+            task = asyncio.create_task(runner.run(reqs))
+            await asyncio.sleep(0.5)
+            assert not task.done()  # the stuck batch keeps it polling
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert len(store.open_jobs(p.name)) == 1
+            n = await BatchRunner(p, engine, api, store, cache, log=lambda m: None).cancel_open()
+            left = store.open_jobs(p.name)
+            await api.close()
+            store.close()
+            cache.close()
+            return n, left
+
+    n, left = asyncio.run(go())
+    assert n == 1 and left == []
+    assert batch_stats(sim.base_url)["cancelled"] == 1
+
+
+CHILD = """
+import asyncio, dataclasses, sys
+sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
+from test_batch_api import run_batch
+from evaluator.llm import load_profile
+from pathlib import Path
+p = dataclasses.replace(load_profile("sim", base_url={url!r}), batch="openai", batch_max_requests=10)
+stats, got = asyncio.run(run_batch(p, Path({root!r}), 40))
+assert all(got.values())
+"""
+
+
+def test_sigkill_while_polling_then_rerun_submits_no_batch_twice(sim, tmp_path):
+    configure_batch(sim.base_url, turnaround_s=3.0)
+    code = CHILD.format(repo=str(REPO), tests=str(REPO / "tests"), url=sim.base_url, root=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 60
+    while batch_stats(sim.base_url)["batches_created"] < 4:  # all four batches submitted: now polling
+        assert time.monotonic() < deadline and child.poll() is None
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    configure_batch(sim.base_url, turnaround_s=0.1)
+    rerun = subprocess.run([sys.executable, "-c", code], timeout=120)
+    assert rerun.returncode == 0
+    server = batch_stats(sim.base_url)
+    assert server["batches_created"] == 4  # the rerun polled the four batches; it created none
+    assert server["requests_ok"] == 40 and server["repeated_ok"] == 0
+
+
+def test_batch_unknown_to_the_endpoint_is_resubmitted_not_fatal(sim, tmp_path):
+    """E.g. an earlier run's auto-started simulator: its batch ids mean nothing to this one."""
+    p = profile(sim)
+    store = JobStore(tmp_path)
+    job = store.new(p.name, "openai", ["k1", "k2"])
+    store.submitted(job, "batch_999999")
+    store.close()
+    stats, got = asyncio.run(run_batch(p, tmp_path, 4))
+    assert all(got.values()) and stats.resumed == 0 and stats.stored == 4
+    assert JobStore(tmp_path).open_jobs(p.name) == []
+
+
+def test_collect_skips_calls_built_on_a_deferred_reply(tmp_path):
+    """A PtR planner made after a deferred discovery (e.g. --fallback-to-query) is not a study request."""
+    from evaluator.batch.study import DEFERRED, _Collector
+
+    async def go():
+        p = dataclasses.replace(load_profile("sim"), base_url="http://127.0.0.1:9/v1")
+        engine = LLMEngine(p, cache_root=tmp_path, api_key="")
+        col = _Collector(engine)
+
+        async def branch(i: int) -> list[str | None]:
+            first = await col.chat(messages(i), run=0, prompt_version="discovery")
+            second = await col.chat(messages(i + 100), run=0, prompt_version="planner")
+            return [first.error, second.error]
+
+        out = await asyncio.gather(branch(1), branch(2))  # two branches, each in its own task
+        engine.close_cache()
+        return out, col.calls
+
+    out, calls = asyncio.run(go())
+    assert out == [[DEFERRED, DEFERRED], [DEFERRED, DEFERRED]]
+    assert len(calls) == 2  # the two first calls; the calls built on them were not collected
+
+
+def test_gemini_translation_both_ways():
+    from evaluator.batch.providers import chat_to_gemini, gemini_to_completion
+    from evaluator.llm import ConfigError
+
+    body = {"model": "gemini-2.5-flash", "temperature": 0.0, "max_tokens": 64, "seed": 3,
+            "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}}
+    req = chat_to_gemini(body)
+    assert req["system_instruction"] == {"parts": [{"text": "S"}]}
+    assert req["contents"] == [{"role": "user", "parts": [{"text": "U"}]}]
+    assert req["generation_config"] == {"temperature": 0.0, "maxOutputTokens": 64, "seed": 3,
+                                        "responseMimeType": "application/json", "responseJsonSchema": {"type": "object"}}
+    with pytest.raises(ConfigError, match="logprobs"):
+        chat_to_gemini({**body, "logprobs": True})
+    resp = {"candidates": [{"content": {"parts": [{"text": "thinking...", "thought": True}, {"text": "answer"}]},
+                            "finishReason": "MAX_TOKENS"}],
+            "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5, "thoughtsTokenCount": 7}}
+    done = gemini_to_completion(resp, "gemini-2.5-flash")
+    assert done["choices"][0]["message"]["content"] == "answer" and done["choices"][0]["finish_reason"] == "length"
+    assert done["usage"] == {"prompt_tokens": 10, "completion_tokens": 12, "total_tokens": 22}  # thinking is billed
+
+
+def test_split_keeps_each_batch_within_both_limits():
+    from evaluator.batch.files import Request, split
+
+    reqs = [Request(f"k{i}", {"messages": [{"role": "user", "content": "x" * (i % 7 * 50)}]}) for i in range(40)]
+    for max_req, max_bytes in ((7, None), (None, 900), (5, 600)):
+        chunks = split(reqs, max_req, max_bytes)
+        assert [r for c in chunks for r in c] == reqs
+        assert all(len(c) <= (max_req or 10**9) and sum(len(r.line()) for r in c) <= (max_bytes or 10**12) for c in chunks)

@@ -1,0 +1,114 @@
+"""`python -m evaluator requests run|import` on request files, as a user runs them (simulator on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from evaluator.llm import LLMEngine, load_profile  # noqa: E402
+from evaluator.sim.harness import start_simulator  # noqa: E402
+
+
+def requests_cmd(*args: str, cwd: Path) -> list[str]:
+    return [sys.executable, "-m", "evaluator", "requests", *args]
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(requests_cmd(*args, cwd=cwd), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def write_requests(path: Path, n: int) -> list[dict]:
+    lines = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": "sim-1", "temperature": 0,
+                       "messages": [{"role": "user", "content": f"Find the weather forecast for city number {i}"}]}}
+             for i in range(n)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    return lines
+
+
+def cached_count(profile, root: Path, lines: list[dict]) -> int:
+    engine = LLMEngine(profile, cache_root=root)
+    try:
+        return sum(engine.lookup(engine.prepare_body(x["body"]).key) is not None for x in lines)
+    finally:
+        engine.close_cache()
+
+
+def test_requests_run_resumes_after_sigkill_without_resending(tmp_path):
+    lines = write_requests(tmp_path / "in.jsonl", 2000)
+    with start_simulator(latency_s=0.01) as sim:
+        args = ["run", str(tmp_path / "in.jsonl"), "--model", "sim", "--base-url", sim.base_url, "--concurrency", "16",
+                "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "out.jsonl"), "--no-progress"]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        child = subprocess.Popen(requests_cmd(*args, cwd=tmp_path), cwd=tmp_path, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while sim.stats()["ok"] < 600:
+            assert child.poll() is None and time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        assert not (tmp_path / "out.jsonl").exists()
+        profile = load_profile("sim", base_url=sim.base_url)
+        done = cached_count(profile, tmp_path / "c", lines)
+        assert 600 <= done < 2000
+        sim.reset_stats()
+        again = run(*args, cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert sim.stats()["ok"] == 2000 - done  # finished requests came from the cache, not the server
+    results = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == [x["custom_id"] for x in lines]
+    assert all(r["response"]["status_code"] == 200 and r["response"]["body"]["choices"][0]["message"]["content"]
+               for r in results)
+
+
+def test_results_import_then_run_answers_from_cache(tmp_path):
+    """A results file from elsewhere (a batch, vllm run-batch) imported with --model feeds `requests run`."""
+    lines = write_requests(tmp_path / "in.jsonl", 20)
+    with start_simulator() as sim:
+        first = run("run", str(tmp_path / "in.jsonl"), "--model", "sim", "--base-url", sim.base_url,
+                    "--cache-dir", str(tmp_path / "c1"), "--out", str(tmp_path / "r.jsonl"), "--no-progress", cwd=tmp_path)
+        assert first.returncode == 0, first.stderr
+        results = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
+        # Key the results by their request bodies' cache keys, as `requests export` does, and break one.
+        profile = load_profile("sim", base_url=sim.base_url)
+        engine = LLMEngine(profile, cache_root=tmp_path / "keys")
+        keyed = [dict(r, custom_id=engine.prepare_body(x["body"]).key) for r, x in zip(results, lines, strict=True)]
+        engine.close_cache()
+        keyed[3] = dict(keyed[3], response={"status_code": 500, "body": {"error": {"message": "server had an error"}}})
+        (tmp_path / "keyed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keyed), encoding="utf-8")
+        imp = run("import", str(tmp_path / "keyed.jsonl"), "--model", "sim", "--cache-dir", str(tmp_path / "c2"), cwd=tmp_path)
+        assert imp.returncode == 0, imp.stderr
+        assert "Imported 19 replies" in imp.stdout and "1 errors" in imp.stdout
+        sim.reset_stats()
+        second = run("run", str(tmp_path / "in.jsonl"), "--model", "sim", "--base-url", sim.base_url,
+                     "--cache-dir", str(tmp_path / "c2"), "--out", str(tmp_path / "r2.jsonl"), "--no-progress", cwd=tmp_path)
+        assert second.returncode == 0, second.stderr
+        assert sim.stats()["ok"] == 1  # only the request whose result was an error was sent
+    again = [json.loads(x) for x in (tmp_path / "r2.jsonl").read_text().splitlines()]
+    content = lambda r: r["response"]["body"]["choices"][0]["message"]["content"]  # noqa: E731
+    assert [content(r) for r in again] == [content(r) for r in results]
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ('{"custom_id": "a", "body": {"messages": []}}\nnot json\n', "in.jsonl:2"),
+    ('{"custom_id": "a", "body": {"messages": []}}\n{"custom_id": "a", "body": {"messages": []}}\n', "appears twice"),
+    ('{"body": {"messages": []}}\n', "custom_id"),
+])
+def test_bad_request_file_is_one_line_before_any_request(tmp_path, bad, needle):
+    (tmp_path / "in.jsonl").write_text(bad, encoding="utf-8")
+    r = run("run", str(tmp_path / "in.jsonl"), "--model", "sim", "--base-url", "http://127.0.0.1:9/v1",
+            "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "o.jsonl"), cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert needle in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,178 @@
+"""The study through Batch APIs and request files, end to end on the tiny data folder (simulator on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from data_fixtures import make_data_dir
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from evaluator.batch.files import read_requests, write_lines  # noqa: E402
+from evaluator.batch.providers import OpenAIBatch  # noqa: E402
+from evaluator.llm import load_profile  # noqa: E402
+from evaluator.sim.batch import batch_stats, configure_batch, reset_batch_stats  # noqa: E402
+from evaluator.sim.harness import start_simulator  # noqa: E402
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "evaluator", *args]
+
+
+def env() -> dict[str, str]:
+    e = {**os.environ, "PYTHONPATH": str(REPO)}
+    e.pop("EVALUATOR_DATA", None)
+    return e
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(cli(*args), cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batchws")
+    data = make_data_dir(root / "data")
+    with start_simulator() as sim:
+        yield root, data, sim
+
+
+@pytest.fixture
+def sim(ws):
+    root, data, s = ws
+    configure_batch(s.base_url, reset=True, turnaround_s=0.1)
+    reset_batch_stats(s.base_url)
+    s.reset_stats()
+    return s
+
+
+def study_args(ws, model: str, cache: Path, out: Path) -> list[str]:
+    root, data, sim = ws
+    return ["--data", str(data), "--cache-dir", str(cache), "--out", str(out), "--model", model, "--runs", "2",
+            "--base-url", sim.base_url, "--no-progress", "--no-extras"]
+
+
+def rows(out: Path) -> list[dict]:
+    return json.loads((out / "summary.json").read_text())["rows"]
+
+
+@pytest.fixture(scope="module")
+def online(ws):
+    """The online study per model: the reference every batch path must reproduce."""
+    root = ws[0]
+    done = {}
+    for model in ("sim", "sim-b"):
+        r = run_cli(*study_args(ws, model, root / f"c-online-{model}", root / f"online-{model}"), cwd=root)
+        assert r.returncode == 0, r.stderr
+        done[model] = rows(root / f"online-{model}")
+    return done
+
+
+@pytest.mark.parametrize("model, faults", [("sim", True), ("sim-b", False)])
+def test_batch_study_equals_online_study(ws, sim, online, tmp_path, model, faults):
+    if faults:  # failed and expired requests are re-submitted; none is answered (paid) twice
+        configure_batch(sim.base_url, p_fail=0.25, expire_next=1, seed=5)
+    r = run_cli(*study_args(ws, model, tmp_path / "c", tmp_path / "out"), "--batch", cwd=ws[0])
+    assert r.returncode == 0, r.stderr
+    assert rows(tmp_path / "out") == online[model]
+    server = batch_stats(sim.base_url)
+    assert server["repeated_ok"] == 0 and server["requests_ok"] == 30  # 5 queries x 2 runs x 3 calls
+    assert sim.stats()["requests"] == 0  # nothing went to the online endpoint
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    b = meta["batch"][model]
+    assert b["stored"] == 30 and b["batches"] >= 2  # round 1, then the PtR planners
+    if faults:  # every submission is accounted for: answered once, or failed / expired and submitted again
+        assert server["requests_failed"] > 0 and server["requests_expired"] > 0
+        assert b["submitted"] == 30 + server["requests_failed"] + server["requests_expired"]
+    cost = meta["cost"][model]
+    assert cost["batch"]["usd"] == pytest.approx(cost["all_online_usd"] / 2)
+    assert "batch" in (tmp_path / "out" / "report.md").read_text().lower()
+
+
+def test_sigkill_while_polling_then_rerun_submits_no_batch_twice(ws, sim, online, tmp_path):
+    configure_batch(sim.base_url, turnaround_s=60.0)
+    args = study_args(ws, "sim", tmp_path / "c", tmp_path / "out")
+    child = subprocess.Popen(cli(*args, "--batch"), cwd=ws[0], env=env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while batch_stats(sim.base_url)["batches_created"] < 1:
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)  # now polling
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    configure_batch(sim.base_url, turnaround_s=0.1)
+    r = run_cli(*args, "--batch", cwd=ws[0])
+    assert r.returncode == 0, r.stderr
+    assert "resuming 1 batch" in r.stderr
+    server = batch_stats(sim.base_url)
+    assert server["batches_created"] == 2  # round 1 once (resumed, not re-submitted), round 2 once
+    assert server["requests_ok"] == 30 and server["repeated_ok"] == 0
+    assert rows(tmp_path / "out") == online["sim"]
+
+
+def test_batch_cancel_cancels_open_batches(ws, sim, tmp_path):
+    configure_batch(sim.base_url, stuck_next=1)
+    args = study_args(ws, "sim", tmp_path / "c", tmp_path / "out")
+    child = subprocess.Popen(cli(*args, "--batch"), cwd=ws[0], env=env(),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while batch_stats(sim.base_url)["batches_created"] < 1:
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    r = run_cli(*args, "--batch-cancel", cwd=ws[0])
+    assert r.returncode == 0, r.stderr
+    assert "cancelled 1 open batch" in r.stderr + r.stdout
+    assert batch_stats(sim.base_url)["cancelled"] == 1
+
+
+def test_export_simulated_batch_import_then_study_from_cache(ws, sim, online, tmp_path):
+    root, data, _ = ws
+    cache = tmp_path / "c"
+    flags = ["--data", str(data), "--cache-dir", str(cache), "--model", "sim", "--runs", "2", "--no-progress"]
+    profile = dataclasses.replace(load_profile("sim", base_url=sim.base_url), batch="openai")
+
+    async def through_batch_api(src: Path, dst: Path) -> None:
+        api = OpenAIBatch(profile, None)
+        try:
+            batch_id = await api.submit(read_requests(src), "export-test")
+            while not (await api.state(batch_id)).done:
+                await asyncio.sleep(0.05)
+            write_lines(dst, await api.results(batch_id))
+        finally:
+            await api.close()
+
+    for rnd in (1, 2):
+        ex = run_cli("requests", "export", str(tmp_path / f"r{rnd}.jsonl"), *flags, cwd=root)
+        assert ex.returncode == 0, ex.stderr
+        asyncio.run(through_batch_api(tmp_path / f"r{rnd}.jsonl", tmp_path / f"o{rnd}.jsonl"))
+        im = run_cli("requests", "import", str(tmp_path / f"o{rnd}.jsonl"), "--cache-dir", str(cache), cwd=root)
+        assert im.returncode == 0, im.stderr
+    assert len(read_requests(tmp_path / "r1.jsonl")) == 20 and len(read_requests(tmp_path / "r2.jsonl")) == 10
+    sim.reset_stats()
+    r = run_cli(*study_args(ws, "sim", cache, tmp_path / "out"), cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert sim.stats()["requests"] == 0  # the study ran from the imported replies alone
+    assert rows(tmp_path / "out") == online["sim"]
+
+
+def test_batch_needs_a_profile_that_declares_one(ws, tmp_path):
+    root, data, sim = ws
+    prof = tmp_path / "nobatch.toml"
+    prof.write_text(f'model = "sim-1"\nbase_url = "{sim.base_url}"\nsimulated = true\n', encoding="utf-8")
+    r = run_cli("--data", str(data), "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "o"),
+                "--model", str(prof), "--batch", "--no-progress", cwd=root)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "batch" in r.stderr and "nobatch" in r.stderr and len(r.stderr.strip().splitlines()) == 1

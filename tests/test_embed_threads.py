@@ -1,0 +1,47 @@
+"""Thread pools sized to the CPUs the process may use, waiting passively."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from evaluator import threads
+
+
+def test_cgroup_quota_v2_and_unlimited(tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert threads._cgroup_quota(tmp_path) == 1.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert threads._cgroup_quota(tmp_path) is None
+    assert threads._cgroup_quota(tmp_path / "missing") is None
+
+
+def test_available_cpus_is_the_smallest_of_affinity_and_quota(monkeypatch):
+    monkeypatch.delenv("EVALUATOR_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6, 7})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the host's count must not leak through
+    monkeypatch.setattr(threads, "_cgroup_quota", lambda: 2.5)
+    assert threads.available_cpus() == 2
+    monkeypatch.setattr(threads, "_cgroup_quota", lambda: None)
+    assert threads.available_cpus() == 8
+    monkeypatch.setattr(threads, "_cgroup_quota", lambda: 0.3)
+    assert threads.available_cpus() == 1
+    monkeypatch.setenv("EVALUATOR_THREADS", "3")
+    assert threads.available_cpus() == 3
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_libraries_loaded_through_the_evaluator_wait_passively_on_the_allowed_cpus():
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+        "import evaluator.index, torch, faiss;"
+        "from evaluator import threads; threads.configure_torch();"
+        "print(os.environ['OMP_WAIT_POLICY'], torch.get_num_threads(), faiss.omp_get_max_threads())"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "EVALUATOR_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["PASSIVE", "1", "1"]
