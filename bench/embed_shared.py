@@ -68,26 +68,38 @@ print(json.dumps({"texts_per_s": done / (time.perf_counter() - t0), "runtime": e
 """
 
 
-def _measure(backend: str, precision: str, seconds: float, config: str) -> dict[str, Any]:
+def _worker(backend: str, precision: str, seconds: float, config: str) -> tuple[list[str], dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     if config == "spinning":
         env["OMP_WAIT_POLICY"] = "ACTIVE"
-    out = subprocess.run([PYTHON, "-c", WORKER, backend, precision, str(seconds), config], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=seconds * 10 + 300)
+    return [PYTHON, "-c", WORKER, backend, precision, str(seconds), config], env
+
+
+def _measure(backend: str, precision: str, seconds: float, config: str) -> dict[str, Any]:
+    cmd, env = _worker(backend, precision, seconds, config)
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=seconds * 10 + 300)
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _busy() -> subprocess.Popen:
-    # One process keeps one core busy (Python's GIL): n processes for n busy cores.
-    return subprocess.Popen([PYTHON, "-c", "while True: pass"])
+def _busy(neighbour: str, backend: str, precision: str, seconds: float, config: str) -> list[subprocess.Popen]:
+    if neighbour == "embedder":  # a second evaluator embedding at the same time, same configuration
+        cmd, env = _worker(backend, precision, seconds * 4 + 60, config)
+        return [subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    # One process keeps one core busy (Python's GIL): n - 1 processes for n - 1 busy cores.
+    return [subprocess.Popen([PYTHON, "-c", "while True: pass"]) for _ in range(max(1, _cpus() - 1))]
 
 
-def run(paths=(("torch", "fp32"), ("openvino", "fp32")), seconds: float = 15.0, configs=("hygiene", "spinning")) -> Result:
+def _cpus() -> int:
     from evaluator import threads
 
-    n = threads.available_cpus()
+    return threads.available_cpus()
+
+
+def run(paths=(("torch", "fp32"), ("openvino", "fp32")), seconds: float = 15.0, configs=("hygiene", "spinning"),
+        neighbour: str = "spin") -> Result:
+    n = _cpus()
     busy_procs = max(1, n - 1)
     rows: list[list[Any]] = []
     data: dict[str, Any] = {"threads": n, "busy_processes": busy_procs, "seconds_each": seconds}
@@ -96,9 +108,9 @@ def run(paths=(("torch", "fp32"), ("openvino", "fp32")), seconds: float = 15.0, 
         for config in configs:
             quiet, busy = [], []
             for phase in ("quiet", "busy", "busy", "quiet"):
-                procs = [_busy() for _ in range(busy_procs)] if phase == "busy" else []
+                procs = _busy(neighbour, b, p, seconds, config) if phase == "busy" else []
                 try:
-                    time.sleep(0.5 if procs else 0)
+                    time.sleep((8.0 if neighbour == "embedder" else 0.5) if procs else 0)  # neighbour warmed up
                     r = _measure(b, p, seconds, config)
                 finally:
                     for pr in procs:
@@ -111,12 +123,16 @@ def run(paths=(("torch", "fp32"), ("openvino", "fp32")), seconds: float = 15.0, 
             data[name] = {"quiet": quiet, "busy": busy, "runtime": r["runtime"]}
             if config == "hygiene":
                 goals.append(Goal(f"{b} {p}: busy / quiet rate", bz / q, ">= 0.75", bz / q >= 0.75))
+    what = (f"{busy_procs} process(es) spinning one core each" if neighbour == "spin" else
+            "a second embedder of the same path and configuration, embedding throughout")
     return Result(
-        name=NAME, title=TITLE, columns=["embedder", "quiet texts/s", "beside busy texts/s", "busy / quiet"],
+        name=NAME if neighbour == "spin" else f"{NAME}-{neighbour}",
+        title=TITLE if neighbour == "spin" else f"{TITLE} (the neighbour: a second embedder)", columns=["embedder", "quiet texts/s", "beside busy texts/s", "busy / quiet"],
         rows=rows, goals=goals, data=data,
-        notes=[f"{n} CPUs available to the process; the neighbour: {busy_procs} process(es) spinning one core each",
+        notes=[f"{n} CPUs available to the process; the neighbour: {what}",
                "a fair scheduler gives the embedder's threads about n/(n+1) of the cores beside one spinning "
-               "process (2/3 on 2 cores), so ~0.67 is the ceiling there, not 1",
+               "process (2/3 on 2 cores), so ~0.67 is the ceiling there, not 1; beside a second embedder with "
+               "as many threads, 1/2",
                "quiet and busy alternate (quiet, busy, busy, quiet); other users' load is in machine.loadavg"],
     )
 
@@ -127,10 +143,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--paths", nargs="*", default=["torch:fp32", "openvino:fp32"], help="backend:precision")
     ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--neighbour", choices=["spin", "embedder"], default="spin")
     a = ap.parse_args()
     t0 = time.perf_counter()
     m = machine()
-    r = run(tuple(tuple(x.split(":")) for x in a.paths), a.seconds)
+    r = run(tuple(tuple(x.split(":")) for x in a.paths), a.seconds, neighbour=a.neighbour)
     r.seconds, r.machine, r.command = time.perf_counter() - t0, m, "python -m bench.embed_shared " + " ".join(sys.argv[1:])
     print_result(r)
     write_result(r)

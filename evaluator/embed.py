@@ -14,10 +14,13 @@ fp32 on the shared data (RtP recall@1..20 within 0.005, >= 98% identical top-5 l
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import shutil
 import sys
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,8 +109,13 @@ class EmbeddingStore:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.root / name)
-        except PermissionError:
-            raise EmbedderError(f"cache dir {self.cache_dir} is not writable; use --cache-dir") from None
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise EmbedderError(f"cache dir {self.cache_dir} is not writable; use --cache-dir") from None
+            raise EmbedderError(f"cannot write the embedding cache in {self.cache_dir} ({e.strerror or e}); "
+                                "use --cache-dir") from None
         self._loaded.add(name)
         for k, v in zip(keys, vecs, strict=True):
             self.vectors[k] = v
@@ -265,8 +273,9 @@ class Embedder:
             import tempfile
 
             root = self.cache_dir
-            if root is None:  # no cache: export into a folder that lives as long as the process
+            if root is None:  # no cache: export into a folder that lives as long as this embedder
                 root = Path(tempfile.mkdtemp(prefix="evaluator-exports-"))
+                weakref.finalize(self, shutil.rmtree, root, True)
             elif self.store is not None:
                 self.store.check_writable()
             kind = "onnx-int8" if self.precision == "int8" else f"{self.backend}-fp32"

@@ -21,21 +21,49 @@ from pathlib import Path
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-def _cgroup_quota(root: Path = _CGROUP_ROOT) -> float | None:
-    """CPUs allowed by the cgroup's CFS quota (v2 `cpu.max`, else v1), None when unlimited."""
+def _quota_at(folder: Path) -> float | None:
+    """CPUs allowed by one cgroup folder's CFS quota (v2 `cpu.max`, else v1), None when unlimited."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        if quota != "max":
-            return int(quota) / int(period)
-        return None
+        quota, period = (folder / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         pass
     try:
-        q = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        p = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        q = int((folder / "cpu.cfs_quota_us").read_text())
+        p = int((folder / "cpu.cfs_period_us").read_text())
         return q / p if q > 0 and p > 0 else None
     except (OSError, ValueError):
         return None
+
+
+def _own_cgroup(proc: Path = Path("/proc/self/cgroup")) -> str:
+    """This process's cgroup path (v2 `0::/x`, else v1's `cpu` controller), '' when unknown."""
+    try:
+        lines = proc.read_text().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "" or "cpu" in controllers.split(","):
+            return path.strip("/")
+    return ""
+
+
+def _cgroup_quota(root: Path = _CGROUP_ROOT, own: str | None = None) -> float | None:
+    """The tightest CFS quota on this process's cgroup and its ancestors (a container's limit can
+    sit on any level); None when none is set."""
+    own = _own_cgroup() if own is None else own
+    quotas = []
+    for base in (root, root / "cpu"):  # v2 unified, v1 cpu controller
+        folder = base / own if own else base
+        while True:
+            q = _quota_at(folder)
+            if q is not None:
+                quotas.append(q)
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return min(quotas) if quotas else None
 
 
 def available_cpus() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 import numpy as np
@@ -55,3 +56,18 @@ def test_read_only_cache_dir_is_one_line_and_a_warm_one_still_reads(tmp_path):
         for d in [tmp_path, *tmp_path.rglob("*")]:
             if d.is_dir():
                 d.chmod(0o755)
+
+
+@pytest.mark.parametrize("code,expected", [
+    (errno.EROFS, "is not writable; use --cache-dir"),  # a read-only mount, which root cannot write either
+    (errno.ENOSPC, "cannot write the embedding cache in"),  # a full disk
+])
+def test_failing_shard_write_is_one_line_not_a_traceback(tmp_path, monkeypatch, code, expected):
+    def fail(*a, **k):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(np, "savez", fail)
+    with pytest.raises(EmbedderError, match=expected) as err:
+        Embedder(cache_dir=tmp_path, progress=False).encode(TEXTS)
+    assert "\n" not in str(err.value) and str(tmp_path) in str(err.value)
+    assert not list(tmp_path.rglob(".shard-*.tmp"))  # no half-written file left behind
