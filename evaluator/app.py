@@ -201,7 +201,7 @@ def build_meta(study: Study, profiles: dict[str, ModelProfile]) -> Meta:
         retrieval_only=not profiles, warnings=study.warnings.as_dict(),
         # Everything that changes from one invocation to the next lives here and stays out of summary.json.
         runtime={"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "timings": study.timings,
-                 "embed": dataclasses.asdict(study.embedder.stats)},
+                 "embed": dataclasses.asdict(study.embedder.stats), "embed_runtime": study.embedder.description},
     )
 
 

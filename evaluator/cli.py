@@ -265,3 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: finished LLM calls are cached; rerun the same command to resume.", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except OSError as e:
+        # A file system failure nothing checked for (disk full, a folder removed mid-run): one line, not a
+        # traceback. Finished LLM calls are in the cache, so a rerun pays for nothing twice.
+        where = f" {e.filename}" if e.filename else ""
+        print(f"error: cannot read or write{where}: {e.strerror or e}. Fix the path or free space and rerun.",
+              file=sys.stderr)
+        return EXIT_STOPPED

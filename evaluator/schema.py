@@ -7,8 +7,10 @@ here once, as properties; every analysis reads them from here. The JSON shapes a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -446,17 +448,36 @@ class OutputDir:
 
 
 def check_writable(path: Path, what: str) -> None:
-    """Fail now, not after the LLM phase, when a folder cannot be created or written. Creates nothing."""
+    """Fail now, not after the LLM phase, when a folder cannot be created or written. Leaves nothing behind.
+
+    It really creates the missing folders and a probe file, then removes them: permission bits say nothing for
+    root, read-only mounts or pseudo file systems (`/proc`), and only a real write tells.
+    """
     p = Path(path).expanduser().absolute()
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{what} {path} is a file, not a folder; pass a folder.")
+    missing: list[Path] = []
     probe = p
     while not probe.exists():
+        missing.append(probe)
         probe = probe.parent
     if not probe.is_dir():
         raise ConfigError(f"{what} {path}: {probe} is a file, so the folder cannot be created; pass another folder.")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path} is not writable ({probe} does not allow writing); pass a writable folder.")
+    created: list[Path] = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            created.append(d)
+        fd, tmp = tempfile.mkstemp(dir=p, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise ConfigError(f"{what} {path} is not writable ({reason}); pass a writable folder.") from None
+    finally:
+        for d in reversed(created):
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def as_records(items: Sequence[Record | Mapping[str, Any]]) -> list[Record]:
