@@ -264,13 +264,17 @@ class BatchSim:
         return _json({"id": fid, "object": "file", "bytes": len(data), "created_at": int(time.time()),
                       "filename": f.filename, "purpose": "batch"})
 
-    async def file_content(self, request: web.Request) -> web.Response:
+    def _file(self, request: web.Request, denied: str) -> web.Response:
+        # Both APIs serve a stored file the same way; only their wording of a bad key differs.
         if not self._authorized(request):
-            return _error(401, "Incorrect API key provided.")
+            return _error(401, denied)
         data = self.files.get(request.match_info["file_id"])
         if data is None:
             return _error(404, "No such file")
         return web.Response(body=data, content_type="application/octet-stream")
+
+    async def file_content(self, request: web.Request) -> web.Response:
+        return self._file(request, "Incorrect API key provided.")
 
     async def create(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -305,13 +309,18 @@ class BatchSim:
             "metadata": b.metadata,
         }
 
-    async def retrieve(self, request: web.Request) -> web.Response:
+    def _batch(self, request: web.Request, style: str) -> _Batch | web.Response:
+        """The batch a request names, or the error response each API gives for a bad key or an unknown id."""
         if not self._authorized(request):
-            return _error(401, "Incorrect API key provided.")
+            return _error(401, "Incorrect API key provided." if style == "openai" else "API key not valid.")
         b = self.batches.get(request.match_info["batch_id"])
-        if b is None or b.style != "openai":
+        if b is None or b.style != style:
             return _error(404, "No such batch")
-        return _json(self._openai_view(b))
+        return b
+
+    async def retrieve(self, request: web.Request) -> web.Response:
+        b = self._batch(request, "openai")
+        return b if isinstance(b, web.Response) else _json(self._openai_view(b))
 
     async def list(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -320,11 +329,9 @@ class BatchSim:
         return _json({"object": "list", "data": views, "has_more": False})
 
     async def cancel(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return _error(401, "Incorrect API key provided.")
-        b = self.batches.get(request.match_info["batch_id"])
-        if b is None or b.style != "openai":
-            return _error(404, "No such batch")
+        b = self._batch(request, "openai")
+        if isinstance(b, web.Response):
+            return b
         self._cancel(b)
         return _json(self._openai_view(b))
 
@@ -359,12 +366,7 @@ class BatchSim:
                                "sizeBytes": str(len(data)), "mimeType": "application/jsonl", "state": "ACTIVE"}})
 
     async def g_download(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return _error(401, "API key not valid.")
-        data = self.files.get(request.match_info["file_id"])
-        if data is None:
-            return _error(404, "No such file")
-        return web.Response(body=data, content_type="application/octet-stream")
+        return self._file(request, "API key not valid.")
 
     async def g_create(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -410,12 +412,8 @@ class BatchSim:
         return view
 
     async def g_get(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return _error(401, "API key not valid.")
-        b = self.batches.get(request.match_info["batch_id"])
-        if b is None or b.style != "gemini":
-            return _error(404, "No such batch")
-        return _json(self._gemini_view(b))
+        b = self._batch(request, "gemini")
+        return b if isinstance(b, web.Response) else _json(self._gemini_view(b))
 
     async def g_list(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -423,11 +421,9 @@ class BatchSim:
         return _json({"operations": [self._gemini_view(b) for b in reversed(self.batches.values()) if b.style == "gemini"]})
 
     async def g_cancel(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return _error(401, "API key not valid.")
-        b = self.batches.get(request.match_info["batch_id"])
-        if b is None or b.style != "gemini":
-            return _error(404, "No such batch")
+        b = self._batch(request, "gemini")
+        if isinstance(b, web.Response):
+            return b
         self._cancel(b)
         return _json({})
 
