@@ -99,15 +99,21 @@ def test_batch_study_equals_online_study(ws, sim, online, tmp_path, model, fault
     assert "batch" in (tmp_path / "out" / "report.md").read_text().lower()
 
 
-def test_sigkill_while_polling_then_rerun_submits_no_batch_twice(ws, sim, online, tmp_path):
-    configure_batch(sim.base_url, turnaround_s=60.0)
-    args = study_args(ws, "sim", tmp_path / "c", tmp_path / "out")
+def start_batch_study(ws, sim, args) -> subprocess.Popen:
+    """A `--batch` study in a child process, returned once its first batch exists at the simulator."""
     child = subprocess.Popen(cli(*args, "--batch"), cwd=ws[0], env=env(),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while batch_stats(sim.base_url)["batches_created"] < 1:
         assert child.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
+    return child
+
+
+def test_sigkill_while_polling_then_rerun_submits_no_batch_twice(ws, sim, online, tmp_path):
+    configure_batch(sim.base_url, turnaround_s=60.0)
+    args = study_args(ws, "sim", tmp_path / "c", tmp_path / "out")
+    child = start_batch_study(ws, sim, args)
     time.sleep(0.3)  # now polling
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
@@ -124,12 +130,7 @@ def test_sigkill_while_polling_then_rerun_submits_no_batch_twice(ws, sim, online
 def test_batch_cancel_cancels_open_batches(ws, sim, tmp_path):
     configure_batch(sim.base_url, stuck_next=1)
     args = study_args(ws, "sim", tmp_path / "c", tmp_path / "out")
-    child = subprocess.Popen(cli(*args, "--batch"), cwd=ws[0], env=env(),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while batch_stats(sim.base_url)["batches_created"] < 1:
-        assert child.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
+    child = start_batch_study(ws, sim, args)
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     r = run_cli(*args, "--batch-cancel", cwd=ws[0])
