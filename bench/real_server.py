@@ -22,6 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from evaluator.schema import TRUNCATED, OutputDir, Record, record_key
+
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "bench" / "results" / "real_server.json"
 MODES = ("json_schema", "json_object_schema", "none")
@@ -48,54 +50,47 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.monotonic() - start
 
 
-def _read(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    meta = json.loads((out / "meta.json").read_text())
-    recs = [json.loads(x) for x in (out / "queries.jsonl").read_text().splitlines() if x.strip()]
-    return meta, recs
-
-
-def _llm_stats(meta: dict[str, Any]) -> dict[str, Any]:
-    stats = meta.get("llm_stats") or meta.get("llm", {}).get("stats") or {}
-    return next(iter(stats.values())) if stats else {}
+def _read(out: Path) -> tuple[dict[str, Any], list[Record]]:
+    """This run's per-model LLM stats and its typed records, through the output folder's one reader."""
+    od = OutputDir(out).require()
+    stats = od.read_meta().llm_stats
+    return (next(iter(stats.values())) if stats else {}), od.read_records()
 
 
 def _rate(num: int, den: int) -> float | None:
     return round(num / den, 3) if den else None
 
 
-def parse_rates(recs: list[dict[str, Any]]) -> dict[str, Any]:
+def parse_rates(recs: list[Record]) -> dict[str, Any]:
     """Per prompt: replies received, parsed, holding an answer, cut at max_tokens; stub-copy flags."""
-    disc = [r["ptr"] for r in recs if r.get("ptr") and not r["ptr"].get("discovery_llm_error")]
-    disc_ok = [p for p in disc if not p.get("discovery_parse_error")]
-    stubs = [s for p in disc for s in p.get("stubs") or []]
+    disc = [r.ptr for r in recs if r.ptr is not None and not r.ptr.discovery_llm_error]
+    disc_ok = [p for p in disc if not p.discovery_parse_error]
+    stubs = [s for p in disc for s in p.stubs]
     out: dict[str, Any] = {
         "discovery": {
             "replies": len(disc),
             "parsed": len(disc_ok),
             "parse_rate": _rate(len(disc_ok), len(disc)),
-            "with_stubs": sum(bool(p.get("stubs")) for p in disc),
+            "with_stubs": sum(bool(p.stubs) for p in disc),
             "stubs": len(stubs),
-            "example_copies": sum(bool(s.get("example_copy")) for s in stubs),
-            "truncated": sum(p.get("discovery_finish_reason") == "length" for p in disc),
+            "example_copies": sum(s.example_copy for s in stubs),
+            "truncated": sum(p.discovery_finish_reason == TRUNCATED for p in disc),
         }
     }
     for arch in ("rtp", "ptr"):
-        plans = [r[arch]["plan"] for r in recs if r.get(arch) and r[arch].get("plan")]
-        plans = [p for p in plans if not p.get("llm_error") and (p.get("finish_reason") or p.get("steps") or p.get("parse_error"))]
-        ok = [p for p in plans if not p.get("parse_error")]
+        plans = [b.plan for r in recs if (b := r.block(arch)) is not None and b.plan is not None]
+        # A reply was received (a PtR query with no stub has a plan block but no planner call).
+        plans = [p for p in plans if p.usable and (p.finish_reason or p.steps or p.parse_error)]
+        ok = [p for p in plans if not p.parse_error]
         out[f"planner_{arch}"] = {
             "replies": len(plans),
             "parsed": len(ok),
             "parse_rate": _rate(len(ok), len(plans)),
-            "selected_offered": sum(bool(p.get("selected_offered", p.get("selected"))) for p in plans),
-            "selected_unoffered_only": sum(bool(p.get("selected")) and not p.get("selected_offered", p.get("selected")) for p in plans),
-            "truncated": sum(p.get("finish_reason") == "length" for p in plans),
+            "selected_offered": sum(bool(p.counted_selected) for p in plans),
+            "selected_unoffered_only": sum(bool(p.unique_selected) and not p.counted_selected for p in plans),
+            "truncated": sum(p.truncated for p in plans),
         }
     return out
-
-
-def _key(rec: dict[str, Any]) -> tuple:
-    return (str(rec.get("subset")), str(rec.get("query_id")), str(rec.get("model")), int(rec.get("run", 0)))
 
 
 def _server_info(base_url: str) -> Any:
@@ -136,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             out = work / f"out-{mode}-{label}"
             shutil.rmtree(out, ignore_errors=True)
             wall = _run([*base, "--model", str(profile), "--out", str(out)], work / f"{mode}-{label}.log")
-            meta, recs = _read(out)
-            runs[label] = {"wall_s": round(wall, 1), "stats": _llm_stats(meta), "records": recs}
+            stats, recs = _read(out)
+            runs[label] = {"wall_s": round(wall, 1), "stats": stats, "records": recs}
         first, rerun = runs["first"], runs["rerun"]
         st = first["stats"]
         # A run with extra flags (e.g. a small --max-tokens to provoke cuts) is its own entry.
@@ -162,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 "wall_s": rerun["wall_s"],
                 "requests": rerun["stats"].get("requests"),
                 "cache_hits": rerun["stats"].get("cache_hits"),
-                "identical_records": sorted(first["records"], key=_key) == sorted(rerun["records"], key=_key),
+                "identical_records": sorted(first["records"], key=record_key) == sorted(rerun["records"], key=record_key),
             },
         }
         print(json.dumps({mode: results[f"{mode} {args.extra}".strip()]["parse"]}, indent=1), flush=True)

@@ -22,7 +22,7 @@ from .analysis import routing as R
 from .analysis import scaling as SC
 from .analysis import stats as S
 from .analysis.main import main_study
-from .config import ConfigError, Settings, analysis_subsets
+from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
 from .data import DataError, Registry, load_registry
 from .llm import LLMEngine, ModelProfile, load_profile
 from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
@@ -121,6 +121,9 @@ def run(s: Settings, *, progress: bool = True, retrieval_only: bool = False, log
             return Outcome(out, message=batch_study.cancel_message(batch_study.cancel(profiles, cache_root, log)))
     inputs = load_inputs(s)
     check_inputs(s, inputs)
+    if not retrieval_only and s.extras:
+        # an [analysis] subset this run lacks: one line now, not after the LLM phase
+        analysis_subsets(s, sorted({q.subset for q in inputs.queries}))
     fit_ks_to_registry(s, inputs.registry, log)
     study = prepare(s, progress, inputs)
     od = OutputDir(out)
@@ -227,10 +230,14 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
         od.write_json(SCALING_FILE, res.to_dict())
     else:
         notes["scaling"] = "no subset to run it on"
-    opt = R.Options(k=s.k, train=subs.routing_train, test=subs.routing_test, folds=s.routing_folds,
-                    seed=s.routing_seed)
+    opt = _routing_options(s, subs)
     od.write_json(ROUTING_FILE, R.routing_study(records, opt, _about(meta, s, "routing_test")).to_dict())
     return notes
+
+
+def _routing_options(s: Settings, subs: AnalysisSubsets) -> R.Options:
+    return R.Options(k=s.k, train=subs.routing_train, test=subs.routing_test, folds=s.routing_folds,
+                     seed=s.routing_seed)
 
 
 def _about(meta: Meta, s: Settings, setting: str) -> dict[str, Any]:
@@ -328,10 +335,12 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
 
 def routing_from_output(od: OutputDir, s: Settings, log: Log = _stderr) -> R.RoutingResult:
     meta = od.read_meta()
+    saved = max([meta.k, *meta.ks])
+    if s.k > saved:  # the records hold each top list only to the run's largest k
+        raise ConfigError(f"--k {s.k} is above the largest k this run saved ({saved}); pass --k {saved} or less.")
     records = _records_with_ptr(od, "routing")
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
-    opt = R.Options(k=s.k, train=subs.routing_train, test=subs.routing_test, folds=s.routing_folds,
-                    seed=s.routing_seed)
+    opt = _routing_options(s, subs)
     res = R.routing_study(records, opt, _about(meta, s, "routing_test"), log=log)
     od.write_json(ROUTING_FILE, res.to_dict())
     render_outputs(od)

@@ -184,8 +184,9 @@ def _analysis_settings(args: argparse.Namespace, od: OutputDir) -> Settings:
         value = getattr(args, dest, None)
         if value is not None:
             setattr(s, dest, value)
-    if getattr(args, "cache_dir", None) or meta.settings.get("cache_dir"):
-        s.cache_dir = args.cache_dir or meta.settings["cache_dir"]
+    # `routing` has no --cache-dir flag (it embeds nothing)
+    if cache_dir := getattr(args, "cache_dir", None) or meta.settings.get("cache_dir"):
+        s.cache_dir = cache_dir
     validate(s)
     return s
 

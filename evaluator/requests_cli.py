@@ -23,6 +23,7 @@ from .aio import cancel_all
 from .batch.files import Request, Result, read_requests, read_results, write_lines
 from .cli import Parser  # one-line usage errors, like every other command
 from .llm import ChatResult, ConfigError, FatalLLMError, LLMEngine, ModelProfile, load_profile
+from .schema import check_writable
 
 USAGE = __doc__.split("\n\n")[1]
 
@@ -57,8 +58,9 @@ def _cache_root(cache_dir: str | None, config: Path | None = None) -> Path:
 
 def _offline_profile(name: str, base_url: str | None = None, **overrides: Any) -> ModelProfile:
     """A profile for building keys and storing replies: no key needed, no endpoint contacted."""
-    p = load_profile(name, base_url=base_url, require_key=False, **overrides)
-    return dataclasses.replace(p, base_url=p.base_url or "http://127.0.0.1:9/v1")
+    from .batch.study import offline
+
+    return offline(load_profile(name, base_url=base_url, require_key=False, **overrides))
 
 
 # -- export ----------------------------------------------------------------------------------------------
@@ -73,6 +75,7 @@ def cmd_export(argv: list[str]) -> int:
         raise ConfigError("requests export: name the output file first: `requests export OUT.jsonl [study flags]`")
     out = Path(argv[0])
     args = run_parser().parse_args(argv[1:])
+    check_writable(out.parent, "requests export: the output file's folder")
     s = settings_from(args)
     if not s.models:
         raise ConfigError("requests export: name the model(s) with --model PROFILE")
@@ -193,6 +196,7 @@ def cmd_run(argv: list[str]) -> int:
     if args.out.resolve() == args.requests.resolve():
         raise ConfigError("requests run: --out must not be the input file")
     requests = read_requests(args.requests)  # the whole file is checked before anything is sent
+    check_writable(args.out.parent, "--out")  # one line now, not a traceback after every request was sent
     profile = load_profile(args.model, base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
     root = _cache_root(args.cache_dir, args.config)
     t0 = time.perf_counter()

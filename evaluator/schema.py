@@ -415,8 +415,17 @@ class OutputDir:
 
     def read_records(self) -> list[Record]:
         self.require()
-        with open(self.path / QUERIES_FILE, encoding="utf-8") as fh:
-            return [Record.from_dict(json.loads(line)) for line in fh if line.strip()]
+        out: list[Record] = []
+        with open(self.path / QUERIES_FILE, "rb") as fh:  # bytes: a bad encoding is caught per line below
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(Record.from_dict(json.loads(line)))
+                except (ValueError, TypeError, AttributeError) as e:
+                    raise OutputError(f"{self.path / QUERIES_FILE}: line {n} is not a record ({e}); "
+                                      "rerun the study to rewrite it.") from None
+        return out
 
     def read_meta(self) -> Meta:
         p = self.path / META_FILE
@@ -444,7 +453,12 @@ class OutputDir:
 
     def read_json(self, name: str) -> Any:
         p = self.path / name
-        return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+        if not p.is_file():
+            return None
+        try:
+            return json.loads(p.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise OutputError(f"{p}: unreadable JSON ({e}); delete it or rerun the analysis that writes it.") from None
 
 
 def check_writable(path: Path, what: str) -> None:

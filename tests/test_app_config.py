@@ -100,6 +100,16 @@ def test_budgets_above_the_registry_and_empty_query_sets(tmp_path: Path, data: P
     assert not (cache / "embeddings").exists() and not out.exists()  # rejected before embedding
 
 
+def test_analysis_subsets_the_run_lacks_fail_before_any_work(tmp_path: Path, data: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    cache, out = tmp_path / "cache", tmp_path / "o"
+    cfg = _cfg(tmp_path, '[analysis]\nrouting_test = ["nope"]\n')
+    rc, err = _run(capsys, "--config", str(cfg), "--model", "sim", "--runs", "1", "--data", str(data),
+                   "--cache-dir", str(cache), "--out", str(out), "--no-progress")
+    assert rc == 2 and "routing_test: subset 'nope' is not in this run" in _one_line(err)
+    assert not (cache / "embeddings").exists() and not out.exists()  # nothing embedded, no LLM call
+
+
 def test_profile_overrides_from_flags() -> None:
     s = Settings(models=["sim"], overrides=ProfileOverrides(max_tokens=77, timeout_s=9.5, concurrency=3))
     p = load_profiles(s)["sim"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,22 @@ def test_report_rerenders_byte_identical(run_out) -> None:
     assert {p: (out / p).read_bytes() for p in before} == before
     assert {"scaling.png", "routing.png"} <= set(figs)
     assert {p.name: p.read_bytes() for p in (out / "figures").glob("*.png")} == figs
+
+
+def test_routing_command_on_a_finished_run(run_out, tmp_path: Path) -> None:
+    src, r = run_out
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "copy"
+    shutil.copytree(src, out)
+    before = json.loads((out / "routing.json").read_text())
+    again = run_cli("routing", str(out), cwd=tmp_path)  # meta.json names the run's cache_dir
+    assert again.returncode == 0, again.stderr
+    after = json.loads((out / "routing.json").read_text())
+    before["meta"].pop("timing_s"), after["meta"].pop("timing_s")
+    assert after == before  # the same study as the run's own
+    bad = run_cli("routing", str(out), "--k", "10", cwd=tmp_path)  # the run saved top-5 lists (ks 1,3,5)
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "error: --k 10 is above the largest k this run saved (5); pass --k 5 or less."), bad.stderr
 
 
 def test_one_subset_says_why_routing_has_no_split(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ def test_bundled_profiles_load():
     g = load_profile("gemini", env={"GEMINI_API_KEY": F.FAKE_KEY})
     assert g.model == "gemini-2.5-flash" and g.base_url == "https://generativelanguage.googleapis.com/v1beta/openai"
     assert g.api_key_env == "GEMINI_API_KEY" and g.rpm and not g.simulated
-    assert F.FAKE_KEY not in repr(g) and F.FAKE_KEY not in str(g.to_dict())
+    assert F.FAKE_KEY not in repr(g) and F.FAKE_KEY not in str(g.request_settings())
     s = load_profile("sim", env={})
     assert s.simulated and s.base_url == ""
 

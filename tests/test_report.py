@@ -137,3 +137,21 @@ def test_minimal_meta(tmp_path: Path) -> None:
     render_outputs(OutputDir(d), with_figures=False)
     md = (d / "report.md").read_text()
     assert "SIMULATED LLM — model `sim`" in md and "Runs: 1;" in md and "No data warnings." in md
+
+
+def test_damaged_saved_data_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A damaged queries.jsonl or routing.json: `report` says which file and line, no traceback."""
+    from evaluator.cli import main
+
+    d = F.write_out(tmp_path / "bad", F.study(("sim",), runs=1), F.meta(("sim",), runs=1))
+    good = (d / "queries.jsonl").read_bytes()
+    for damage in (b'{"model": "sim", "run"\n', b"\xff\xfe not utf-8\n", b"[1, 2]\n"):
+        (d / "queries.jsonl").write_bytes(good + damage)
+        assert main(["report", str(d)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and "queries.jsonl: line" in err and "Traceback" not in err, err
+    (d / "queries.jsonl").write_bytes(good)
+    (d / "routing.json").write_text('{"meta": ')
+    assert main(["report", str(d)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "routing.json: unreadable JSON" in err, err

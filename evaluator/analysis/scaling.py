@@ -126,11 +126,13 @@ def build_inputs(
     """Groups records by subset and embeds queries and stubs: one encode call for each kind."""
     by_subset: dict[str, dict[Any, Record]] = {s: {} for s in subsets}
     units_of: dict[str, set[tuple[str, int]]] = {s: set() for s in subsets}
+    ptr_recs: dict[str, list[Record]] = {s: [] for s in subsets}  # records with a PtR block, in record order
     for r in records:
         if r.subset in by_subset:
             by_subset[r.subset].setdefault(r.query_id, r)
             if r.ptr is not None and r.model is not None:
                 units_of[r.subset].add((r.model, r.run))
+                ptr_recs[r.subset].append(r)
     query_texts: list[str] = []
     stub_texts: list[str] = []
     # Per subset: where its queries start in query_texts, and (owner, stub text index or None = the raw query).
@@ -166,9 +168,8 @@ def build_inputs(
         qpos = {q: i for i, q in enumerate(qids)}
         unit_pos = {u: j for j, u in enumerate(si.units)}
         si.ptr_valid = np.zeros((len(si.units), n), dtype=bool)
-        for r in records:
-            if r.subset != name or r.ptr is None or r.model is None:
-                continue
+        for r in ptr_recs[name]:
+            assert r.ptr is not None and r.model is not None
             u, qi = unit_pos[(r.model, r.run)], qpos[r.query_id]
             ptr = r.ptr
             si.saved_ptr[(u, qi)] = list(ptr.retrieved[:k])

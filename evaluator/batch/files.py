@@ -95,7 +95,7 @@ def read_requests(path: Path | str) -> list[Request]:
         if cid in seen:
             raise RequestFileError(f"{path}:{n}: custom_id {cid!r} appears twice; each request needs its own")
         url = obj.get("url", CHAT_URL)
-        if url.rstrip("/") not in (CHAT_URL, "/chat/completions"):
+        if not isinstance(url, str) or url.rstrip("/") not in (CHAT_URL, "/chat/completions"):
             raise RequestFileError(f"{path}:{n}: url {url!r} is not supported; only {CHAT_URL}")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             raise RequestFileError(f"{path}:{n}: \"body\" must be a chat request with a \"messages\" list")
@@ -124,6 +124,8 @@ def _results(lines: Iterable[tuple[int, dict[str, Any]]], where: str) -> list[Re
         if resp is not None and not isinstance(resp, dict):
             raise RequestFileError(f"{where}:{n}: \"response\" must be an object or null")
         status = resp.get("status_code") if resp else None
+        if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+            raise RequestFileError(f"{where}:{n}: \"response.status_code\" must be an integer")
         out.append(Result(cid, int(status) if status is not None else None, resp.get("body") if resp else None, obj.get("error")))
     return out
 

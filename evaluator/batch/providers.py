@@ -14,6 +14,7 @@ lost to a crash can be found again with `find` instead of being created twice.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ import orjson
 
 from ..llm.errors import ConfigError, FatalLLMError, redact
 from ..llm.profiles import ModelProfile
+from ..llm.retry import backoff_delay, retry_after_from_headers
 from .files import Request, Result, parse_results
 
 TOKEN_KEY = "evaluator_token"
@@ -73,21 +75,27 @@ class BatchAPI(Protocol):
     async def close(self) -> None: ...
 
 
+def is_loopback(profile: ModelProfile) -> bool:
+    """A local server (the simulator, a self-hosted one): no proxy, and batches that finish in moments."""
+    return profile.simulated or urlsplit(profile.base_url).hostname in ("127.0.0.1", "localhost", "::1")
+
+
 class _Http:
     def __init__(self, profile: ModelProfile, api_key: str | None, headers: dict[str, str]) -> None:
         self.profile = profile
         self._key = api_key
-        loopback = profile.simulated or urlsplit(profile.base_url).hostname in ("127.0.0.1", "localhost", "::1")
+        self._rng = random.Random()
         self.session = aiohttp.ClientSession(
-            headers=headers, timeout=aiohttp.ClientTimeout(total=max(120.0, profile.timeout_s)), trust_env=not loopback
+            headers=headers, timeout=aiohttp.ClientTimeout(total=max(120.0, profile.timeout_s)),
+            trust_env=not is_loopback(profile),
         )
 
     async def close(self) -> None:
         await self.session.close()
 
     async def call(self, method: str, url: str, *, retries: int = 5, **kw: Any) -> tuple[bytes, Any]:
-        """Body and headers of a 2xx answer; transient failures (429, 5xx, connection) are retried."""
-        delay = 1.0
+        """Body and headers of a 2xx answer; transient failures (429, 5xx, connection) are retried with the
+        engine's backoff, honouring a Retry-After the provider sends."""
         for attempt in range(retries + 1):
             try:
                 async with self.session.request(method, url, **kw) as r:
@@ -95,8 +103,7 @@ class _Http:
             except (aiohttp.ClientError, TimeoutError) as e:
                 if attempt == retries:
                     raise BatchAPIError(f"{self.profile.name}: cannot reach the batch API at {url} ({type(e).__name__})") from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                await self._pause(attempt, None)
                 continue
             if 200 <= status < 300:
                 return raw, headers
@@ -105,11 +112,17 @@ class _Http:
                 env = self.profile.api_key_env or "the profile's api_key_env"
                 raise FatalLLMError(f"{self.profile.name}: the batch API rejected the key ({status}); check {env} [{text}]")
             if (status == 429 or status >= 500) and attempt < retries:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+                await self._pause(attempt, headers)
                 continue
             raise BatchAPIError(f"{self.profile.name}: {method} {urlsplit(url).path} answered {status}: {text}", status)
         raise AssertionError("unreachable")
+
+    async def _pause(self, attempt: int, headers: Any) -> None:
+        """The engine's wait before a retry: the provider's Retry-After if usable, else its backoff, capped."""
+        p = self.profile
+        hint = retry_after_from_headers(headers) if headers is not None else None
+        delay = hint if hint is not None else backoff_delay(attempt, p.backoff_base_s, p.backoff_max_s, self._rng)
+        await asyncio.sleep(min(delay, p.max_wait_s))
 
 
 # -- OpenAI-compatible ----------------------------------------------------------------------------------

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 from ..llm.cache import ResponseCache
 from ..llm.profiles import ModelProfile
+from ..progress import format_eta
 from .files import Request, Result, split
-from .providers import BatchAPI, BatchAPIError, BatchState, batch_limits
+from .providers import BatchAPI, BatchAPIError, BatchState, batch_limits, is_loopback
 from .store import Job, JobStore
 
 MAX_ERRORS_KEPT = 5
@@ -42,7 +43,7 @@ class Poll:
     @classmethod
     def for_profile(cls, p: ModelProfile) -> Poll:
         # The simulator turns batches around in fractions of a second; providers in minutes to hours.
-        return cls(0.05, 1.0) if p.simulated or "://127.0.0.1" in p.base_url or "://localhost" in p.base_url else cls()
+        return cls(0.05, 1.0) if is_loopback(p) else cls()
 
 
 @dataclass
@@ -266,10 +267,5 @@ class BatchRunner:
         more = "" if len(states) <= 6 else f", +{len(states) - 6} more"
         self.log(
             f"{self.profile.name}: batches {len(states) - running}/{len(states)} done, requests {done:,}/{total:,} "
-            f"[{per}{more}], waited {_hms(waited)}"
+            f"[{per}{more}], waited {format_eta(waited)}"
         )
-
-
-def _hms(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

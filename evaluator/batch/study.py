@@ -59,7 +59,8 @@ class _Collector:
         return getattr(self.engine, name)
 
 
-def _offline(p: ModelProfile) -> ModelProfile:
+def offline(p: ModelProfile) -> ModelProfile:
+    """`p` for building keys and storing replies only: a placeholder endpoint if it has none (never contacted)."""
     return dataclasses.replace(p, base_url=p.base_url or _PLACEHOLDER_URL)
 
 
@@ -72,20 +73,11 @@ async def collect(study: Any, profiles: dict[str, ModelProfile], cache_root: Pat
     async with contextlib.AsyncExitStack() as stack:
         collectors = {}
         for n, p in profiles.items():
-            engine = await stack.enter_async_context(LLMEngine(_offline(p), cache_root=cache_root, api_key=""))
+            engine = await stack.enter_async_context(LLMEngine(offline(p), cache_root=cache_root, api_key=""))
             collectors[n] = _Collector(engine)
         runner = StudyRunner(study, collectors, None, batcher)
         await runner.run([Unit(m, r) for m in profiles for r in range(study.settings.runs)])
-    return {n: [Request(k, _body(p)) for k, p in c.calls.items()] for n, c in collectors.items()}
-
-
-def _body(prepared: Any) -> dict[str, Any]:
-    body = prepared.body
-    if isinstance(body, bytes | str):
-        import orjson
-
-        body = orjson.loads(body)
-    return body
+    return {n: [Request(k, p.body) for k, p in c.calls.items()] for n, c in collectors.items()}
 
 
 async def batch_rounds(
@@ -145,7 +137,7 @@ def cancel(profiles: dict[str, ModelProfile], cache_root: Path, log: Callable[[s
     """`--batch-cancel`: cancel every open batch of these models, import what they finished."""
     # An auto-started simulator is new each run: it holds no batch of an earlier one.
     reachable = {n: p for n, p in profiles.items() if p.base_url}
-    return asyncio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=lambda m: None))
+    return asyncio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=log))
 
 
 def cancel_message(stats: dict[str, dict[str, Any]]) -> str:

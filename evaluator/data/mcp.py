@@ -7,7 +7,7 @@ a JSON-RPC response's `result`), a JSON list of tools, or one tool a line (JSONL
 
 from __future__ import annotations
 
-from .model import Api, DataError
+from .model import Api, DataError, description_or_none
 from .params import schema_params
 from .source import get_str, json_type
 
@@ -39,7 +39,7 @@ def tool_api(where: str, rec: object, server: str) -> Api:
     desc = get_str(rec, "description", where)
     key = "inputSchema" if "inputSchema" in rec else "input_schema"
     params = schema_params(rec.get(key), where, key)
-    return Api(server, name, get_str(rec, "category", where) or None, desc if desc and desc.strip() else None, params)
+    return Api(server, name, get_str(rec, "category", where) or None, description_or_none(desc), params)
 
 
 def apis(records: list[tuple[str, object]], server: str) -> list[Entry]:

@@ -37,6 +37,11 @@ def qid_key(qid: Any) -> tuple[int, Any]:
 Param = tuple[str, "str | None"]  # (name, description)
 
 
+def description_or_none(value: str | None) -> str | None:
+    """Every reader's rule: a blank description counts as none, so the API embeds as "{tool}/{api}: " (STUDY.md)."""
+    return value if value is not None and value.strip() else None
+
+
 @dataclass(frozen=True)
 class Api:
     tool_name: str

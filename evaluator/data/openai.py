@@ -9,7 +9,7 @@ the record's `tool` field, else the file's name without its suffixes.
 
 from __future__ import annotations
 
-from .model import Api, DataError
+from .model import Api, DataError, description_or_none
 from .params import schema_params
 from .source import get_str, json_type
 
@@ -55,7 +55,7 @@ def function_api(where: str, rec: object, default_tool: str) -> Api:
     tool = get_str(rec, "tool", where) or get_str(fn, "tool", where) or default_tool
     cat = get_str(rec, "category", where)
     params = schema_params(fn.get("parameters"), where, "parameters")
-    return Api(tool, name, cat or None, desc if desc and desc.strip() else None, params)
+    return Api(tool, name, cat or None, description_or_none(desc), params)
 
 
 def apis(records: list[tuple[str, object]], default_tool: str) -> list[Entry]:

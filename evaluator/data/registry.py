@@ -173,15 +173,16 @@ def load_registry(
     apis: list[Api] = []
     seen: dict[str, tuple[str, int]] = {}
     for where, api in entries:
-        if api.id in seen:
-            first_where, pos = seen[api.id]
+        aid = api.id
+        if aid in seen:
+            first_where, pos = seen[aid]
             # Keep the first record (or the first described one): a later duplicate never wins silently.
-            warnings.add("duplicate_api", f"{where} repeats {api.id!r} from {first_where}")
+            warnings.add("duplicate_api", f"{where} repeats {aid!r} from {first_where}")
             if apis[pos].description is None and api.description is not None:
                 apis[pos] = api
-                seen[api.id] = (where, pos)
+                seen[aid] = (where, pos)
             continue
-        seen[api.id] = (where, len(apis))
+        seen[aid] = (where, len(apis))
         apis.append(api)
     if not apis:
         raise DataError(f"{found}: the registry holds no API.")

@@ -9,25 +9,31 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .model import Api, DataError, api_id
+from .model import Api, DataError, api_id, description_or_none
 from .params import schema_params
 from .source import get_str, json_type, located, one_line, parse_json, read_text
 
 Entry = tuple[str, Api]  # (where the record is, the API)
 
 
-def _description(value: str | None) -> str | None:
-    # Blank descriptions count as none: such APIs embed as "{tool}/{api}: " (STUDY.md).
-    return value if value is not None and value.strip() else None
-
-
 def jsonl_api(where: str, rec: dict) -> Api:
+    tool, name = rec.get("tool_name"), rec.get("api_name")
+    desc, cat = rec.get("api_description"), rec.get("category")
+    # ToolBench's record (four string-or-null fields, no alias, no parameters) in one check: the
+    # field-by-field path below costs ~2x the JSON parsing on 47k APIs and gives the same Api.
+    if (
+        type(tool) is str and type(name) is str and tool.strip() and name.strip()
+        and (type(desc) is str or (desc is None and "description" not in rec))
+        and (type(cat) is str or (cat is None and "category_name" not in rec))
+        and rec.get("parameters") is None
+    ):
+        return Api(tool, name, cat or None, description_or_none(desc))
     tool = get_str(rec, "tool_name", where, required=True)
     name = get_str(rec, "api_name", where, required=True)
     desc = get_str(rec, "api_description", where, aliases=("description",))
     cat = get_str(rec, "category", where, aliases=("category_name",))
     params = schema_params(rec.get("parameters"), where, "parameters")
-    return Api(tool, name, cat or None, _description(desc), params)
+    return Api(tool, name, cat or None, description_or_none(desc), params)
 
 
 def tree_apis(root: Path) -> list[Entry]:
@@ -55,7 +61,7 @@ def tree_apis(root: Path) -> list[Entry]:
             if not name:
                 raise DataError(f"{where}: missing the string field 'name'.")
             desc = get_str(api, "description", where, aliases=("api_description",))
-            out.append((where, Api(tool_name, name, path.parent.name, _description(desc))))
+            out.append((where, Api(tool_name, name, path.parent.name, description_or_none(desc))))
     return out
 
 

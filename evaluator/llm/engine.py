@@ -236,7 +236,7 @@ class LLMEngine:
         An unusable body (malformed, empty) comes back with `.error` set and is not stored. Its tokens
         are not added to `stats` (they were billed by the batch API, which accounts for them).
         """
-        read = self._read_reply(orjson.dumps(response_body), stats=None)  # billed by the batch, not here
+        read = self._read_reply(response_body, stats=None)  # already decoded; billed by the batch, not here
         if isinstance(read, Verdict):
             return ChatResult(None, None, error=read.reason, error_kind=read.label)
         self._store(key, read, dropped=())
@@ -307,7 +307,8 @@ class LLMEngine:
         p = self.profile
         key = prepared.key
         logical = prepared.logical or prepared.body
-        est_tokens = len(orjson.dumps(logical)) // 4 + (p.max_tokens or 0)
+        # Only a TPM budget needs the estimate: no extra JSON encoding per call otherwise.
+        est_tokens = len(orjson.dumps(logical)) // 4 + (p.max_tokens or 0) if self._tpm is not None else 0
         t_call = time.perf_counter()
         queued = True  # until the first send
         failures = 0  # transient errors other than 429
@@ -398,7 +399,7 @@ class LLMEngine:
                 # 422: FastAPI servers validating the body; a 5xx carrying a validation report:
                 # llama-cpp-python, whose error handler answers 500 to a body it cannot validate.
                 if status in (400, 422) or (status >= 500 and is_validation_error(raw)):
-                    names = rejected_fields(raw, set(logical) - _REQUIRED_FIELDS - retried_without)
+                    names = rejected_fields(raw, set(sent) - _REQUIRED_FIELDS - retried_without)  # only what was sent
                     if "response_format" in names and _is_json_schema(sent.get("response_format")):
                         names.discard("response_format")  # first try the other form of the same schema
                         self._downgrade(status, raw)
@@ -506,20 +507,23 @@ class LLMEngine:
             log.info("%s: server announces %g requests/min; pacing to it", self.profile.name, rpm)
             self._pacer = RequestPacer(rpm)
 
-    def _read_reply(self, raw: bytes, keep_raw: bool = False, *, stats: ModelStats | None) -> ChatResult | Verdict:
-        """A 200 body -> the result, or a verdict to retry (malformed or empty); counts into `stats`."""
+    def _read_reply(
+        self, raw: bytes | dict[str, Any], keep_raw: bool = False, *, stats: ModelStats | None
+    ) -> ChatResult | Verdict:
+        """A 200 body (bytes, or already decoded) -> the result, or a verdict to retry (malformed or
+        empty); counts into `stats`."""
         try:
-            data = orjson.loads(raw)
+            data = orjson.loads(raw) if isinstance(raw, bytes | bytearray) else raw
             choice = data["choices"][0]
             msg = choice.get("message") or {}
             usage = data.get("usage") or {}
             pt, ct = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+            content, finish = msg.get("content"), choice.get("finish_reason")
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError, ValueError):
             return Verdict(Kind.RETRY, "malformed reply (not OpenAI chat JSON)", label="malformed_reply")
         if stats is not None:
             stats.prompt_tokens += pt  # billed whether or not the reply is usable
             stats.completion_tokens += ct
-        content, finish = msg.get("content"), choice.get("finish_reason")
         result = ChatResult(content, finish, pt, ct, raw=data if keep_raw else None)
         if not content:
             # content null: reasoning models (gpt-oss on vLLM/OpenRouter) put their text here instead.

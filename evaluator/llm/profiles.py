@@ -65,10 +65,6 @@ class ModelProfile:
         """
         return dataclasses.asdict(self)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Alias of `request_settings` (older callers)."""
-        return self.request_settings()
-
 
 _FIELDS = {f.name for f in dataclasses.fields(ModelProfile)}
 _HINTS = typing.get_type_hints(ModelProfile)
