@@ -21,7 +21,6 @@ import hashlib
 import itertools
 import random
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +29,6 @@ from aiohttp import web
 
 if TYPE_CHECKING:
     from .server import Simulator
-
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback admin calls only
 
 
 @dataclass
@@ -471,11 +468,9 @@ def register(app: web.Application, sim: Simulator) -> BatchSim:
 
 # -- admin calls from tests and benchmarks (the simulator is another process) ---------------------------
 def _call(root: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    data = orjson.dumps(body) if body is not None else (b"" if method == "POST" else None)
-    req = urllib.request.Request(root.removesuffix("/v1") + path, data=data, method=method)
-    req.add_header("Content-Type", "application/json")
-    with _OPENER.open(req, timeout=10) as r:
-        return orjson.loads(r.read())
+    from .harness import admin_call  # harness imports the server, which imports this module
+
+    return admin_call(root, method, path, body)
 
 
 def configure_batch(base_url: str, *, reset: bool = False, **knobs: Any) -> dict[str, Any]:

@@ -31,6 +31,18 @@ _REPO = Path(__file__).resolve().parents[2]
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+def admin_call(root: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """One JSON call to a running simulator's admin/stats routes (`root` without /v1), from tests and benches."""
+    data = orjson.dumps(body) if body is not None else (b"" if method == "POST" else None)
+    req = urllib.request.Request(root.removesuffix("/v1") + path, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with _OPENER.open(req, timeout=10) as r:
+            return orjson.loads(r.read())
+    except urllib.error.HTTPError as e:
+        raise ValueError(f"simulator refused {path}: {e.read().decode(errors='replace')}") from e
+
+
 class SimHandle:
     def __init__(self, proc: subprocess.Popen[bytes], base_url: str) -> None:
         self.proc = proc
@@ -41,14 +53,7 @@ class SimHandle:
         return f"SimHandle(base_url={self.base_url!r}, pid={self.proc.pid})"
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = orjson.dumps(body) if body is not None else (b"" if method == "POST" else None)
-        req = urllib.request.Request(self.root + path, data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        try:
-            with _OPENER.open(req, timeout=10) as r:
-                return orjson.loads(r.read())
-        except urllib.error.HTTPError as e:
-            raise ValueError(f"simulator refused {path}: {e.read().decode(errors='replace')}") from e
+        return admin_call(self.root, method, path, body)
 
     def stats(self) -> dict[str, Any]:
         return self._call("GET", "/stats")
