@@ -25,6 +25,7 @@ BENCHMARKS = {  # name -> module; run in this order (cheapest prerequisites firs
     "resume": "bench.resume",
     "memory": "bench.memory",
     "batch": "bench.batch",
+    "shared_rate": "bench.shared_rate",  # two processes on one key: shared RPM pacing
 }
 
 

@@ -27,12 +27,12 @@ from typing import Any
 
 from evaluator.batch.cost import accounting
 from evaluator.batch.files import Request
+from evaluator.batch.requests import run_requests
 from evaluator.batch.study import batch_rounds
 from evaluator.llm import LLMEngine, load_profile
 from evaluator.pipeline import StudyRunner, Unit
-from evaluator.requests_cli import run_requests
-from evaluator.sim.batch import batch_stats, configure_batch
-from evaluator.sim.harness import SimHandle, start_simulator
+from evaluator.schema import plain
+from evaluator.sim.harness import SimHandle, batch_stats, configure_batch, start_simulator
 
 from .common import Goal, Result, temp_dir
 from .fanout import SPECS, OpenAIChat, _sim_knobs
@@ -97,7 +97,8 @@ def part_study(scale: float) -> dict[str, Any]:
         batch_server = {m: batch_stats(s.base_url) for m, s in sims.items()}
         online_during_batch = {m: s.stats()["requests"] for m, s in sims.items()}
     same = _selections(online.pop("records")) == _selections(after.pop("records"))
-    cost = {n: {"online": accounting(p, online["stats"][n], None), "batch": accounting(p, after["stats"][n], bstats[n])}
+    cost = {n: {"online": plain(accounting(p, online["stats"][n], None)),
+                "batch": plain(accounting(p, after["stats"][n], bstats[n]))}
             for n, p in profiles.items()}
     out |= {"online": online, "batch": {"wall_s": batch_wall, "stats": bstats, "server": batch_server,
                                          "online_requests_during": online_during_batch, "study_from_cache": after},
@@ -182,7 +183,7 @@ def part_files(scale: float = FILE_SCALE) -> dict[str, Any]:
         p = dataclasses.replace(load_profile("sim", base_url=sim.base_url), rpm=FILE_RPM * scale)
         with temp_dir("batch-file") as root:
             t0 = time.perf_counter()
-            results, stats = asyncio.run(run_requests(reqs, p, root, progress=False))
+            results, stats = asyncio.run(run_requests(reqs, p, root))
             out["requests_run"] = {"wall_s": time.perf_counter() - t0, "failed": sum(1 for x in results if not x.ok),
                                    "server": sim.stats()}
         for name, coro in (("cookbook", lambda: _cookbook(sim.base_url, reqs, FILE_RPM * scale, scale)),

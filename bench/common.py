@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -205,3 +209,46 @@ class TreeRSS:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+# ---------------------------------------------------------------- running the command line
+
+
+@functools.cache
+def data_dir() -> str:
+    """The data folder the working tree's config names, passed explicitly to every command (a
+    checkout elsewhere would resolve the config's relative path from its own folder)."""
+    from evaluator.config import REPO_ROOT, load_settings
+    from evaluator.data import resolve_data_dir
+
+    return str(resolve_data_dir(None, load_settings().data_dir, REPO_ROOT))
+
+
+def checkout(rev: str, dst: Path) -> Path:
+    """The tree at `rev`, unpacked (read-only use of git: nothing in the work tree changes)."""
+    archive = subprocess.run(["git", "archive", rev], cwd=REPO, capture_output=True, check=True).stdout
+    dst.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(dst)], input=archive, check=True)
+    return dst
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of every finished child process (and theirs): less sensitive than
+    wall time to other people's load on a shared machine."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_cli(code: Path, args: Sequence[str]) -> tuple[float, float]:
+    """`python -m evaluator ARGS` run from the code folder `code` (the working tree or a checkout):
+    (wall seconds, CPU seconds); a failure raises with the command's last error lines."""
+    cmd = [PYTHON, "-m", "evaluator", *args]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cpu0 = children_cpu()
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=code, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} in {code} failed ({p.returncode}): {p.stderr[-2000:]}")
+    return wall, children_cpu() - cpu0
+

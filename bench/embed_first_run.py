@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from .common import PYTHON, REPO, Goal, Result
+from .common import REPO, Goal, Result, checkout, data_dir, run_cli
 
 NAME = "embed_first_run"
 TITLE = "First run of a fresh clone (--retrieval-only, empty cache): now (auto) vs before (torch fp32)"
@@ -39,27 +38,10 @@ def _rtp_figures(summary: dict[str, Any]) -> dict[str, float]:
             for r in summary.get("rows", []) if r.get("arch") == "rtp" and r.get("mean") is not None}
 
 
-def _checkout(rev: str, dst: Path) -> Path:
-    """The tree at `rev`, unpacked (read-only use of git: nothing in the work tree changes)."""
-    archive = subprocess.run(["git", "archive", rev], cwd=REPO, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dst)], input=archive, check=True)
-    return dst
-
-
 def _run(code: Path, work: Path) -> tuple[float, dict[str, Any]]:
-    from evaluator.config import REPO_ROOT, load_settings
-    from evaluator.data import resolve_data_dir
-
-    data = resolve_data_dir(None, load_settings().data_dir, REPO_ROOT)
     cache, out = work / "cache", work / "out"
-    cmd = [PYTHON, "-m", "evaluator", "--retrieval-only", "--no-progress", "--data", str(data),
-           "--cache-dir", str(cache), "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=code, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
-    if p.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} in {code} failed ({p.returncode}): {p.stderr[-2000:]}")
+    wall, _ = run_cli(code, ["--retrieval-only", "--no-progress", "--data", data_dir(), "--cache-dir", str(cache),
+                             "--out", str(out)])
     summary = orjson.loads((out / "summary.json").read_bytes())
     meta = orjson.loads((out / "meta.json").read_bytes()) if (out / "meta.json").exists() else {}
     return wall, {"summary": summary, "meta": meta}
@@ -76,19 +58,21 @@ def run(order: list[str] | None = None, before: str = BEFORE) -> Result:
             code = REPO
             if name == RUNS[0]:
                 (work / "code").mkdir()
-                code = _checkout(before, work / "code")
+                code = checkout(before, work / "code")
             walls[name], got = _run(code, work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         sums[name] = _rtp_figures(got["summary"])
         metas[name] = {k: got["meta"].get(k) for k in ("embedder", "backend", "precision")}
         metas[name]["timings"] = got["meta"].get("runtime", {}).get("timings") or got["meta"].get("timings")
+        metas[name]["embed"] = got["meta"].get("runtime", {}).get("embed")
     ref, new = RUNS
     common = sorted(set(sums[ref]) & set(sums[new]))
     diff = max((abs(sums[ref][k] - sums[new][k]) for k in common), default=float("nan"))
     speed = walls[ref] / walls[new]
     rows = [[n, round(walls[n], 1), round(walls[ref] / walls[n], 2)] for n in RUNS]
     return Result(
+        extra_tables=[_breakdown(walls, metas)],
         name=NAME, title=TITLE, columns=["run", "wall s", "speed vs before"], rows=rows,
         goals=[Goal("first run: before's wall / now's wall", speed, ">= 2.5", speed >= 2.5),
                Goal("max |RtP figure difference| vs before", diff, "<= 0.005", diff <= 0.005)],
@@ -98,6 +82,27 @@ def run(order: list[str] | None = None, before: str = BEFORE) -> Result:
         data={"wall_s": walls, "max_rtp_diff": diff, "figures_compared": len(common), "meta": metas,
               "before": before},
     )
+
+
+_PARTS = (("model_load_s", "import torch + load the model"), ("export_s", "export + compile the runtime"),
+          ("tokenize_s", "tokenize"), ("infer_s", "forward passes"))
+
+
+def _breakdown(walls: dict[str, float], metas: dict[str, Any]) -> dict[str, Any]:
+    """Where each run's seconds went, from its meta.json (the embedder's own timings where it has
+    them; 'before' records only the embed stage's total)."""
+    rows = []
+    for name in RUNS:
+        t = metas[name].get("timings") or {}
+        e = metas[name].get("embed") or {}
+        parts = [round(float(e[k]), 1) if k in e else None for k, _ in _PARTS]
+        embed = float(t.get("embed_s", 0.0))
+        rest = walls[name] - embed - float(t.get("load_s", 0.0)) - float(t.get("rtp_search_s", 0.0))
+        rows.append([name, round(walls[name], 1), round(float(t.get("load_s", 0.0)), 1), round(embed, 1), *parts,
+                     round(rest, 1)])
+    return {"title": "where the seconds go (meta.json runtime timings)",
+            "columns": ["run", "wall s", "load data", "embed stage", *[label for _, label in _PARTS],
+                        "start-up, imports, render, writes"], "rows": rows}
 
 
 def main() -> None:

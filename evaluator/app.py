@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,18 +21,31 @@ from .analysis import routing as R
 from .analysis import scaling as SC
 from .analysis import stats as S
 from .analysis.main import main_study
+from .batch import study as batch_study
+from .batch.cost import accounting
+from .batch.files import Result, read_requests, write_lines
+from .batch.requests import offline_profile, run_requests
+from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
 from .data import DataError, Registry, load_registry
 from .llm import LLMEngine, ModelProfile, load_profile
+from .llm.budget import Budget, check_priced
+from .llm.errors import BudgetExhausted
+from .llm.limits import SharedRates, rate_folder
 from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
-from .progress import Progress
+from .plan import PLAN_FILE, plan_requests, plan_study, write_plan
+from .progress import SILENT, Progress, Reporter
 from .render import figures as F
 from .render import report as RP
 from .render import routing as RR
 from .render import scaling as RS
+from .render import view as VW
 from .schema import (
     REPORT_FILE,
+    ROUTING_FILE,
+    SCALING_FILE,
     SUMMARY_FILE,
+    About,
     Meta,
     ModelInfo,
     OutputDir,
@@ -45,12 +57,6 @@ from .sim.harness import start_simulator
 from .study import Inputs, Study, load_inputs, make_embedder, prepare
 
 Log = Callable[[str], None]
-SCALING_FILE = "scaling.json"
-ROUTING_FILE = "routing.json"
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr)
 
 
 @dataclass
@@ -67,11 +73,13 @@ def output_path(s: Settings) -> Path:
     return Path(s.out) if s.out else Path("results") / time.strftime("%Y%m%d-%H%M%S")
 
 
-def load_profiles(s: Settings) -> dict[str, ModelProfile]:
-    """Every profile resolved and checked (types, keys present) before any work starts."""
+def load_profiles(s: Settings, *, offline: bool = False) -> dict[str, ModelProfile]:
+    """Every profile resolved and checked (types, keys present) before any work starts.
+
+    `offline`: for building cache keys only (request export): no key needed, no endpoint contacted."""
     profiles: dict[str, ModelProfile] = {}
     for name in dict.fromkeys(s.models):
-        p = load_profile(name, **s.overrides.as_kwargs())
+        p = offline_profile(name, **s.overrides.as_kwargs()) if offline else load_profile(name, **s.overrides.as_kwargs())
         if p.name in profiles:
             raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
         profiles[p.name] = p
@@ -93,6 +101,18 @@ def check_inputs(s: Settings, inputs: Inputs) -> None:
                         + (f" (--limit {s.limit})" if s.limit else "") + "; check --subsets and the data folder.")
 
 
+def checked_inputs(s: Settings, reporter: Reporter, *, analyses: bool = False) -> Inputs:
+    """The data loaded and every check on it passed (and the config's ablation budgets fitted), before
+    anything is embedded. `analyses`: an [analysis] subset the data lacks is one line now, not after
+    the LLM phase."""
+    inputs = load_inputs(s)
+    check_inputs(s, inputs)
+    if analyses:
+        analysis_subsets(s, sorted({q.subset for q in inputs.queries}))
+    fit_ks_to_registry(s, inputs.registry, reporter.info)
+    return inputs
+
+
 def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
     """Config-file ablation budgets above a small registry are dropped (with a note); flags are not:
     `check_inputs` rejects those."""
@@ -107,71 +127,83 @@ def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
 # ---------------------------------------------------------------- the run
 
 
-def run(s: Settings, *, progress: bool = True, retrieval_only: bool = False, log: Log = _stderr) -> Outcome:
+def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> Outcome:
     out = output_path(s)
     cache_root = s.resolve_path(s.cache_dir)
     check_writable(cache_root, "--cache-dir")
     check_writable(out, "--out")
-    profiles = {} if retrieval_only else load_profiles(s)
+    profiles = {} if retrieval_only else load_profiles(s, offline=s.dry_run)
+    if s.budget_usd is not None and profiles and not s.dry_run:
+        check_priced(profiles)  # a budget needs prices and max_tokens: one line, before any work
     if s.batch and profiles:
-        from .batch import study as batch_study
-
         batch_study.check(profiles)  # a profile without a batch API: one line, before any work
         if s.batch == "cancel":
-            return Outcome(out, message=batch_study.cancel_message(batch_study.cancel(profiles, cache_root, log)))
-    inputs = load_inputs(s)
-    check_inputs(s, inputs)
-    if not retrieval_only and s.extras:
-        # an [analysis] subset this run lacks: one line now, not after the LLM phase
-        analysis_subsets(s, sorted({q.subset for q in inputs.queries}))
-    fit_ks_to_registry(s, inputs.registry, log)
-    study = prepare(s, progress, inputs)
+            stats = batch_study.cancel(profiles, cache_root, reporter.info)
+            return Outcome(out, message=batch_study.cancel_message(stats))
+    inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
+    study = prepare(s, reporter.progress, inputs, reporter=reporter)
+    if s.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
+        return Outcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
     od = OutputDir(out)
     if retrieval_only:
         records = retrieval_only_records(study)
         meta = build_meta(study, {})
     else:
         # meta states the profiles as declared: an auto-started simulator's port is an accident of this run
-        records, llm_stats, sim_stats, batch_stats = run_models(study, dict(profiles), cache_root, progress)
+        budget = Budget(s.budget_usd) if s.budget_usd is not None else None
+        try:
+            records, llm_stats, sim_stats, batch_stats = run_models(study, dict(profiles), cache_root, reporter,
+                                                                    budget=budget)
+        except BudgetExhausted:  # what remains, priced from the cache now holding every reply received
+            assert budget is not None
+            rest = plan_study(study, profiles, cache_root)
+            raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
         meta = build_meta(study, profiles)
         meta.llm_stats = llm_stats
         meta.runtime["simulator_stats"] = sim_stats
-        from .batch.cost import accounting
-
         meta.batch = batch_stats
-        meta.cost = {n: accounting(p, llm_stats.get(n), batch_stats.get(n)) for n, p in profiles.items()}
+        meta.cost = {n: accounting(p, meta.llm_stats.get(n), meta.batch.get(n)) for n, p in profiles.items()}
     od.write_meta(meta)
     od.write_records(records)
     if not retrieval_only:
-        notes = run_extras(s, study, records, meta, od, progress, log)
+        notes = run_extras(s, study, records, meta, od, reporter)
         meta.analysis_notes = notes
         od.write_meta(meta)
-    render_outputs(od)
+    t = time.perf_counter()
+    render_outputs(od, figure_store=cache_root / "figures")
+    study.timings["render_s"] = time.perf_counter() - t
+    meta.runtime["timings"] = study.timings  # every stage's seconds (bench/warm_run.py reads them)
+    od.write_meta(meta)
     failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
     return Outcome(out, failed)
 
 
-def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
-               progress: bool) -> tuple[list[Record], dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, Any]:
+    """A local simulator for each simulated profile without an endpoint (`profiles` updated in place);
+    they stop with `stack`."""
+    sims = {}
+    for name, p in list(profiles.items()):
+        if p.simulated and not p.base_url:
+            sims[name] = stack.enter_context(start_simulator())
+            profiles[name] = dataclasses.replace(p, base_url=sims[name].base_url)
+    return sims
+
+
+def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
+               budget: Budget | None = None) -> tuple[list[Record], dict[str, Any], dict[str, Any], dict[str, Any]]:
     """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator.
     With `--batch`, the calls first go through the batch APIs; the run then answers them from the cache."""
     s = study.settings
-    sims = {}
     with contextlib.ExitStack() as stack:
-        for name, p in list(profiles.items()):
-            if p.simulated and not p.base_url:
-                sims[name] = stack.enter_context(start_simulator())
-                profiles[name] = dataclasses.replace(p, base_url=sims[name].base_url)
+        sims = _start_simulators(stack, profiles)
         batch_stats: dict[str, Any] = {}
         if s.batch == "submit":
-            from .batch.study import run_batch
-
-            batch_stats = run_batch(study, profiles, cache_root, log=_stderr)
+            batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget)
         per_unit = calls_per_unit(study) * s.runs
-        bar = Progress({n: per_unit for n in profiles}, enabled=progress)
+        bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
         with bar:
-            records, llm_stats = asyncio.run(_run_async(study, profiles, cache_root, bar))
+            records, llm_stats = asyncio.run(_run_async(study, profiles, cache_root, bar, budget))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered: a rerun from the cache shows zero requests.
         sim_stats = {n: sim.stats() for n, sim in sims.items()}
@@ -179,9 +211,13 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
 
 
 async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
-                     bar: Progress) -> tuple[list[Record], dict[str, Any]]:
+                     bar: Progress, budget: Budget | None = None) -> tuple[list[Record], dict[str, Any]]:
+    s = study.settings
+    # one RPM per key for every process on this folder (the cache's, or --rate-dir)
+    rates = SharedRates(rate_folder(s.resolve_path(s.rate_dir) if s.rate_dir else None, cache_root))
     async with contextlib.AsyncExitStack() as stack:
-        engines = {n: await stack.enter_async_context(LLMEngine(p, cache_root=cache_root)) for n, p in profiles.items()}
+        engines = {n: await stack.enter_async_context(LLMEngine(p, cache_root=cache_root, budget=budget,
+                                                                pacer_factory=rates, token_pacer_factory=rates.tpm)) for n, p in profiles.items()}
         for n, e in engines.items():
             bar.attach(n, e.stats)
         runner = StudyRunner(study, engines, bar)
@@ -211,8 +247,8 @@ def build_meta(study: Study, profiles: dict[str, ModelProfile]) -> Meta:
 # ---------------------------------------------------------------- analyses beside the main study
 
 
-def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od: OutputDir, progress: bool,
-               log: Log) -> dict[str, str]:
+def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od: OutputDir,
+               reporter: Reporter = SILENT) -> dict[str, str]:
     """Scaling and routing, reusing this run's embeddings and records; returns why any did not run."""
     if not s.extras:
         return {"scaling": "not run (--no-extras)", "routing": "not run (--no-extras)"}
@@ -221,7 +257,8 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
         return {"scaling": why, "routing": why}
     notes: dict[str, str] = {}
     subs = analysis_subsets(s, sorted(study.subsets))
-    quiet: Log = log if progress else (lambda _m: None)
+    quiet: Log = reporter.info if reporter.progress else (lambda _m: None)
+    t = time.perf_counter()
     if subs.scaling:
         res = SC.scaling_study(
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
@@ -230,8 +267,11 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
         od.write_json(SCALING_FILE, res.to_dict())
     else:
         notes["scaling"] = "no subset to run it on"
+    study.timings["scaling_s"] = time.perf_counter() - t
+    t = time.perf_counter()
     opt = _routing_options(s, subs)
     od.write_json(ROUTING_FILE, R.routing_study(records, opt, _about(meta, s, "routing_test")).to_dict())
+    study.timings["routing_s"] = time.perf_counter() - t
     return notes
 
 
@@ -240,26 +280,25 @@ def _routing_options(s: Settings, subs: AnalysisSubsets) -> R.Options:
                      seed=s.routing_seed)
 
 
-def _about(meta: Meta, s: Settings, setting: str) -> dict[str, Any]:
+def _about(meta: Meta, s: Settings, setting: str) -> About:
     derived = not getattr(s, setting)
-    return {"embedder": meta.embedder, "precision": meta.precision, "backend": meta.backend,
-            "registry_choice": meta.registry.choice,
-            "simulated_models": meta.simulated_models,
-            "subsets_rule": "derived from the subsets present: sorted, the last one is the held-out test set"
-            if derived else "as set in [analysis]",
-            "split_rule": "derived: the last subset in sorted order is the test set, the others tune"
-            if derived else "as set in [analysis]"}
+    return meta.about(
+        "derived from the subsets present: sorted, the last one is the held-out test set" if derived
+        else "as set in [analysis]",
+        "derived: the last subset in sorted order is the test set, the others tune" if derived
+        else "as set in [analysis]")
 
 
 # ---------------------------------------------------------------- render
 
 
-def render_outputs(od: OutputDir, *, with_figures: bool = True) -> None:
-    """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network)."""
+def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None) -> None:
+    """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
+    `figure_store`: a folder of figures already drawn, by their data (render.figures.drawn)."""
     meta = od.read_meta()
     records = od.read_records()
     result = main_study(records, meta)
-    od.write_text(SUMMARY_FILE, S.dumps(S.summary_dict(result.summary, meta.study_view())))
+    od.write_json(SUMMARY_FILE, S.summary_dict(result.summary, meta.study_view()), indent=1)
     scaling = od.read_json(SCALING_FILE)
     routing = od.read_json(ROUTING_FILE)
     sections: list[str] = []
@@ -267,28 +306,31 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True) -> None:
     figs: list[Path] = []
     if with_figures:
         figs = F.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
-                                simulated=RP.labels_of(meta, result.summary.models).simulated)
+                                simulated=RP.labels_of(meta, result.summary.models).simulated, store=figure_store)
     if scaling is not None:
         sres = SC.ScalingResult.from_dict(scaling)
         sections.append(RS.section_md(sres))
         if with_figures:
-            RS.figure(sres, od.figures / "scaling.png")
+            F.drawn(od.figures, "scaling", F.figure_inputs(scaling), lambda: [RS.figure(sres, od.figures / "scaling.png")],
+                    figure_store)
     elif not meta.retrieval_only:
         skipped.append(f"Scaling study (Table 10): {meta.analysis_notes.get('scaling', 'not run')}; "
                        "`python -m evaluator scaling OUT` runs it from the saved data.")
     if routing is not None:
         rres = R.RoutingResult.from_dict(routing)
         sections.append(RR.section_md(rres))
-        if not (rres.meta["split"]["train"] and rres.meta["split"]["test"]):
+        if not rres.meta.has_split:
             skipped.append("Routing held-out subset split: it needs two subsets, one to tune τ on and one to "
                            "report on; cross-validation is shown instead.")
         if with_figures:
-            RR.figure(rres, od.figures / "routing.png")
+            F.drawn(od.figures, "routing", F.figure_inputs(routing), lambda: [RR.figure(rres, od.figures / "routing.png")],
+                    figure_store)
     elif not meta.retrieval_only:
         skipped.append(f"Routing study: {meta.analysis_notes.get('routing', 'not run')}; "
                        "`python -m evaluator routing OUT` runs it from the saved data.")
     od.write_text(REPORT_FILE, RP.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
+    VW.write(od, meta, records)  # view.html: every query browsable (evaluator.render.view)
 
 
 # ---------------------------------------------------------------- the analyses alone, on a finished run
@@ -302,38 +344,38 @@ def _records_with_ptr(od: OutputDir, what: str) -> list[Record]:
 
 
 def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = None, device: str = "auto",
-                        progress: bool = True, log: Log = _stderr) -> SC.ScalingResult:
+                        reporter: Reporter = SILENT) -> SC.ScalingResult:
     """The scaling study on a finished run: its registry re-read, every vector from its embedding cache."""
     meta = od.read_meta()
     records = od.read_records()
     # --data on this command wins; else the run's --tools, else its data folder
-    data = data_dir or meta.settings.get("tools") or meta.data_dir or meta.settings.get("data_dir")
+    data = data_dir or meta.settings.tools or meta.data_dir or meta.settings.data_dir
     if not data:
         raise DataError(f"{od.path}/meta.json names no data_dir; pass --data DIR.")
     registry = load_registry(data, meta.registry.choice if meta.registry.choice != "?" else "full",
-                             fmt=meta.settings.get("tools_format") or "auto")
+                             fmt=meta.settings.tools_format)
     if meta.registry.size and meta.registry.size != len(registry):
-        log(f"warning: the registry now has {len(registry):,} APIs, the run had {meta.registry.size:,}")
-    run_s = dataclasses.replace(s, embedder=meta.settings.get("embedder") or meta.embedder,
+        reporter.warn(f"the registry now has {len(registry):,} APIs, the run had {meta.registry.size:,}")
+    run_s = dataclasses.replace(s, embedder=meta.settings.embedder,
                                 precision=meta.precision if meta.precision != "?" else "auto", device=device,
                                 # old runs had only torch; the cache key is model/backend/precision
                                 backend=meta.backend if meta.backend != "?" else "torch")
-    embedder = make_embedder(run_s, progress)
+    embedder = make_embedder(run_s, reporter.progress, reporter)
     encode = lambda texts: embedder.encode(texts, desc="embedding (cache misses)")  # noqa: E731
     api_vecs = encode(registry.texts())
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
     res = SC.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
                            divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
-                           about=_about(meta, s, "scaling_subsets"), log=log)
-    res.meta["embed"] = dataclasses.asdict(embedder.stats)
+                           about=_about(meta, s, "scaling_subsets"), log=reporter.info)
+    res.meta.embed = dataclasses.asdict(embedder.stats)
     if embedder.stats.embedded:
-        log(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")
+        reporter.info(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")
     od.write_json(SCALING_FILE, res.to_dict())
     render_outputs(od)
     return res
 
 
-def routing_from_output(od: OutputDir, s: Settings, log: Log = _stderr) -> R.RoutingResult:
+def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> R.RoutingResult:
     meta = od.read_meta()
     saved = max([meta.k, *meta.ks])
     if s.k > saved:  # the records hold each top list only to the run's largest k
@@ -341,7 +383,74 @@ def routing_from_output(od: OutputDir, s: Settings, log: Log = _stderr) -> R.Rou
     records = _records_with_ptr(od, "routing")
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
     opt = _routing_options(s, subs)
-    res = R.routing_study(records, opt, _about(meta, s, "routing_test"), log=log)
+    res = R.routing_study(records, opt, _about(meta, s, "routing_test"), log=reporter.info)
     od.write_json(ROUTING_FILE, res.to_dict())
     render_outputs(od)
     return res
+
+
+# ---------------------------------------------------------------- request files (`requests export|run`)
+
+
+@dataclass
+class Exported:
+    out: Path
+    per_model: dict[str, int]  # requests written per model
+    cache_root: Path
+
+
+def export_requests(s: Settings, out: Path, reporter: Reporter = SILENT) -> Exported:
+    """`requests export`: every chat request the study would send now that is not cached, into `out`.
+
+    The run's checks and order with offline profiles (the same cache keys, no key needed): inputs
+    checked, the study prepared, then one collect pass instead of the models' runs. The PtR planners
+    need the discovery replies, so a second export after the first results were imported holds them."""
+    cache_root = s.resolve_path(s.cache_dir)
+    check_writable(out.parent, "requests export: the output file's folder")
+    check_writable(cache_root, "--cache-dir")
+    if not s.models:
+        raise ConfigError("requests export: name the model(s) with --model PROFILE")
+    profiles = load_profiles(s, offline=True)
+    inputs = checked_inputs(s, reporter)
+    study = prepare(s, reporter.progress, inputs, reporter=reporter)
+    todo = asyncio.run(batch_study.collect(study, profiles, cache_root))
+    store = JobStore(cache_root)
+    try:
+        for name, reqs in todo.items():
+            store.remember_export(name, [r.custom_id for r in reqs])  # so `requests import` needs no --model
+    finally:
+        store.close()
+    write_lines(out, [r for reqs in todo.values() for r in reqs])
+    return Exported(out, {n: len(r) for n, r in todo.items()}, cache_root)
+
+
+@dataclass
+class RanFile:
+    results: list[Result]
+    stats: dict[str, Any]  # the engine's accounting (requests sent, cache hits, ...)
+    seconds: float
+
+
+def plan_request_file(path: Path, model: str, out: Path, cache_root: Path, **overrides: Any) -> str:
+    """`requests run --dry-run`: the plan of a request file, as JSON beside `out`; nothing is sent."""
+    requests = read_requests(path)
+    plan = plan_requests(requests, offline_profile(model, **overrides), cache_root)
+    return write_plan(plan, out.with_name(out.stem + ".plan.json"))
+
+
+def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, reporter: Reporter = SILENT,
+                     **overrides: Any) -> RanFile:
+    """`requests run`: any request file through the online engine (limits, retries, cache, resume) into a
+    results file. The whole file is checked, and `out` writable, before anything is sent."""
+    if out.resolve() == path.resolve():
+        raise ConfigError("requests run: --out must not be the input file")
+    requests = read_requests(path)
+    check_writable(out.parent, "--out")  # one line now, not a traceback after every request was sent
+    profile = load_profile(model, **overrides)
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        profiles = {profile.name: profile}
+        _start_simulators(stack, profiles)
+        results, stats = asyncio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter))
+    write_lines(out, results)
+    return RanFile(results, stats, time.perf_counter() - t0)

@@ -1,27 +1,52 @@
-"""Command line: `python -m evaluator [run flags]`, plus `cache`, `report`, `scaling`, `routing`.
+"""Command line: `python -m evaluator [run flags]`, plus `cache`, `report`, `scaling`, `routing`, `requests`.
 
 The only module that knows about argv, the terminal and exit codes. Every user mistake ends in one
 line on stderr naming the flag, file or key and what to do — no traceback. Exit codes: 0 done;
 1 the run stopped (bad key, exhausted quota: finished calls are cached); 2 a usage, config or data
 error (before any work); 3 done, but some LLM calls failed for good (a rerun retries them);
-130 interrupted.
+4 stopped at --budget (replies received are cached: a rerun with a larger budget resumes); 130 interrupted
+(Ctrl-C, SIGTERM or SIGHUP: calls already on the wire get a few seconds to arrive and be cached).
+
+Progress bars, notes and warnings of the stages reach stderr through the one `Reporter` made here
+(`make_reporter`); the engine's `logging` warnings through the handler `main` installs.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TextIO
 
-from .config import ConfigError, ProfileOverrides, Settings, load_settings, validate
+from . import app
+from .aio import interrupt_on_stop_signals, stop_signal
+from .analysis.routing import RoutingMeta
+from .analysis.scaling import ScalingMeta
+from .batch.requests import import_files
+from .config import (
+    BACKEND_CHOICES,
+    PRECISION_CHOICES,
+    REGISTRY_CHOICES,
+    TOOLS_FORMAT_CHOICES,
+    ConfigError,
+    ProfileOverrides,
+    Settings,
+    load_settings,
+    validate,
+)
 from .data import DataError
 from .embed import EmbedderError
-from .llm import FatalLLMError
+from .llm import FatalLLMError, cache_clear, cache_stats
+from .llm.errors import BudgetExhausted
+from .progress import Reporter
+from .redact import RedactFilter, redact, redacted_traceback
+from .render import view as view_page
 from .schema import OutputDir, OutputError
 
-EXIT_STOPPED, EXIT_USAGE, EXIT_FAILED_CALLS, EXIT_INTERRUPTED = 1, 2, 3, 130
+EXIT_STOPPED, EXIT_USAGE, EXIT_FAILED_CALLS, EXIT_BUDGET, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,6 +55,21 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"error: {self.prog}: {message} (see --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
+
+
+def make_reporter(progress: bool = True) -> Reporter:
+    """The stages' progress bars, notes and warnings, on stderr (stdout keeps the results' lines)."""
+    return Reporter(sys.stderr, progress=progress)
+
+
+def _budget(value: str) -> float:
+    try:
+        usd = float(value)
+    except ValueError:
+        usd = float("nan")
+    if not 0 <= usd < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected the most this run may spend, in USD (0 or more), e.g. 5; got {value!r}")
+    return usd
 
 
 def _csv(value: str) -> list[str]:
@@ -41,6 +81,13 @@ def _ints(value: str) -> list[int]:
         return [int(v.replace("_", "")) for v in _csv(value)]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {value!r}") from None
+
+
+def _rate_flags(p: argparse.ArgumentParser) -> None:
+    """The profile's pace, overridden (the study and `requests run` take the same flags)."""
+    p.add_argument("--concurrency", type=int, help="override the profile's concurrent requests")
+    p.add_argument("--rpm", type=float, help="override the profile's requests per minute")
+    p.add_argument("--tpm", type=float, help="override the profile's tokens per minute")
 
 
 def run_parser() -> Parser:
@@ -56,15 +103,15 @@ def run_parser() -> Parser:
     p.add_argument("--data", help="data folder (else $EVALUATOR_DATA, else the config's data.dir)")
     p.add_argument("--tools", help="registry file or folder: MCP tools/list results, OpenAI-style tool lists, JSONL or a ToolBench tree (default: the data folder's)")
     p.add_argument("--queries", nargs="+", metavar="PATH", help="query files or folders: JSONL/CSV with query and gold, or ToolBench test_instruction files (default: the data folder's)")
-    p.add_argument("--tools-format", choices=["auto", "mcp", "openai", "jsonl", "toolbench"], help="force the registry format (default: detected from each file)")
+    p.add_argument("--tools-format", choices=TOOLS_FORMAT_CHOICES, help="force the registry format (default: detected from each file)")
     p.add_argument("--subsets", type=_csv, help="comma list of subsets (query-file stems, or a query file's subset column) or prefixes, e.g. G1,G2")
     p.add_argument("--k", type=int, help="retrieval budget handed to the planner (default 5)")
     p.add_argument("--ks", type=_ints, help="k-ablation budgets, e.g. 1,3,5,10,20")
-    p.add_argument("--registry", choices=["full", "described"], help="every API, or only described ones")
+    p.add_argument("--registry", choices=REGISTRY_CHOICES, help="every API, or only described ones")
     p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), a hub name, or a local folder")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
-    p.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16", "int8"], help="embedding precision")
-    p.add_argument("--backend", choices=["auto", "torch", "onnx", "openvino"],
+    p.add_argument("--precision", choices=PRECISION_CHOICES, help="embedding precision")
+    p.add_argument("--backend", choices=BACKEND_CHOICES,
                    help="embedding runtime (auto: the fastest path verified equivalent to torch fp32)")
     p.add_argument("--cache-dir", help="cache root for embeddings and LLM replies (default: cache/)")
     p.add_argument("--out", help="output folder (default: results/<timestamp>)")
@@ -75,15 +122,16 @@ def run_parser() -> Parser:
     p.add_argument("--archs", type=_csv, help="comma list of rtp,ptr (default both)")
     p.add_argument("--base-url", help="override the model profile's endpoint (for sim: use a running simulator)")
     p.add_argument("--fallback-to-query", action="store_true", default=None, help="PtR: embed the raw query when no stub is produced")
-    p.add_argument("--concurrency", type=int, help="override the profile's concurrent requests")
-    p.add_argument("--rpm", type=float, help="override the profile's requests per minute")
-    p.add_argument("--tpm", type=float, help="override the profile's tokens per minute")
+    _rate_flags(p)
     p.add_argument("--max-tokens", type=int, help="override the profile's max_tokens (completion limit per call)")
     p.add_argument("--timeout", type=float, help="override the profile's timeout_s (seconds per request)")
     p.add_argument("--no-extras", action="store_true", help="skip the scaling and routing studies that follow a full run")
     p.add_argument("--batch", action="store_true", help="send the LLM calls through each profile's batch API (about half price; see README)")
     p.add_argument("--batch-cancel", action="store_true", help="cancel this cache's open batches of the --model profiles, keep their finished replies, and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--dry-run", action="store_true", help="prepare what costs nothing (data, embeddings, retrieval, cache lookups), then print and write OUT/plan.json: calls, tokens, USD and time per model; send nothing")
+    p.add_argument("--budget", type=_budget, metavar="USD", help="stop sending before this invocation could spend more than USD (online prices; replies received stay cached; exit code 4)")
+    p.add_argument("--rate-dir", help="share each model's RPM/TPM pacing with every process using this folder (default: the cache folder)")
     return p
 
 
@@ -118,16 +166,19 @@ def settings_from(args: argparse.Namespace) -> Settings:
                                    tpm=args.tpm, max_tokens=args.max_tokens, timeout_s=args.timeout)
     s.extras = not args.no_extras
     s.batch = "cancel" if args.batch_cancel else ("submit" if args.batch else None)
+    s.dry_run = args.dry_run
+    if args.budget is not None:
+        s.budget_usd = args.budget
+    if args.rate_dir:
+        s.rate_dir = str(Path(args.rate_dir).expanduser().absolute())
     validate(s)
     return s
 
 
 def cmd_run(argv: list[str]) -> int:
-    from .app import run
-
     args = run_parser().parse_args(argv)
     s = settings_from(args)
-    outcome = run(s, progress=not args.no_progress, retrieval_only=args.retrieval_only)
+    outcome = app.run(s, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
     if outcome.message:  # --batch-cancel: no study ran
         print(outcome.message)
         return 0
@@ -142,13 +193,11 @@ def cmd_run(argv: list[str]) -> int:
 
 
 def cmd_report(argv: list[str]) -> int:
-    from .app import render_outputs
-
     p = Parser(prog="python -m evaluator report",
                description="Re-render report.md, summary.json and figures from a finished output folder; no LLM call.")
     p.add_argument("out_dir", type=Path)
     args = p.parse_args(argv)
-    render_outputs(OutputDir(args.out_dir).require())
+    app.render_outputs(OutputDir(args.out_dir).require())
     print(f"Re-rendered {args.out_dir}/report.md, summary.json and figures/")
     return 0
 
@@ -163,8 +212,6 @@ def cmd_cache(argv: list[str]) -> int:
     root = s.resolve_path(args.cache_dir or s.cache_dir)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--cache-dir {root} is a file, not a folder; pass the cache folder.")
-    from .llm.cache import cache_clear, cache_stats
-
     if args.action == "stats":
         for key, value in cache_stats(root).items():
             print(f"{key}: {value}")
@@ -185,14 +232,14 @@ def _analysis_settings(args: argparse.Namespace, od: OutputDir) -> Settings:
         if value is not None:
             setattr(s, dest, value)
     # `routing` has no --cache-dir flag (it embeds nothing)
-    if cache_dir := getattr(args, "cache_dir", None) or meta.settings.get("cache_dir"):
+    if cache_dir := getattr(args, "cache_dir", None) or meta.settings.cache_dir:
         s.cache_dir = cache_dir
     validate(s)
     return s
 
 
 def _analysis_command(prog: str, description: str, argv: list[str], add: Callable[[Parser], None],
-                      run: Callable[[argparse.Namespace, OutputDir, Settings], dict]) -> int:
+                      run: Callable[[argparse.Namespace, OutputDir, Settings], ScalingMeta | RoutingMeta]) -> int:
     """`scaling` and `routing`: a finished output folder, the config's [analysis] section, this command's flags."""
     p = Parser(prog=f"python -m evaluator {prog}", description=description)
     p.add_argument("out_dir", type=Path)
@@ -202,14 +249,12 @@ def _analysis_command(prog: str, description: str, argv: list[str], add: Callabl
     args = p.parse_args(argv)
     od = OutputDir(args.out_dir).require()
     meta = run(args, od, _analysis_settings(args, od))
-    print(f"{prog.capitalize()} study in {meta['timing_s']:.1f}s: {args.out_dir}/{prog}.json; updated report.md "
+    print(f"{prog.capitalize()} study in {meta.timing_s:.1f}s: {args.out_dir}/{prog}.json; updated report.md "
           f"and figures/{prog}.png")
     return 0
 
 
 def cmd_scaling(argv: list[str]) -> int:
-    from .app import scaling_from_output
-
     def add(p: Parser) -> None:
         p.add_argument("--sizes", dest="scaling_sizes", metavar="N,N,...", type=_ints, help="sub-registry sizes (default from the config); the full registry is always added")
         p.add_argument("--seeds", dest="scaling_seeds", metavar="N", type=int, help="distractor draws per size (default 5)")
@@ -223,13 +268,11 @@ def cmd_scaling(argv: list[str]) -> int:
     return _analysis_command(
         "scaling", "Scaling study (paper Table 10): RtP and PtR recall on sub-registries of growing size, from a "
         "finished output folder; no LLM call, embeddings from the run's cache.", argv, add,
-        lambda args, od, s: scaling_from_output(od, s, data_dir=args.data, device=args.device,
-                                                progress=not args.no_progress).meta)
+        lambda args, od, s: app.scaling_from_output(od, s, data_dir=args.data, device=args.device,
+                                                    reporter=make_reporter(not args.no_progress)).meta)
 
 
 def cmd_routing(argv: list[str]) -> int:
-    from .app import routing_from_output
-
     def add(p: Parser) -> None:
         p.add_argument("--train", dest="routing_train", metavar="S,S,...", type=_csv, help="subsets tau is tuned on for the split evaluation (default: every subset but the last in sorted order)")
         p.add_argument("--test", dest="routing_test", metavar="S,S,...", type=_csv, help="subsets it is reported on (default: the last subset in sorted order)")
@@ -239,37 +282,184 @@ def cmd_routing(argv: list[str]) -> int:
     return _analysis_command(
         "routing", "Complexity-adaptive routing (RtP when RtP's top-1 score >= tau, else PtR; also query length "
         "and clause count) from a finished output folder; no embedding, no LLM call.", argv, add,
-        lambda _args, od, s: routing_from_output(od, s).meta)
+        lambda _args, od, s: app.routing_from_output(od, s, make_reporter()).meta)
+
+
+# ---------------------------------------------------------------- `requests export|import|run`: request files
+
+REQUESTS_USAGE = """\
+    requests export OUT.jsonl [study flags]     every chat request the study would send that is not cached
+    requests import RESULTS.jsonl               store the successful results in the response cache
+    requests run IN.jsonl --model P --out R.jsonl   any request file through the online engine (resumable)
+
+Export works in rounds: the PtR planners need the discovery replies, so a second export after the first
+results were imported holds them. `custom_id` is the engine's cache key, so imported results are found by
+the study exactly as if they had been fetched online, and online and batch results mix."""
+
+
+def _cache_root(cache_dir: str | None, config: Path | None = None) -> Path:
+    s = load_settings(config)
+    return Path(s.resolve_path(cache_dir or s.cache_dir))
+
+
+def cmd_requests(argv: list[str]) -> int:
+    actions = {"export": _requests_export, "import": _requests_import, "run": _requests_run}
+    if not argv or argv[0] not in actions:
+        print(f"usage: python -m evaluator requests ACTION ...\n{REQUESTS_USAGE}", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else EXIT_USAGE
+    return actions[argv[0]](argv[1:])
+
+
+def _requests_export(argv: list[str]) -> int:
+    if not argv or argv[0].startswith("-"):
+        raise ConfigError("requests export: name the output file first: `requests export OUT.jsonl [study flags]`")
+    args = run_parser().parse_args(argv[1:])
+    done = app.export_requests(settings_from(args), Path(argv[0]), make_reporter(not args.no_progress))
+    n = sum(done.per_model.values())
+    if n:
+        per = ", ".join(f"{name} {k:,}" for name, k in done.per_model.items())
+        print(f"Wrote {n:,} requests to {done.out} ({per}). Run them as a batch (or `requests run`), then "
+              f"`python -m evaluator requests import RESULTS.jsonl --cache-dir {done.cache_root}` and export again "
+              "for the next round (the PtR planners need the discovery replies).")
+    else:
+        print(f"Nothing to export: every request of this study is cached in {done.cache_root}. Run the study.")
+    return 0
+
+
+def _requests_import(argv: list[str]) -> int:
+    ap = Parser(prog="python -m evaluator requests import",
+                description="Store a results file's successful replies in the response cache.")
+    ap.add_argument("results", type=Path, nargs="+", help="results JSONL (OpenAI batch output/error file, vllm run-batch output)")
+    ap.add_argument("--model", help="profile the requests were made for (default: the one `requests export` recorded)")
+    ap.add_argument("--cache-dir", help="cache root (default: the config's)")
+    ap.add_argument("--base-url", help="the endpoint the profile's cache keys use, if it was overridden at export")
+    ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
+    args = ap.parse_args(argv)
+    root = _cache_root(args.cache_dir, args.config)
+    c = import_files(args.results, root, model=args.model, base_url=args.base_url)
+    kinds = f" ({', '.join(f'{k}: {n:,}' for k, n in c.error_kinds.items())})" if c.error_kinds else ""
+    print(f"Imported {c.stored:,} replies into {root} ({c.already:,} were already cached); "
+          f"{c.errors:,} errors{kinds} and {c.unusable:,} unusable replies were not cached.")
+    for line in c.first_errors:
+        print(f"  {line}")
+    if c.errors or c.unusable:
+        print("Requests without a cached reply are sent again by the next export (or online by the study).")
+    return 0
+
+
+def _requests_run(argv: list[str]) -> int:
+    ap = Parser(
+        prog="python -m evaluator requests run",
+        description="Send a request file (OpenAI batch JSONL) through the online engine: limits, retries, "
+                    "cache, resume. Results in the same format as a provider's batch output.")
+    ap.add_argument("requests", type=Path, help="request JSONL: custom_id, method, url, body")
+    ap.add_argument("--model", required=True, help="model profile: sim, gemini, gpt-oss-120b, or a .toml path")
+    ap.add_argument("--out", type=Path, required=True, help="results JSONL to write")
+    ap.add_argument("--cache-dir", help="cache root (default: the config's); a rerun answers finished requests from it")
+    ap.add_argument("--base-url", help="override the profile's endpoint")
+    _rate_flags(ap)
+    ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--dry-run", action="store_true", help="print (and write OUT's stem + .plan.json) the requests, tokens, USD and time the file would take; send nothing")
+    args = ap.parse_args(argv)
+    overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
+    if args.dry_run:
+        print(app.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
+                                    **overrides.as_kwargs()))
+        return 0
+    done = app.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
+                                reporter=make_reporter(not args.no_progress), **overrides.as_kwargs())
+    n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
+    print(f"Wrote {n:,} results to {args.out} in {done.seconds:.1f} s: {n - bad:,} ok, {bad:,} errors; "
+          f"{done.stats['requests']:,} HTTP requests sent, {done.stats['cache_hits']:,} answered from the cache.")
+    return 0
+
+
+def cmd_view(argv: list[str]) -> int:
+    p = Parser(prog="python -m evaluator view",
+               description="Write one self-contained HTML page (no network) to browse a finished run's queries, "
+               "or several runs compared side by side; prints its path.")
+    p.add_argument("out_dirs", nargs="+", type=Path, metavar="OUT", help="output folder(s) of finished runs")
+    p.add_argument("--out", type=Path, help="page to write (default: OUT/view.html; needed to compare runs)")
+    p.add_argument("--serve", action="store_true", help="also serve the page on 127.0.0.1 until Ctrl-C")
+    p.add_argument("--port", type=int, default=0, help="port for --serve (default: any free one)")
+    args = p.parse_args(argv)
+    if len(args.out_dirs) > 1 and args.out is None:
+        p.error("comparing runs writes one page for all of them: pass --out F.html")
+    path, html = view_page.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
+    print(path)
+    if args.serve:
+        srv = view_page.server(html, args.port)
+        print(f"Serving on http://127.0.0.1:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
+        try:
+            srv.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            srv.server_close()
+    return 0
 
 
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "report": cmd_report, "cache": cmd_cache, "scaling": cmd_scaling, "routing": cmd_routing,
-    "requests": lambda argv: __import__("evaluator.requests_cli", fromlist=["dispatch"]).dispatch(argv),
+    "requests": cmd_requests, "view": cmd_view,
 }
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the `sys.stderr` of the moment (a test's capture, a redirected stream), not the one at start."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
+def _log_to_stderr() -> None:
+    """The engine's `logging` warnings (a dropped request field, a lost claim renewal) as lines on stderr."""
+    root = logging.getLogger("evaluator")
+    if any(isinstance(h, _StderrHandler) for h in root.handlers):
+        return  # `main` called again in one process
+    handler = _StderrHandler()
+    handler.setLevel(logging.WARNING)  # the logger's own level is left alone (tests raise it to DEBUG)
+    handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    handler.addFilter(RedactFilter())
+    root.addHandler(handler)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _log_to_stderr()
+    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (aio.py)
     command = argv[0] if argv and argv[0] in HANDLERS else "run"
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
+    sys.excepthook = lambda *exc: sys.stderr.write(redacted_traceback(*exc))  # even a crash's traceback carries no key
     try:
         return HANDLERS[command](rest)
     except SystemExit as e:  # argparse: --help (0) or a usage error already printed (2)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     except (DataError, ConfigError, EmbedderError, OutputError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(redact(f"error: {e}"), file=sys.stderr)
         return EXIT_USAGE
+    except BudgetExhausted as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BUDGET
     except FatalLLMError as e:
-        print(f"error: {e} Every call finished before the stop is cached: rerun the same command to resume.",
+        print(redact(f"error: {e} Every call finished before the stop is cached: rerun the same command to resume."),
               file=sys.stderr)
         return EXIT_STOPPED
     except KeyboardInterrupt:
-        print("\ninterrupted: finished LLM calls are cached; rerun the same command to resume.", file=sys.stderr)
+        how = f" by {stop_signal()}" if stop_signal() else ""
+        print(f"\ninterrupted{how}: finished LLM calls are cached; rerun the same command to resume.", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as e:
         # A file system failure nothing checked for (disk full, a folder removed mid-run): one line, not a
         # traceback. Finished LLM calls are in the cache, so a rerun pays for nothing twice.
         where = f" {e.filename}" if e.filename else ""
-        print(f"error: cannot read or write{where}: {e.strerror or e}. Fix the path or free space and rerun.",
-              file=sys.stderr)
+        fix = ("Free space on that disk (or pass another --out / --cache-dir)" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+               else "Fix the path or free space")
+        print(redact(f"error: cannot read or write{where}: {e.strerror or e}. {fix} and rerun."), file=sys.stderr)
         return EXIT_STOPPED

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field, TypeAdapter
+from pydantic.dataclasses import dataclass
 
 from .data import TOOLS_FORMATS
+from .embed_backends import BACKENDS, PRECISIONS
 from .llm.errors import ConfigError  # one ConfigError for settings and model profiles
+from .llm.profiles import ModelProfile, check_values, checked
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -23,6 +26,19 @@ DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 
 __all__ = ["ConfigError", "Settings", "ProfileOverrides", "load_settings", "validate", "match_subsets",
            "analysis_subsets"]
+
+# The choices of each setting, declared once (the config file, the flags' `choices` and the checks use these).
+Backend = Literal[("auto", *BACKENDS)]  # type: ignore[valid-type]  # auto: see evaluator/embed.py AUTO_CPU
+Precision = Literal[("auto", *dict.fromkeys(p for ps in PRECISIONS.values() for p in ps))]  # type: ignore[valid-type]
+ToolsFormat = Literal[TOOLS_FORMATS]  # type: ignore[valid-type]  # auto: detected per file
+RegistryChoice = Literal["full", "described"]
+Arch = Literal["rtp", "ptr"]
+BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
+PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
+TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
+REGISTRY_CHOICES: tuple[str, ...] = get_args(RegistryChoice)
+ARCHS: tuple[str, ...] = get_args(Arch)
+AtLeast1 = Annotated[int, Field(ge=1)]
 
 
 @dataclass
@@ -37,6 +53,7 @@ class ProfileOverrides:
     timeout_s: float | None = None
 
     def as_kwargs(self) -> dict[str, Any]:
+        """The flags given; their types and ranges are the profile's (`ModelProfile`), checked in `validate`."""
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
@@ -44,43 +61,49 @@ class ProfileOverrides:
 class Settings:
     # [data]
     data_dir: str = "../shared/toolbench"
-    registry: str = "full"
+    registry: RegistryChoice = "full"
     subsets: list[str] = field(default_factory=list)
-    limit: int = 0
+    limit: int = Field(0, ge=0)  # 0: all
     tools: str = ""  # a registry file or folder in any supported format (else the data folder's)
     queries: list[str] = field(default_factory=list)  # query files or folders (else the data folder's)
-    tools_format: str = "auto"  # auto (detected per file), jsonl, toolbench, mcp, openai
+    tools_format: ToolsFormat = "auto"
     # [embed]
     embedder: str = "bundled:all-MiniLM-L6-v2"
     device: str = "auto"
-    precision: str = "auto"
-    backend: str = "auto"  # torch, onnx, openvino; auto: see evaluator/embed.py AUTO_CPU
-    batch_size: int = 128
+    precision: Precision = "auto"
+    backend: Backend = "auto"
+    batch_size: int = Field(128, ge=1)
     # [retrieval]
-    k: int = 5
-    ks: list[int] = field(default_factory=lambda: [1, 3, 5, 10, 20])
+    k: int = Field(5, ge=1)
+    ks: list[AtLeast1] = field(default_factory=lambda: [1, 3, 5, 10, 20])
     fallback_to_query: bool = False
     # [run]
     models: list[str] = field(default_factory=lambda: ["sim"])
-    runs: int = 4
-    archs: list[str] = field(default_factory=lambda: ["rtp", "ptr"])
+    runs: int = Field(4, ge=1)
+    archs: list[Arch] = Field(default_factory=lambda: ["rtp", "ptr"], min_length=1)
     cache_dir: str = "cache"
     out: str = ""
+    # --budget: the most this invocation may spend (USD, online prices)
+    budget_usd: float | None = Field(None, ge=0, allow_inf_nan=False, exclude=True)
+    # --rate-dir: share RPM/TPM pacing with other processes here (else the cache folder)
+    rate_dir: str = Field("", exclude=True)
     # [analysis] subset names or prefixes; empty = derived from the subsets present (see analysis_subsets)
     routing_train: list[str] = field(default_factory=list)
     routing_test: list[str] = field(default_factory=list)
-    routing_folds: int = 5
+    routing_folds: int = Field(5, ge=2)
     routing_seed: int = 0
     scaling_subsets: list[str] = field(default_factory=list)
-    scaling_sizes: list[int] = field(default_factory=lambda: [1000, 2000, 5000, 10000, 20000])
-    scaling_seeds: int = 5
+    scaling_sizes: list[AtLeast1] = field(default_factory=lambda: [1000, 2000, 5000, 10000, 20000])
+    scaling_seeds: int = Field(5, ge=1)
     divergence_subset: str = ""
-    # not in the file: command line only
-    data_from_cli: bool = False  # --data or EVALUATOR_DATA must exist; the config's path may fall back
-    extras: bool = True  # the scaling and routing studies after a full run
-    batch: str | None = None  # --batch: "submit" through the profiles' batch APIs; --batch-cancel: "cancel"
-    overrides: ProfileOverrides = field(default_factory=ProfileOverrides)
-    cli_keys: set[str] = field(default_factory=set)  # settings given as flags (not from the file)
+    # not in the file: command line only, and not in meta.json (excluded)
+    data_from_cli: bool = Field(False, exclude=True)  # --data or EVALUATOR_DATA must exist; else may fall back
+    extras: bool = Field(True, exclude=True)  # the scaling and routing studies after a full run
+    # --batch: "submit" through the profiles' batch APIs; --batch-cancel: "cancel"
+    batch: Literal["submit", "cancel"] | None = Field(None, exclude=True)
+    dry_run: bool = Field(False, exclude=True)  # --dry-run: plan the calls, tokens, cost and time; send nothing
+    overrides: ProfileOverrides = Field(default_factory=ProfileOverrides, exclude=True)
+    cli_keys: set[str] = Field(default_factory=set, exclude=True)  # settings given as flags (not from the file)
 
     @property
     def k_max(self) -> int:
@@ -94,11 +117,11 @@ class Settings:
         return REPO_ROOT / p
 
     def study_dict(self) -> dict[str, Any]:
-        """The settings as written into meta.json (command-line-only plumbing left out)."""
-        d = dataclasses.asdict(self)
-        for key in ("data_from_cli", "overrides", "extras", "cli_keys", "batch"):
-            d.pop(key)
-        return d
+        """The settings as written into meta.json (command-line-only plumbing, `exclude=True`, left out)."""
+        return _SETTINGS.dump_python(self, mode="json")
+
+
+_SETTINGS: TypeAdapter[Settings] = TypeAdapter(Settings)
 
 
 SECTIONS: dict[str, dict[str, str]] = {
@@ -107,40 +130,21 @@ SECTIONS: dict[str, dict[str, str]] = {
     "embed": {"model": "embedder", "device": "device", "precision": "precision", "backend": "backend",
               "batch_size": "batch_size"},
     "retrieval": {"k": "k", "ks": "ks", "fallback_to_query": "fallback_to_query"},
-    "run": {"models": "models", "runs": "runs", "archs": "archs", "cache_dir": "cache_dir", "out": "out"},
+    "run": {"models": "models", "runs": "runs", "archs": "archs", "cache_dir": "cache_dir", "out": "out",
+            "budget_usd": "budget_usd", "rate_dir": "rate_dir"},
     "analysis": {"routing_train": "routing_train", "routing_test": "routing_test", "routing_folds": "routing_folds",
                  "routing_seed": "routing_seed", "scaling_subsets": "scaling_subsets",
                  "scaling_sizes": "scaling_sizes", "scaling_seeds": "scaling_seeds",
                  "divergence_subset": "divergence_subset"},
 }
-_HINTS = typing.get_type_hints(Settings)
+# flags whose name is not the setting's (`--k` for k, `--tools-format` for tools_format, ...)
+FLAGS = {"models": "--model", "timeout_s": "--timeout", "budget_usd": "--budget", "scaling_sizes": "--sizes",
+         "scaling_seeds": "--seeds", "scaling_subsets": "--subsets", "routing_train": "--train",
+         "routing_test": "--test", "routing_folds": "--folds", "routing_seed": "--seed"}
 
 
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is list:
-        return f"list of {_type_name(typing.get_args(tp)[0])}s"
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
-    return {"str": "string", "int": "integer", "float": "number", "bool": "boolean (true/false)"}.get(
-        getattr(tp, "__name__", str(tp)), str(tp))
-
-
-def check_type(value: Any, tp: Any) -> bool:
-    """`value` (from TOML) fits the annotation `tp`; bools are not integers and integers are numbers."""
-    origin = typing.get_origin(tp)
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        return isinstance(value, list) and all(check_type(v, item) for v in value)
-    if origin in (typing.Union, types.UnionType):
-        return any(check_type(value, a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if tp is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, tp)
+def flag(name: str) -> str:
+    return FLAGS.get(name) or "--" + name.replace("_", "-")
 
 
 def load_settings(path: Path | None = None) -> Settings:
@@ -151,61 +155,26 @@ def load_settings(path: Path | None = None) -> Settings:
         raise ConfigError(f"{path}: cannot read the config ({e.strerror or e}); pass a readable --config FILE.") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: invalid TOML ({e}).") from None
-    s = Settings()
-    for section, values in raw.items():
+    values: dict[str, Any] = {}
+    labels: dict[str, str] = {}  # setting -> how the file names it
+    for section, given in raw.items():
         names = SECTIONS.get(section)
-        if names is None or not isinstance(values, dict):
+        if names is None or not isinstance(given, dict):
             raise ConfigError(f"{path}: unknown section [{section}]; known: {', '.join(SECTIONS)}.")
-        for key, value in values.items():
+        for key, value in given.items():
             if key not in names:
                 raise ConfigError(f"{path}: unknown key {key!r} in [{section}]; known: {', '.join(names)}.")
-            tp = _HINTS[names[key]]
-            if not check_type(value, tp):
-                raise ConfigError(f"{path}: [{section}] {key} must be a {_type_name(tp)}, not {value!r}.")
-            if tp is float:
-                value = float(value)
-            setattr(s, names[key], value)
-    validate(s, where=f"{path}: ")
-    return s
+            values[names[key]] = value
+            labels[names[key]] = f"[{section}] {key} ="
+    return checked(Settings, values, f"{path}: ", labels.__getitem__)
 
 
 def validate(s: Settings, where: str = "") -> None:
-    """Impossible values; `where` prefixes the message (the file, or nothing for flags)."""
-    def bad(msg: str) -> None:
-        raise ConfigError(f"{where}{msg}")
-
-    if s.registry not in ("full", "described"):
-        bad(f"registry must be 'full' or 'described', not {s.registry!r}.")
-    if s.tools_format not in TOOLS_FORMATS:
-        bad(f"tools_format (--tools-format) must be one of {', '.join(TOOLS_FORMATS)}, not {s.tools_format!r}.")
-    if s.k < 1 or any(k < 1 for k in s.ks):
-        bad("k (--k) and every value of ks (--ks) must be at least 1.")
-    if s.runs < 1:
-        bad("runs (--runs) must be at least 1.")
-    wrong = [a for a in s.archs if a not in ("rtp", "ptr")]
-    if wrong or not s.archs:
-        bad(f"archs (--archs) must be a non-empty subset of rtp, ptr (got {s.archs}).")
-    if s.limit < 0:
-        bad("limit (--limit) must be 0 (all) or positive.")
-    if s.batch_size < 1:
-        bad("embed batch_size must be at least 1.")
-    if s.precision not in ("auto", "fp32", "bf16", "fp16", "int8"):
-        bad(f"precision must be one of auto, fp32, bf16, fp16, int8, not {s.precision!r}.")
-    if s.backend not in ("auto", "torch", "onnx", "openvino"):
-        bad(f"embed backend (--backend) must be one of auto, torch, onnx, openvino, not {s.backend!r}.")
-    if s.routing_folds < 2:
-        bad("analysis routing_folds must be at least 2.")
-    if s.scaling_seeds < 1 or any(n < 1 for n in s.scaling_sizes):
-        bad("analysis scaling_seeds and every scaling_sizes value must be at least 1.")
-    o = s.overrides
-    for name in ("concurrency", "max_tokens"):
-        v = getattr(o, name)
-        if v is not None and v < 1:
-            bad(f"--{name.replace('_', '-')} must be at least 1, not {v}.")
-    for name, flag in (("rpm", "--rpm"), ("tpm", "--tpm"), ("timeout_s", "--timeout")):
-        v = getattr(o, name)
-        if v is not None and not v > 0:
-            bad(f"{flag} must be above 0, not {v}.")
+    """Every setting and profile flag against its declared type and range, after flags were set;
+    `where` prefixes the message (nothing for flags: the message names the flag)."""
+    fields = s.__pydantic_fields__  # type: ignore[attr-defined]
+    check_values(Settings, {k: getattr(s, k) for k in fields if k != "overrides"}, where, flag)
+    check_values(ModelProfile, s.overrides.as_kwargs(), where, flag)
 
 
 # ---------------------------------------------------------------- subsets for the analyses

@@ -3,7 +3,9 @@
 The cache is keyed by (model, backend, precision, text): a second run embeds nothing, a changed
 registry embeds only the texts that changed, and vectors of one runtime path are never served to
 another. New vectors are written in shards as they are computed, so a run killed half-way through
-the 47k-API registry keeps what it had embedded; a damaged shard costs a re-embed and a warning.
+the 47k-API registry keeps what it had embedded. Each shard carries its dimension, dtype and a
+checksum of its content; a damaged one (unreadable, checksum, NaN/inf, wrong dimension or dtype) is
+set aside and its texts re-embedded, with one warning that counts them.
 
 Runtime paths (`backend`, `precision`): torch fp32/bf16 (fp16 on CUDA), ONNX Runtime fp32/int8 and
 OpenVINO fp32/bf16 (see embed_backends.py). `auto` on a CPU takes the fastest path of `AUTO_CPU`
@@ -18,9 +20,11 @@ import errno
 import hashlib
 import os
 import shutil
-import sys
+import time
 import uuid
 import weakref
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +35,7 @@ threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread
 import numpy as np  # noqa: E402
 
 from . import embed_backends as eb  # noqa: E402
+from .progress import SILENT, Reporter  # noqa: E402
 
 DEFAULT_MODEL = "bundled:all-MiniLM-L6-v2"
 BACKENDS = ("auto", *eb.BACKENDS)
@@ -49,10 +54,6 @@ def _key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
-def _warn(msg: str) -> None:
-    print(f"warning: {msg}", file=sys.stderr)
-
-
 class EmbeddingStore:
     """Append-only shards of (text hash, vector) for one model, backend and precision.
 
@@ -60,35 +61,52 @@ class EmbeddingStore:
     processes can add shards at once without locking.
     """
 
-    def __init__(self, root: Path, cache_dir: Path | None = None) -> None:
+    def __init__(self, root: Path, cache_dir: Path | None = None, warn: Callable[[str], None] = SILENT.warn) -> None:
         self.root = root
+        self.warn = warn  # a damaged shard is a warning, not an error: the caller decides where it goes
         self.cache_dir = cache_dir or root  # what the user named: the one to mention in errors
         self.vectors: dict[bytes, np.ndarray] = {}
         self._loaded: set[str] = set()
+        self.dim: int | None = None  # the vectors' dimension, from the first sound shards (see `refresh`)
         self._writable = False  # probed once: `add` still reports a later failure in one line
 
     def refresh(self) -> None:
+        """Load the shards not loaded yet; set aside (as `*.damaged`) every one that fails `_read_shard` or
+        whose dimension is not the store's, with one warning that counts them: their texts are re-embedded."""
         if not self.root.is_dir():
             return
+        good: list[tuple[Path, np.ndarray, np.ndarray, bool]] = []
+        damaged: dict[str, int] = {}
+        first: list[Path] = []  # the first damaged file, named in the warning
         for shard in sorted(self.root.glob("shard-*.npz")):
             if shard.name in self._loaded:
                 continue
+            self._loaded.add(shard.name)
             try:
-                with np.load(shard) as z:
-                    keys, vecs = z["keys"], z["vecs"]
-                if vecs.ndim != 2 or len(keys) != len(vecs):
-                    raise ValueError(f"shapes {keys.shape} and {vecs.shape}")
+                good.append((shard, *_read_shard(shard)))
             except Exception as e:  # noqa: BLE001 - zipfile.BadZipFile, truncated arrays, foreign files alike
-                # A damaged shard (a full disk, a killed copy) costs a re-embed of its texts, never the run.
-                self._loaded.add(shard.name)
-                _warn(f"skipping damaged embedding cache file {shard} ({type(e).__name__}); its texts are re-embedded")
-                with contextlib.suppress(OSError):  # warn once, keep the file for inspection
-                    shard.rename(shard.with_name(shard.name + ".damaged"))
+                # A damaged shard (a full disk, a killed copy, flipped bytes) costs a re-embed, never the run.
+                why = e.args[0] if isinstance(e, _DamagedShard) else f"unreadable ({type(e).__name__})"
+                damaged[why] = damaged.get(why, 0) + 1
+                first = first or [shard]
+                _set_aside(shard)
+        if self.dim is None and good:
+            self.dim = _store_dim(good)
+        for shard, keys, vecs, _sealed in good:
+            if vecs.shape[1] != self.dim:  # e.g. a valid npz of 10-dim vectors among 384-dim ones
+                why = f"{vecs.shape[1]}-dim vectors, not {self.dim}"
+                damaged[why] = damaged.get(why, 0) + 1
+                first = first or [shard]
+                _set_aside(shard)
                 continue
             for k, v in zip(keys, vecs, strict=True):
                 # numpy's S16 drops trailing NUL bytes of a digest; pad them back.
                 self.vectors[bytes(k).ljust(16, b"\0")] = v
-            self._loaded.add(shard.name)
+        if damaged:
+            n = sum(damaged.values())
+            whys = ", ".join(f"{c} {w}" for w, c in sorted(damaged.items()))
+            self.warn(f"{n} damaged embedding cache file(s) set aside as *.damaged ({whys}; e.g. {first[0]}); "
+                      "their texts are re-embedded")
 
     def check_writable(self) -> None:
         """One clear line instead of a PermissionError traceback after minutes of embedding."""
@@ -109,7 +127,7 @@ class EmbeddingStore:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as fh:
-                np.savez(fh, keys=np.array(keys, dtype="S16"), vecs=vecs.astype(np.float32))
+                np.savez(fh, **_seal(np.array(keys, dtype="S16"), vecs.astype(np.float32)))
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.root / name)
@@ -118,11 +136,67 @@ class EmbeddingStore:
                 tmp.unlink()
             if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise EmbedderError(f"cache dir {self.cache_dir} is not writable; use --cache-dir") from None
-            raise EmbedderError(f"cannot write the embedding cache in {self.cache_dir} ({e.strerror or e}); "
-                                "use --cache-dir") from None
+            fix = "free space on that disk or use --cache-dir on another" if e.errno in (errno.ENOSPC, errno.EDQUOT) \
+                else "use --cache-dir"
+            raise EmbedderError(f"cannot write the embedding cache in {self.cache_dir} ({e.strerror or e}); {fix}") from None
         self._loaded.add(name)
+        self.dim = self.dim or vecs.shape[1]
         for k, v in zip(keys, vecs, strict=True):
             self.vectors[k] = v
+
+
+class _DamagedShard(ValueError):
+    """A shard that reads but must not be used; the message is the reason counted in the warning."""
+
+
+def _checksum(keys: np.ndarray, vecs: np.ndarray) -> str:
+    # CRC-32, not a cryptographic hash: it catches damage (the zip's own CRC does not cover a shard rewritten
+    # by another tool) and costs ~0.05 s on the 47k registry's vectors where blake2b cost ~0.5 s a warm run.
+    crc = zlib.crc32(f"{vecs.shape[1]}:{vecs.dtype.str}:".encode())
+    crc = zlib.crc32(memoryview(np.ascontiguousarray(keys)).cast("B"), crc)
+    return f"{zlib.crc32(memoryview(np.ascontiguousarray(vecs)).cast('B'), crc):08x}"
+
+
+def _seal(keys: np.ndarray, vecs: np.ndarray) -> dict[str, np.ndarray]:
+    """A shard's arrays with its dimension, dtype and a checksum of its content."""
+    return {"keys": keys, "vecs": vecs, "dim": np.array(vecs.shape[1]), "dtype": np.array(vecs.dtype.str),
+            "checksum": np.array(_checksum(keys, vecs))}
+
+
+def _read_shard(path: Path) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(keys, vecs, sealed) of a sound shard; `_DamagedShard` naming what is wrong otherwise.
+
+    Shards written before checksums existed (no `checksum`) are still read, with the same content checks."""
+    with np.load(path) as z:
+        keys, vecs = z["keys"], z["vecs"]
+        sealed = "checksum" in z.files
+        if sealed and (int(z["dim"]) != (vecs.shape[1] if vecs.ndim == 2 else -1) or str(z["dtype"]) != vecs.dtype.str
+                       or str(z["checksum"]) != _checksum(keys, vecs)):
+            raise _DamagedShard("checksum mismatch")
+    if vecs.ndim != 2 or len(keys) != len(vecs) or keys.dtype != np.dtype("S16"):
+        raise _DamagedShard("wrong shape")
+    if vecs.dtype != np.float32:
+        raise _DamagedShard(f"{vecs.dtype} vectors, not float32")
+    if not np.isfinite(vecs.sum()):  # any NaN/inf makes the sum so; a shard's unit vectors cannot overflow it
+        raise _DamagedShard("NaN/inf vectors")
+    return keys, vecs, sealed
+
+
+def _store_dim(shards: list[tuple[Path, np.ndarray, np.ndarray, bool]]) -> int:
+    """The dimension of most vectors in sealed shards (written by this code, checksum intact), else in all."""
+    rows: dict[int, int] = {}
+    for sealed_only in (True, False):
+        for _, _, vecs, sealed in shards:
+            if sealed or not sealed_only:
+                rows[vecs.shape[1]] = rows.get(vecs.shape[1], 0) + len(vecs)
+        if rows:
+            break
+    return max(rows, key=lambda d: rows[d])
+
+
+def _set_aside(shard: Path) -> None:
+    with contextlib.suppress(OSError):  # warned once; the file is kept for inspection
+        shard.rename(shard.with_name(shard.name + ".damaged"))
 
 
 @dataclass
@@ -132,6 +206,11 @@ class EmbedStats:
     cache_hits: int = 0
     embedded: int = 0
     seconds: float = 0.0
+    # Where a first run's embedding time goes (bench/embed_first_run.py reports them):
+    model_load_s: float = 0.0  # importing torch + sentence-transformers and loading the model
+    export_s: float = 0.0  # exporting and compiling a runtime (ONNX Runtime, OpenVINO)
+    tokenize_s: float = 0.0
+    infer_s: float = 0.0  # the model's forward passes
 
 
 def resolve_model(name: str) -> tuple[str, str]:
@@ -192,6 +271,7 @@ class Embedder:
         batch_size: int = 128,
         cache_dir: Path | None = None,
         progress: bool = True,
+        reporter: Reporter = SILENT,
     ) -> None:
         self.model_name = model
         self.load_path, self.cache_name = resolve_model(model)
@@ -201,13 +281,14 @@ class Embedder:
             self.device = "cpu"  # ONNX Runtime and OpenVINO run here on the CPU
         self.batch_size = batch_size
         self.progress = progress
+        self.reporter = reporter  # where bars and warnings go (silent unless the CLI hands one)
         self.cache_dir = cache_dir
         self.threads = threads.available_cpus()
         self._model = None
         self._runner: eb.Runner | None = None
         self._runtime = ""
         self._auto = backend == "auto" and precision == "auto"  # a path chosen here may fall back
-        self.store = EmbeddingStore(self._store_root(cache_dir), cache_dir) if cache_dir else None
+        self.store = EmbeddingStore(self._store_root(cache_dir), cache_dir, reporter.warn) if cache_dir else None
         self.stats = EmbedStats()
 
     def _store_root(self, cache_dir: Path) -> Path:
@@ -228,6 +309,7 @@ class Embedder:
     @property
     def model(self):
         if self._model is None:
+            t0 = time.perf_counter()
             import torch
             from sentence_transformers import SentenceTransformer
 
@@ -246,6 +328,7 @@ class Embedder:
             elif self.backend == "torch" and self.precision == "fp16":
                 m = m.half()
             self._model = m
+            self.stats.model_load_s += time.perf_counter() - t0
             if self.backend == "torch":
                 self._runtime = f"torch {torch.__version__}, {torch.get_num_threads()} threads" if self.device == "cpu" else ""
         return self._model
@@ -265,11 +348,11 @@ class Embedder:
                     f"the {self.backend} {self.precision} embedding path failed for {self.model_name!r} "
                     f"({type(e).__name__}: {str(e)[:200]}); use --backend torch"
                 ) from None
-            _warn(f"{self.backend} {self.precision} failed for {self.model_name!r} ({type(e).__name__}); "
+            self.reporter.warn(f"{self.backend} {self.precision} failed for {self.model_name!r} ({type(e).__name__}); "
                   "embedding with torch fp32 instead")
             self.backend, self.precision = "torch", "fp32"
             if self.cache_dir is not None:
-                self.store = EmbeddingStore(self._store_root(self.cache_dir), self.cache_dir)
+                self.store = EmbeddingStore(self._store_root(self.cache_dir), self.cache_dir, self.reporter.warn)
             return False
 
     def _runtime_runner(self) -> eb.Runner:
@@ -283,11 +366,14 @@ class Embedder:
             elif self.store is not None:
                 self.store.check_writable()
             kind = "onnx-int8" if self.precision == "int8" else f"{self.backend}-fp32"
-            folder = eb.export(self.model, self.load_path, self.cache_name, kind, root)
+            st = self.model
+            t0 = time.perf_counter()
+            folder = eb.export(st, self.load_path, self.cache_name, kind, root)
             if self.backend == "onnx":
                 self._runner, self._runtime = eb.onnxruntime_runner(folder / "model.onnx", self.threads)
             else:
                 self._runner, self._runtime = eb.openvino_runner(folder / "model.xml", self.precision, self.threads)
+            self.stats.export_s += time.perf_counter() - t0
         return self._runner
 
     @property
@@ -297,8 +383,6 @@ class Embedder:
     def encode(self, texts: list[str], desc: str = "embedding", progress: bool | None = None) -> np.ndarray:
         """float32 (len(texts), d), L2-normalised, row i for texts[i]; `progress` overrides the
         embedder's setting (small micro-batches would only flicker a bar)."""
-        import time
-
         t0 = time.perf_counter()
         keys = [_key(t) for t in texts]
         first: dict[bytes, int] = {}
@@ -331,13 +415,11 @@ class Embedder:
         return out
 
     def _embed(self, texts: list[str], keys: list[bytes], desc: str, show: bool) -> dict[bytes, np.ndarray]:
-        from tqdm import tqdm
-
         if self.store is not None:
             self.store.check_writable()  # before the work, not after it
         order = self._order(texts)
         out: dict[bytes, np.ndarray] = {}
-        bar = tqdm(total=len(texts), desc=desc, unit=" texts", disable=not show, unit_scale=True)
+        bar = self.reporter.bar(len(texts), desc, enabled=show)
         try:
             for start in range(0, len(order), _SHARD_ROWS):
                 idx = order[start : start + _SHARD_ROWS]
@@ -356,9 +438,11 @@ class Embedder:
         texts of (nearly) the same token count. Sorting by characters, as `encode` does, padded the
         registry's batches to 1.8x its real tokens (symbols and URLs make many tokens per character)."""
         tok = self.model.tokenizer
+        t0 = time.perf_counter()
         # Only the ids' lengths are needed: skipping the masks saves ~1 s of ~5 on the 47k registry.
         ids = tok(texts, add_special_tokens=True, truncation=True, max_length=self.model.max_seq_length,
                   return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        self.stats.tokenize_s += time.perf_counter() - t0
         return sorted(range(len(texts)), key=lambda i: (len(ids[i]), len(texts[i])))
 
     def _encode_raw(self, texts: list[str]) -> np.ndarray:
@@ -368,18 +452,35 @@ class Embedder:
         for lo in range(0, len(texts), self.batch_size):
             batch = texts[lo : lo + self.batch_size]
             if self.backend == "torch":
+                t0 = time.perf_counter()  # torch's encode tokenizes inside: counted as inference
                 emb = self.model.encode(batch, batch_size=len(batch), convert_to_tensor=True, show_progress_bar=False)
                 parts.append(emb.float().cpu().numpy())
+                self.stats.infer_s += time.perf_counter() - t0
             else:
+                run = self._runtime_runner()
+                t0 = time.perf_counter()
                 feats = eb.features(self.model, batch)
-                parts.append(self._runtime_runner()({k: v.numpy() for k, v in feats.items() if hasattr(v, "numpy")}))
+                t1 = time.perf_counter()
+                parts.append(run({k: v.numpy() for k, v in feats.items() if hasattr(v, "numpy")}))
+                self.stats.tokenize_s += t1 - t0
+                self.stats.infer_s += time.perf_counter() - t1
         vecs = np.concatenate(parts).astype(np.float32, copy=False)
         # Reduced-precision output is only approximately unit length; cosine needs exact norms.
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         return vecs / np.maximum(norms, 1e-12)
 
 
+# Device nodes of a GPU torch.cuda can drive: NVIDIA, AMD ROCm (HIP builds answer as torch.cuda),
+# and WSL2's GPU bridge.
+_GPU_NODES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
 def _auto_device() -> str:
+    """'cuda' where torch sees a GPU, else 'cpu'. Importing torch costs seconds, so it is asked
+    only where torch is installed and a GPU device node exists; a machine without one is 'cpu'
+    without loading torch (a fully cached CPU run then never imports it)."""
+    if not eb.importable("torch") or not any(os.path.exists(p) for p in _GPU_NODES):
+        return "cpu"
     try:
         import torch
 

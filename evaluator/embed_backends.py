@@ -41,7 +41,7 @@ _PACKAGES = {"onnx": ("onnxruntime", "onnx"), "openvino": ("openvino", "onnx")}
 Runner = Callable[[dict[str, np.ndarray]], np.ndarray]
 
 
-def _importable(name: str) -> bool:
+def importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
     except (ValueError, ImportError):  # a module set to None in sys.modules counts as absent
@@ -50,7 +50,7 @@ def _importable(name: str) -> bool:
 
 def missing_package(backend: str) -> str | None:
     """One line naming what to install for `backend`, or None when it can run here."""
-    missing = [p for p in _PACKAGES.get(backend, ()) if not _importable(p)]
+    missing = [p for p in _PACKAGES.get(backend, ()) if not importable(p)]
     if not missing:
         return None
     return (

@@ -7,7 +7,13 @@ use and waits passively (threads.py), set before faiss loads.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import math
+import os
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import threads
 
@@ -50,17 +56,176 @@ class VectorIndex:
         FAISS itself orders them."""
         k = min(k, len(self))
         _, cand = self.search(queries, min(k + _MARGIN, len(self)))
-        scores = np.empty((len(queries), k), np.float64)
-        rows = np.empty((len(queries), k), np.int64)
-        for lo in range(0, len(queries), _CHUNK):
-            c = cand[lo : lo + _CHUNK]
-            q = queries[lo : lo + _CHUNK].astype(np.float64)
-            s = np.einsum("qd,qkd->qk", q, self.vectors[c].astype(np.float64))
-            order = np.lexsort((-c, -s), axis=-1)[:, :k]
-            scores[lo : lo + _CHUNK] = np.take_along_axis(s, order, axis=-1)
-            rows[lo : lo + _CHUNK] = np.take_along_axis(c, order, axis=-1)
-        return scores, rows
+        return rescore(self.vectors, queries, cand, k)
+
+
+def rescore(vectors: np.ndarray, queries: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The best k of each query's candidate registry rows `cand` (n, c), scored in float64; exact
+    ties go to the higher row. (scores, rows), each (n, k)."""
+    scores = np.empty((len(queries), k), np.float64)
+    rows = np.empty((len(queries), k), np.int64)
+    for lo in range(0, len(queries), _CHUNK):
+        c = cand[lo : lo + _CHUNK]
+        q = queries[lo : lo + _CHUNK].astype(np.float64, copy=False)
+        s = np.einsum("qd,qkd->qk", q, vectors[c].astype(np.float64, copy=False))
+        order = np.lexsort((-c, -s), axis=-1)[:, :k]
+        scores[lo : lo + _CHUNK] = np.take_along_axis(s, order, axis=-1)
+        rows[lo : lo + _CHUNK] = np.take_along_axis(c, order, axis=-1)
+    return scores, rows
+
+
+class SubsetSearch:
+    """`exact_search` of fixed queries over many subsets of the registry's rows, from one pass.
+
+    A subset's float32 ranking is the full registry's ranking with the other rows left out, so each
+    query's full ranking is computed once (one matrix product, kept to its best rows: every row
+    scoring at least a threshold set so that about `depth` rows pass) and a subset's FAISS
+    candidates (its best k + margin rows in float32) are the first of those rows that belong to it;
+    they are then re-scored in float64 exactly as `exact_search` does. A query whose prefix holds
+    too few rows of a subset (a small subset far from it) is searched over that subset directly.
+    Identical query vectors (a stub repeated across runs) are searched once. The scaling study
+    searches ~100 sub-registries this way instead of building an index and searching for each.
+    """
+
+    def __init__(self, vectors: np.ndarray, queries: np.ndarray, k: int, smallest: int,
+                 vectors64: np.ndarray | None = None) -> None:
+        """`smallest`: the fewest rows a searched subset will have. The prefix is twice as deep as
+        the rank at which such a subset holds its k + margin candidates on average (a query still
+        short of them is searched directly). `vectors64`: `vectors` in float64, when the caller
+        already has it (the scaling study shares one between its subsets)."""
+        self.vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        queries = np.ascontiguousarray(queries, dtype=np.float32).reshape(len(queries), self.vectors.shape[1])
+        self.n = len(queries)
+        uniq, self.inverse = np.unique(queries, axis=0, return_inverse=True)
+        self.queries = np.ascontiguousarray(uniq)
+        self.inverse = self.inverse.reshape(-1)
+        # float64 copies made once: the re-scoring of every subset reads them
+        self.vectors64 = self.vectors.astype(np.float64) if vectors64 is None else vectors64
+        self.queries64 = self.queries.astype(np.float64)
+        self.depth = self._depth(k, max(smallest, 1))
+        blocks = [self._prefix(self.queries[lo : lo + _BLOCK]) for lo in range(0, len(self.queries), _BLOCK)]
+        width = max([b.shape[1] for b in blocks], default=0)
+        # rows beyond a query's prefix hold `len(vectors)`, a row no subset contains
+        self.prefix = np.full((len(self.queries), width), len(self.vectors), np.int64)
+        for lo, b in zip(range(0, len(self.queries), _BLOCK), blocks, strict=True):
+            self.prefix[lo : lo + len(b), : b.shape[1]] = b
+
+    def _depth(self, k: int, size: int) -> int:
+        return min(max(math.ceil(2 * (k + _MARGIN) * len(self.vectors) / size), 1), len(self.vectors))
+
+    def _prefix(self, q: np.ndarray) -> np.ndarray:
+        """Per query, every row scoring at least its threshold, best first (ties: the lower row
+        first, as FAISS keeps them). The threshold is the score of rank ~1.25 x depth estimated
+        on every 16th row: a selection pass over the registry instead of a partial sort."""
+        s = q @ self.vectors.T
+        n = s.shape[1]
+        step = 16 if n >= 16 * 64 else 1
+        sample = s[:, ::step]
+        kth = min(max(math.ceil(1.25 * self.depth / step), 1), sample.shape[1]) - 1
+        threshold = np.partition(sample, sample.shape[1] - 1 - kth, axis=1)[:, sample.shape[1] - 1 - kth]
+        qi, cols = np.nonzero(s >= threshold[:, None])  # cols ascending within a query
+        counts = np.bincount(qi, minlength=len(q))
+        pos = np.arange(len(qi)) - np.repeat(np.cumsum(counts) - counts, counts)
+        width = int(counts.max(initial=0))
+        rows = np.full((len(q), width), n, np.int64)
+        scores = np.full((len(q), width), -np.inf, np.float32)
+        rows[qi, pos] = cols
+        scores[qi, pos] = s[qi, cols]
+        order = np.argsort(-scores, axis=1, kind="stable")
+        return np.take_along_axis(rows, order, axis=1)
+
+    def search(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """`VectorIndex(vectors, rows).exact_search(queries, k)`: (scores, registry rows), (n, min(k, len(rows)))."""
+        n = len(self.queries)
+        k = min(k, len(rows))
+        kc = min(k + _MARGIN, len(rows))
+        if n == 0 or k == 0:
+            return np.zeros((self.n, k), np.float64), np.zeros((self.n, k), np.int64)
+        member = np.zeros(len(self.vectors) + 1, dtype=bool)  # + the padding row, never a member
+        member[rows] = True
+        prefix = self.prefix[:, : self._depth(k, len(rows))]  # a larger subset needs less of it
+        hit = member[prefix]
+        taken = hit & (np.cumsum(hit, axis=1, dtype=np.int32) <= kc)
+        enough = np.count_nonzero(taken, axis=1) == kc
+        cand = np.empty((n, kc), np.int64)
+        cand[enough] = prefix[enough][taken[enough]].reshape(-1, kc)
+        short = np.flatnonzero(~enough)
+        if len(short):
+            sub = np.asarray(rows, dtype=np.int64)
+            for lo in range(0, len(short), _BLOCK):
+                qi = short[lo : lo + _BLOCK]
+                s = self.queries[qi] @ self.vectors[sub].T
+                part = np.argpartition(-s, kc - 1, axis=1)[:, :kc] if kc < len(sub) else \
+                    np.broadcast_to(np.arange(len(sub)), s.shape)
+                cand[qi] = sub[part]
+        scores, best = rescore(self.vectors64, self.queries64, cand, k)
+        return scores[self.inverse], best[self.inverse]
+
+
+class SearchMemo:
+    """`index.exact_search(queries, k)`, each query vector searched once: results are kept by the
+    vector's bytes, in memory and (with `folder`) on disk under a digest of the index's matrix, so
+    a rerun's stubs, all seen before, are not searched again. `exact_search` does not depend on which
+    queries share a call, so a remembered row is the row a new search would give.
+
+    On disk: `<folder>/<matrix digest>-k<k>/shard-*.npz` (keys, scores, rows), written to a temporary
+    name and renamed; an unreadable shard is skipped (its queries are searched again)."""
+
+    def __init__(self, index: VectorIndex, k: int, folder: Path | None = None) -> None:
+        self.index = index
+        self.k = min(k, len(index))
+        self.found: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+        self.folder: Path | None = None
+        if folder is not None:
+            digest = hashlib.blake2b(np.ascontiguousarray(index.vectors).view(np.uint8), digest_size=16)
+            if index.rows is not None:
+                digest.update(index.rows.tobytes())
+            self.folder = folder / f"{digest.hexdigest()}-k{self.k}"
+            self._read()
+
+    def _read(self) -> None:
+        assert self.folder is not None
+        for shard in sorted(self.folder.glob("shard-*.npz")) if self.folder.is_dir() else []:
+            try:
+                with np.load(shard) as z:
+                    keys, scores, rows = z["keys"], z["scores"], z["rows"]
+                if scores.shape != rows.shape or scores.shape != (len(keys), self.k):
+                    continue
+            except Exception:  # noqa: BLE001 - a truncated or foreign file: searched again
+                continue
+            for key, sc, r in zip(keys, scores, rows, strict=True):
+                self.found[bytes(key).ljust(16, b"\0")] = (sc, r)
+
+    def search(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, registry rows), each (n, k), as `index.exact_search(queries, k)` returns them."""
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        keys = [hashlib.blake2b(q.tobytes(), digest_size=16).digest() for q in queries]
+        todo = list(dict.fromkeys(key for key in keys if key not in self.found))
+        if todo:
+            first = {key: i for i, key in reversed(list(enumerate(keys)))}
+            scores, rows = self.index.exact_search(queries[[first[key] for key in todo]], self.k)
+            self.found.update(zip(todo, zip(scores, rows, strict=True), strict=True))
+            self._write(todo, scores, rows)
+        if not keys:
+            return np.zeros((0, self.k), np.float64), np.zeros((0, self.k), np.int64)
+        return (np.stack([self.found[key][0] for key in keys]), np.stack([self.found[key][1] for key in keys]))
+
+    def _write(self, keys: list[bytes], scores: np.ndarray, rows: np.ndarray) -> None:
+        """One shard for the new results; a cache that cannot be written only costs a later search."""
+        if self.folder is None:
+            return
+        name = f"shard-{uuid.uuid4().hex}.npz"
+        tmp = self.folder / f".{name}.tmp"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as fh:
+                np.savez(fh, keys=np.array(keys, dtype="S16"), scores=scores, rows=rows)
+            os.replace(tmp, self.folder / name)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
 
 _MARGIN = 8  # extra FAISS candidates re-scored exactly, so boundary near-ties are settled in float64
 _CHUNK = 1024  # queries re-scored at once: bounds the (chunk, k, d) float64 buffer
+_BLOCK = 256  # queries per float32 matrix product: bounds the (block, registry) buffer

@@ -31,6 +31,7 @@ selection (pass rate).
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -38,23 +39,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import json_repair
+import pydantic.dataclasses
 
 from .prompts import DISCOVERY_EXAMPLES
 
 __all__ = ["Plan", "Selection", "Stub", "parse_plan", "parse_stubs", "stub_text"]
 
 
-@dataclass
+@pydantic.dataclasses.dataclass
 class Stub:
+    """One stub of a discovery reply, as parsed and as `queries.jsonl` keeps it (`PtrBlock.stubs`)."""
+
     name: str
     reasoning: str
     # Which rule produced it: "<where>[/repaired|/truncated]:<container>:<item form>".
     rule: str = field(default="", compare=False)
     # A copy of the prompt's own example rather than the model's need; left out of Match%.
     example_copy: bool = False
-
-    def as_record(self) -> dict[str, Any]:
-        return {"name": self.name, "reasoning": self.reasoning, "rule": self.rule, "example_copy": self.example_copy}
 
 
 @dataclass
@@ -195,7 +196,12 @@ def _whole(text: str, where: str, lead: bool = False) -> _Found | None:
     body = text.strip()
     if not body or body[0] not in "[{":
         return None
-    got = _value_at(body, 0)
+    try:
+        # The common case, a reply that is exactly one JSON value: what the bracket scan below
+        # would find (its closing bracket is the last character), without scanning character by character.
+        got: tuple[Any, str, int | None] | None = (json.loads(body, strict=False), "json", len(body) - 1)
+    except ValueError:
+        got = _value_at(body, 0)
     if got is None:
         return None
     value, state, end = got
@@ -471,20 +477,31 @@ class _Resolver:
     """Maps a model-written API name to one of the offered api ids, from strict to lenient."""
 
     def __init__(self, offered: Sequence[tuple[str, str]]) -> None:
+        self.offered = offered
         self.exact: dict[str, str] = {}
-        self.levels: list[dict[str, set[str]]] = [{}, {}, {}, {}]  # light, heavy, api light, api heavy
-        self.fuzzy: list[tuple[str, str]] = []
         for api_id, display in offered:
             self.exact.setdefault(display, api_id)
             self.exact.setdefault(api_id, api_id)
+
+    @functools.cached_property
+    def levels(self) -> list[dict[str, set[str]]]:
+        """light, heavy, api light, api heavy: built on the first name that is not exact (most
+        replies name the offered APIs exactly, and the normalising regexes cost more than the rest
+        of a cached call)."""
+        levels: list[dict[str, set[str]]] = [{}, {}, {}, {}]
+        for api_id, display in self.offered:
             for key in (display, api_id):
-                self.levels[0].setdefault(_light(key), set()).add(api_id)
-                self.levels[1].setdefault(_heavy(key), set()).add(api_id)
+                levels[0].setdefault(_light(key), set()).add(api_id)
+                levels[1].setdefault(_heavy(key), set()).add(api_id)
             api_name = _split_display(api_id, display)
             if api_name:
-                self.levels[2].setdefault(_light(api_name), set()).add(api_id)
-                self.levels[3].setdefault(_heavy(api_name), set()).add(api_id)
-            self.fuzzy.append((_light(display), api_id))
+                levels[2].setdefault(_light(api_name), set()).add(api_id)
+                levels[3].setdefault(_heavy(api_name), set()).add(api_id)
+        return levels
+
+    @functools.cached_property
+    def fuzzy(self) -> list[tuple[str, str]]:
+        return [(_light(display), api_id) for api_id, display in self.offered]
 
     def _lookup(self, name: str) -> tuple[str, str] | None:
         if name in self.exact:

@@ -18,10 +18,11 @@ import numpy as np
 from . import prompts, retrieve
 from .aio import cancel_all
 from .data import Query, Registry
+from .index import SearchMemo
 from .llm import ChatResult
 from .parse import Plan, parse_plan, parse_stubs, stub_text
 from .retrieve import Retrieved
-from .schema import ArchBlock, PlanBlock, PtrBlock, Record, StubRec, Tokens, round6
+from .schema import ArchBlock, PlanBlock, PtrBlock, Record, Tokens, round6
 from .study import Study
 
 _LINGER_S = 0.02
@@ -73,6 +74,9 @@ class StubBatcher:
         self.study = study
         self.queue: asyncio.Queue[tuple[list[str], asyncio.Future[Retrieved]]] = asyncio.Queue()
         self.batches = 0
+        # Every stub vector searched once, ever: a rerun's stubs come from the cache folder's
+        # `searches/` (the stub search was most of a warm rerun's LLM stage).
+        self.memo: SearchMemo | None = None
 
     async def retrieve(self, texts: list[str]) -> Retrieved:
         fut: asyncio.Future[Retrieved] = asyncio.get_running_loop().create_future()
@@ -104,7 +108,11 @@ class StubBatcher:
         texts = [t for ts in per_query for t in ts]
         owners = [q for q, ts in enumerate(per_query) for _ in ts]
         vecs = self.study.embedder.encode(texts, progress=False) if texts else np.zeros((0, self.study.api_vecs.shape[1]), np.float32)
-        return retrieve.ptr(self.study.index, vecs, owners, len(per_query), s.k_max, sorted(set(s.ks)))
+        if self.memo is None:
+            cache = self.study.embedder.cache_dir
+            self.memo = SearchMemo(self.study.index, s.k_max, cache / "searches" if cache is not None else None)
+        scores, rows = self.memo.search(vecs)
+        return retrieve.ptr_from_hits(scores, rows, owners, len(per_query), s.k_max, sorted(set(s.ks)))
 
 
 # ---------------------------------------------------------------- record blocks
@@ -197,7 +205,7 @@ class StudyRunner:
         fallback = not texts and self.study.settings.fallback_to_query
         if fallback:
             texts = [q.text]
-        block = PtrBlock(stubs=[StubRec(st.name, st.reasoning, st.rule, st.example_copy) for st in stubs],
+        block = PtrBlock(stubs=list(stubs),
                          discovery_parse_error=perr,
                          discovery_llm_error=disc.error, discovery_finish_reason=disc.finish_reason,
                          discovery_llm_error_kind=disc.error_kind, fallback=fallback)

@@ -7,18 +7,24 @@ must not freeze the display. Off the terminal (a log file) one plain line per mo
 
 Rate and ETA count only calls that reached the server: cache hits finish at once, and counting them
 would promise a resumed run an ETA it cannot keep.
+
+`Reporter` is the one way progress and warnings leave the stages: the CLI makes one on stderr and hands
+it down; every stage defaults to `SILENT`, so a library caller or a test sees nothing it did not ask for.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
+from tqdm import tqdm
+
+from .redact import redact
 
 _TICK_S = 1.0  # terminal refresh of rate and ETA
 
@@ -51,13 +57,15 @@ class Progress:
         log_every_s: float = 30.0,
         tty: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stream: TextIO | None = None,
     ) -> None:
         self.totals = totals
         self.done = dict.fromkeys(totals, 0)
         self.finished: dict[str, float] = {}  # model -> when its last call completed
         self.stats: dict[str, Any] = {}
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.stream = stream  # None: nothing is shown (counters still count)
+        self.enabled = enabled and stream is not None
+        self.tty = bool(stream is not None and stream.isatty()) if tty is None else tty
         self.log_every_s = log_every_s
         self._clock = clock
         self._t0 = clock()
@@ -81,6 +89,7 @@ class Progress:
                 ),
                 TimeElapsedColumn(),
                 TextColumn("ETA {task.fields[eta]}"),
+                console=Console(file=self.stream),
                 transient=False,
             )
             self._rich.__enter__()
@@ -147,11 +156,41 @@ class Progress:
                 continue
 
     def _log(self) -> None:
+        assert self.stream is not None  # enabled implies a stream
         for m, total in self.totals.items():
             f = self.fields(m)
-            print(
+            self.stream.write(
                 f"[{m}] {self.done[m]}/{total} calls, {f['rate']}, ETA {f['eta']}, cache hits {f['hits']}, "
-                f"retries {f['retries']}, 429s {f['r429']}",
-                file=sys.stderr,
-                flush=True,
+                f"retries {f['retries']}, 429s {f['r429']}\n"
             )
+            self.stream.flush()
+
+
+class Reporter:
+    """Where progress and warnings go: `stream` (the CLI hands stderr) or nowhere (`SILENT`).
+
+    `progress` False keeps warnings and notes but shows no bar (`--no-progress`)."""
+
+    def __init__(self, stream: TextIO | None = None, *, progress: bool = True) -> None:
+        self.stream = stream
+        self.progress = progress and stream is not None
+
+    def info(self, msg: str) -> None:
+        if self.stream is not None:
+            self.stream.write(redact(msg) + "\n")  # notes may quote a server's words, and servers quote keys
+            self.stream.flush()
+
+    def warn(self, msg: str) -> None:
+        self.info(f"warning: {msg}")
+
+    def bar(self, total: int, desc: str, *, enabled: bool = True, unit: str = " texts") -> tqdm:
+        """A tqdm bar on the stream (disabled, counting nothing visible, when silent or not `enabled`)."""
+        return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, file=self.stream,
+                    disable=not (enabled and self.progress))
+
+    def calls(self, totals: dict[str, int], **kw: Any) -> Progress:
+        """Live per-model progress of LLM calls (`Progress`), shown on the stream."""
+        return Progress(totals, enabled=self.progress, stream=self.stream, **kw)
+
+
+SILENT = Reporter()

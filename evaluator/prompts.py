@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .data.model import prompt_description
+
 # The simulator recognises the two prompts by these opening words; keep them stable.
 DISCOVERY_MARKER = "You are the tool-discovery step of an LLM agent."
 PLANNER_MARKER = "You are the planning step of an LLM agent."
@@ -95,8 +97,9 @@ def discovery_messages(query: str) -> list[dict[str, str]]:
 
 
 def api_line(tool_name: str, api_name: str, description: str | None) -> str:
-    # One line per API: a description's own newlines would read as further list entries.
-    return f"- {tool_name}/{api_name}: {' '.join((description or '').split())}"
+    # One line per API: a description's own newlines would read as further list entries. An oversized
+    # description is cut at DESCRIPTION_CAP_TOKENS (counted as a data warning when the registry loads).
+    return f"- {tool_name}/{api_name}: {prompt_description(description)[0]}"
 
 
 def planner_messages(query: str, apis: Sequence[tuple[str, str, str | None]]) -> list[dict[str, str]]:

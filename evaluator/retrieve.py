@@ -42,6 +42,13 @@ def ptr(
     """`owners[j]` is the query (0..n_queries-1) that stub j belongs to; a query with no stub gets
     an empty result."""
     scores, rows = index.exact_search(stub_vecs, k_max)
+    return ptr_from_hits(scores, rows, owners, n_queries, k_max, ks)
+
+
+def ptr_from_hits(
+    scores: np.ndarray, rows: np.ndarray, owners: Sequence[int], n_queries: int, k_max: int, ks: Sequence[int],
+) -> list[Retrieved]:
+    """PtR's union and re-ranking, from every stub's own top-k_max (scores, rows), best first."""
     by_query: list[list[int]] = [[] for _ in range(n_queries)]
     for j, q in enumerate(owners):
         by_query[q].append(j)
@@ -65,3 +72,25 @@ def ptr(
             )
         )
     return out
+
+
+def ptr_rows(scores: np.ndarray, rows: np.ndarray, owners: Sequence[int], n_queries: int, k: int) -> list[list[int]]:
+    """`[r.rows for r in ptr_from_hits(scores, rows, owners, n_queries, k, ...)]` in a few array
+    operations: each query's union of stub hits at its best score, ranked by score (ties to the
+    higher row), cut to k. For the scaling study, which ranks ~30k queries per sub-registry."""
+    if len(owners) == 0 or rows.shape[1] == 0:
+        return [[] for _ in range(n_queries)]
+    o = np.repeat(np.asarray(owners, dtype=np.int64), rows.shape[1])
+    r, s = rows.ravel(), scores.ravel()
+    order = np.lexsort((-s, r, o))  # per (query, row): its best score first
+    o, r, s = o[order], r[order], s[order]
+    best = np.ones(len(o), dtype=bool)
+    best[1:] = (o[1:] != o[:-1]) | (r[1:] != r[:-1])
+    o, r, s = o[best], r[best], s[best]
+    order = np.lexsort((-r, -s, o))
+    o, r = o[order], r[order]
+    rank = np.arange(len(o)) - np.searchsorted(o, o)  # position within the query's ranking
+    keep = rank < k
+    o, r = o[keep], r[keep]
+    counts = np.bincount(o, minlength=n_queries)
+    return [part.tolist() for part in np.split(r, np.cumsum(counts)[:-1])]

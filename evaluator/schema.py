@@ -1,33 +1,61 @@
 """The output folder's contracts: typed `Record` (one line of `queries.jsonl`) and `Meta` (`meta.json`),
-and the one reader and writer of an output folder (every write atomic, in `atomic_write`).
+the folder's file names and `FORMAT_VERSION`, the one JSON writer (`dumps`), and the one reader and
+writer of an output folder (every write atomic, in `atomic_write`).
 
-Facts derived from a record ("refused", "excluded because discovery failed", "truncated") are defined
-here once, as properties; every analysis reads them from here. The JSON shapes are in docs/DESIGN.md.
+The types are pydantic dataclasses: their fields are the JSON shape (docs/DESIGN.md), read and written by
+pydantic; an older folder is read through the one migration step in `Meta`. Facts derived from a record
+("refused", "excluded because discovery failed", "truncated") are defined here once, as properties; every
+analysis reads them from here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import field, is_dataclass
+from functools import cache
+from pathlib import Path, PurePath
 from typing import Any
 
-from .data import qid_key
-from .llm.errors import ConfigError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    computed_field,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
 
-__all__ = ["qid_key"]  # re-exported: the one sort key for query ids of mixed types
+from .batch.cost import BatchStats, Cost
+from .config import Settings
+from .data import qid_key
+from .llm.accounting import CallStats
+from .llm.errors import ConfigError
+from .llm.profiles import ModelProfile
+from .parse import Stub
+
+# re-exported: the sort key for query ids of mixed types, a PtR stub, a model's call counters
+__all__ = ["qid_key", "Stub", "CallStats"]
 
 GOLDS: tuple[str, ...] = ("api_list", "relevant")
 TRUNCATED = "length"  # the OpenAI-compatible finish_reason of a reply cut off at max_tokens
 
+# The output folder's files. meta.json + queries.jsonl are the saved data; the rest is derived from them.
 QUERIES_FILE = "queries.jsonl"
 META_FILE = "meta.json"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
+SCALING_FILE = "scaling.json"
+ROUTING_FILE = "routing.json"
+# meta.json's `format_version`. A folder without one (format 0) was written by release 0.1.0 or before;
+# `Meta` reads it through `_migrate_meta`. Bump it, and add a step there, when a saved shape changes.
+FORMAT_VERSION = 1
 
 
 class OutputError(Exception):
@@ -40,6 +68,10 @@ class OutputError(Exception):
 def round6(x: float) -> float:
     # Six decimals: far below any difference that matters, and stable across BLAS thread counts.
     return round(float(x), 6)
+
+
+def _absent(v: Any) -> bool:
+    return v is None
 
 
 @dataclass
@@ -77,6 +109,7 @@ class PlanBlock:
             return self.unique_selected
         return list(dict.fromkeys(self.selected_offered))
 
+    @computed_field  # written for readers of queries.jsonl; recomputed, never read back
     @property
     def refused(self) -> bool:
         """The planner answered, its reply parsed, and it chose no API. A PtR query with no stub (no
@@ -92,45 +125,13 @@ class PlanBlock:
     def truncated(self) -> bool:
         return self.finish_reason == TRUNCATED
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"steps": list(self.steps), "selected": list(self.selected), "refused": self.refused,
-                "parse_error": self.parse_error, "llm_error": self.llm_error, "finish_reason": self.finish_reason,
-                "llm_error_kind": self.llm_error_kind, "selected_offered": self.selected_offered,
-                "parse_audit": self.parse_audit}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> PlanBlock | None:
-        if d is None:
-            return None
-        offered = d.get("selected_offered")
-        return cls(list(d.get("steps") or []), list(d.get("selected") or []), d.get("parse_error"),
-                   d.get("llm_error"), d.get("finish_reason"), d.get("llm_error_kind"),
-                   list(offered) if offered is not None else None, d.get("parse_audit"))
-
-
-@dataclass
-class StubRec:
-    name: str
-    reasoning: str
-    rule: str = ""  # which parse rule produced it (parse.Stub.rule)
-    example_copy: bool = False  # a copy of the discovery prompt's example: left out of Match%
-
-
-def _tokens_to_dict(tokens: Mapping[str, Tokens]) -> dict[str, Any]:
-    return {call: {"prompt": t.prompt, "completion": t.completion} for call, t in tokens.items()}
-
-
-def _tokens_from(d: Mapping[str, Any] | None) -> dict[str, Tokens]:
-    return {str(call): Tokens(int(c.get("prompt") or 0), int(c.get("completion") or 0))
-            for call, c in (d or {}).items() if isinstance(c, Mapping)}
-
 
 @dataclass
 class ArchBlock:
     """One architecture's outcome for one query. PtR-only fields stay empty for RtP."""
 
     retrieved: list[str] = field(default_factory=list)  # top-K_MAX ids, best first
-    scores: list[float] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)  # round6-ed where made (pipeline), written as they are
     plan: PlanBlock | None = None  # None: the planner was not run (retrieval only / arch not run)
     tokens: dict[str, Tokens] = field(default_factory=dict)  # per call: "planner", "discovery"
 
@@ -152,21 +153,16 @@ class ArchBlock:
     def truncated_replies(self) -> int:
         return int(self.plan is not None and self.plan.truncated)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"retrieved": list(self.retrieved), "scores": [round6(s) for s in self.scores],
-                "plan": self.plan.to_dict() if self.plan is not None else None,
-                "tokens": _tokens_to_dict(self.tokens)}
-
 
 @dataclass
 class PtrBlock(ArchBlock):
-    stubs: list[StubRec] = field(default_factory=list)
+    stubs: list[Stub] = field(default_factory=list)
     discovery_parse_error: str | None = None
     discovery_llm_error: str | None = None
     discovery_finish_reason: str | None = None
     discovery_llm_error_kind: str | None = None
     stub_hits: list[list[str]] = field(default_factory=list)  # per stub: top-K_MAX ids
-    stub_scores: list[list[float]] = field(default_factory=list)
+    stub_scores: list[list[float]] = field(default_factory=list)  # round6-ed, as `scores`
     width: dict[int, int] = field(default_factory=dict)  # |union of per-stub top-k| per k
     fallback: bool = False  # no stub: the raw query was searched instead
 
@@ -183,46 +179,11 @@ class PtrBlock(ArchBlock):
     def truncated_replies(self) -> int:
         return super().truncated_replies() + int(self.discovery_finish_reason == TRUNCATED)
 
-    def to_dict(self) -> dict[str, Any]:
-        return super().to_dict() | {
-            "stubs": [{"name": s.name, "reasoning": s.reasoning, "rule": s.rule, "example_copy": s.example_copy}
-                      for s in self.stubs],
-            "discovery_parse_error": self.discovery_parse_error,
-            "discovery_llm_error": self.discovery_llm_error,
-            "discovery_finish_reason": self.discovery_finish_reason,
-            "discovery_llm_error_kind": self.discovery_llm_error_kind,
-            "stub_hits": [list(h) for h in self.stub_hits],
-            "stub_scores": [[round6(s) for s in sc] for sc in self.stub_scores],
-            "width": {str(k): w for k, w in sorted(self.width.items())},
-            "fallback": self.fallback,
-        }
-
-
-def _arch_from(d: Mapping[str, Any] | None, ptr: bool) -> ArchBlock | None:
-    if not d:
-        return None
-    common = dict(retrieved=list(d.get("retrieved") or []), scores=[float(s) for s in d.get("scores") or []],
-                  plan=PlanBlock.from_dict(d.get("plan")), tokens=_tokens_from(d.get("tokens")))
-    if not ptr:
-        return ArchBlock(**common)
-    return PtrBlock(
-        **common,
-        stubs=[StubRec(str(s.get("name") or ""), str(s.get("reasoning") or ""), str(s.get("rule") or ""),
-                       bool(s.get("example_copy"))) for s in d.get("stubs") or [] if isinstance(s, Mapping)],
-        discovery_parse_error=d.get("discovery_parse_error"),
-        discovery_llm_error=d.get("discovery_llm_error"),
-        discovery_finish_reason=d.get("discovery_finish_reason"),
-        discovery_llm_error_kind=d.get("discovery_llm_error_kind"),
-        stub_hits=[list(h) for h in d.get("stub_hits") or []],
-        stub_scores=[[float(s) for s in sc] for sc in d.get("stub_scores") or []],
-        width={int(k): int(w) for k, w in (d.get("width") or {}).items()},
-        fallback=bool(d.get("fallback")),
-    )
-
 
 @dataclass
 class Record:
-    """One (model, run, subset, query). Retrieval-only runs: model None, run 0, only `rtp` (no plan)."""
+    """One (model, run, subset, query). Retrieval-only runs: model None, run 0, only `rtp` (no plan).
+    An architecture that did not run is left out of the line, not written as null."""
 
     model: str | None
     run: int
@@ -230,8 +191,8 @@ class Record:
     query_id: Any  # int in ToolBench; any JSON scalar is kept as given
     query: str
     gold: dict[str, list[str]]
-    rtp: ArchBlock | None = None
-    ptr: PtrBlock | None = None
+    rtp: ArchBlock | None = Field(default=None, exclude_if=_absent)
+    ptr: PtrBlock | None = Field(default=None, exclude_if=_absent)
 
     def block(self, arch: str) -> ArchBlock | None:
         return self.rtp if arch == "rtp" else self.ptr
@@ -248,22 +209,14 @@ class Record:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"model": self.model, "run": self.run, "subset": self.subset, "query_id": self.query_id,
-                             "query": self.query, "gold": {g: list(ids) for g, ids in self.gold.items()}}
-        if self.rtp is not None:
-            d["rtp"] = self.rtp.to_dict()
-        if self.ptr is not None:
-            d["ptr"] = self.ptr.to_dict()
-        return d
+        return plain(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Record:
-        ptr = _arch_from(d.get("ptr"), ptr=True)
-        assert ptr is None or isinstance(ptr, PtrBlock)
-        return cls(model=d.get("model"), run=int(d.get("run") or 0), subset=str(d.get("subset")),
-                   query_id=d.get("query_id"), query=str(d.get("query") or ""),
-                   gold={str(g): list(ids or []) for g, ids in (d.get("gold") or {}).items()},
-                   rtp=_arch_from(d.get("rtp"), ptr=False), ptr=ptr)
+        return _RECORD.validate_python(d)
+
+
+_RECORD = TypeAdapter(Record)
 
 
 def record_key(r: Record) -> tuple[Any, ...]:
@@ -279,7 +232,7 @@ class ModelInfo:
     model: str = ""
     simulated: bool = False
     # Every request-shaping setting of the profile (no secret: keys live in the environment).
-    profile: dict[str, Any] = field(default_factory=dict)
+    profile: ModelProfile | None = None
 
 
 @dataclass
@@ -291,12 +244,63 @@ class RegistryInfo:
 
 
 @dataclass
+class WarningCount:
+    """One kind of data problem (`data.Warnings`): how often, and a few examples for the report."""
+
+    count: int = 0
+    examples: list[str] = field(default_factory=list)
+
+
+@dataclass
+class About:
+    """What a scaling or routing section states about the run it analysed (copied from `Meta`)."""
+
+    embedder: str = "?"
+    precision: str = "?"
+    backend: str = "?"
+    registry_choice: str = "?"
+    simulated_models: list[str] = field(default_factory=list)
+    subsets_rule: str = "as set"
+    split_rule: str = "as set"
+
+
+def about_fields(about: About | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The fields of an `About` given as one or as its JSON shape (tests build it by hand), checked."""
+    return dataclasses.asdict(_ABOUT.validate_python(about or {}))
+
+
+_ABOUT = TypeAdapter(About)
+
+
+def _migrate_meta(d: dict[str, Any]) -> dict[str, Any]:
+    """The one step from an older `meta.json` to FORMAT_VERSION. Format 0 (release 0.1.0 and before, no
+    `format_version`): null stood for "the default", `subsets` may be a list of names (no counts), a model
+    may be its bare name, `ks` unsorted. Every later change of the format adds its step here."""
+    version = d.get("format_version", 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ValueError(f"format_version {version!r} is newer than this evaluator's {FORMAT_VERSION}; "
+                         "upgrade the evaluator to read it")
+    if version == 0:
+        d = {k: v for k, v in d.items() if v is not None}
+        if isinstance(d.get("subsets"), list):
+            d["subsets"] = {str(s): 0 for s in d["subsets"]}
+        d["models"] = [{"name": m} if isinstance(m, str) else m for m in d.get("models") or []]
+        if isinstance(d.get("ks"), list):
+            d["ks"] = sorted({int(x) for x in d["ks"]})
+        if not isinstance(d.get("registry"), Mapping):
+            d.pop("registry", None)
+    d["format_version"] = FORMAT_VERSION
+    return d
+
+
+@dataclass(config=ConfigDict(validate_assignment=True))
 class Meta:
     """`meta.json`. Keys under `runtime`, `llm_stats` and the path settings change between otherwise
     identical invocations; `study_view()` leaves them out of `summary.json`."""
 
+    format_version: int = FORMAT_VERSION
     version: str = "?"
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: Settings = field(default_factory=Settings)
     data_dir: str = ""
     embedder: str = "?"
     precision: str = "?"
@@ -308,15 +312,21 @@ class Meta:
     runs: int = 1
     models: list[ModelInfo] = field(default_factory=list)
     retrieval_only: bool = False
-    warnings: dict[str, Any] = field(default_factory=dict)
-    llm_stats: dict[str, Any] = field(default_factory=dict)
-    runtime: dict[str, Any] = field(default_factory=dict)
+    warnings: dict[str, WarningCount] = field(default_factory=dict)
+    llm_stats: dict[str, CallStats] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)  # timings, embedding stats, simulator stats
     # Why an analysis that follows the run (scaling, routing) did not run, by analysis.
     analysis_notes: dict[str, str] = field(default_factory=dict)
     # Per model: the batch API's work (--batch) and tokens + USD online/batch (evaluator.batch.cost).
-    batch: dict[str, Any] = field(default_factory=dict)
-    cost: dict[str, Any] = field(default_factory=dict)
+    batch: dict[str, BatchStats] = field(default_factory=dict)
+    cost: dict[str, Cost] = field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_formats(cls, data: Any) -> Any:
+        return _migrate_meta(dict(data)) if isinstance(data, Mapping) else data
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def simulated(self) -> bool:
         return any(m.simulated for m in self.models)
@@ -325,10 +335,16 @@ class Meta:
     def simulated_models(self) -> list[str]:
         return [m.name for m in self.models if m.simulated]
 
+    def about(self, subsets_rule: str, split_rule: str) -> About:
+        return About(self.embedder, self.precision, self.backend, self.registry.choice, self.simulated_models,
+                     subsets_rule, split_rule)
+
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["simulated"] = self.simulated
-        return d
+        return plain(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Meta:
+        return _META.validate_python(d)
 
     # settings that name places or machine resources, not the study: they stay out of summary.json
     VOLATILE_SETTINGS = ("cache_dir", "out", "device", "batch_size", "data_dir", "embed_threads", "tools", "queries")
@@ -336,37 +352,14 @@ class Meta:
     def study_view(self) -> dict[str, Any]:
         """What the study's numbers depend on (summary.json's `meta`): no paths, timings or accounting."""
         d = self.to_dict()
-        for key in ("llm_stats", "runtime", "data_dir", "analysis_notes", "batch", "cost"):
+        for key in ("llm_stats", "runtime", "data_dir", "analysis_notes", "batch", "cost", "format_version"):
             d.pop(key, None)
-        d["settings"] = {k: v for k, v in self.settings.items() if k not in self.VOLATILE_SETTINGS}
+        d["settings"] = {k: v for k, v in d["settings"].items() if k not in self.VOLATILE_SETTINGS}
         d["registry"] = {"choice": self.registry.choice, "size": self.registry.size}
         return d
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Meta:
-        reg = d.get("registry") if isinstance(d.get("registry"), Mapping) else {}
-        models = []
-        for m in d.get("models") or []:
-            if isinstance(m, Mapping):
-                models.append(ModelInfo(str(m.get("name")), str(m.get("model") or ""), bool(m.get("simulated")),
-                                        dict(m.get("profile") or {})))
-            else:
-                models.append(ModelInfo(str(m)))
-        subsets = d.get("subsets") or {}
-        k = int(d.get("k") or 5)
-        return cls(
-            version=str(d.get("version") or "?"), settings=dict(d.get("settings") or {}),
-            data_dir=str(d.get("data_dir") or ""), embedder=str(d.get("embedder") or "?"),
-            precision=str(d.get("precision") or "?"), backend=str(d.get("backend") or "?"),
-            registry=RegistryInfo(str(reg.get("choice") or "?"), reg.get("size"), str(reg.get("source") or ""),
-                                  str(reg.get("format") or "")),
-            subsets=dict(subsets) if isinstance(subsets, Mapping) else {str(s): 0 for s in subsets},
-            k=k, ks=sorted({int(x) for x in d.get("ks") or [1, 3, 5, 10, 20]}),
-            runs=int(d.get("runs") or 1), models=models, retrieval_only=bool(d.get("retrieval_only")),
-            warnings=dict(d.get("warnings") or {}), llm_stats=dict(d.get("llm_stats") or {}),
-            runtime=dict(d.get("runtime") or {}), analysis_notes=dict(d.get("analysis_notes") or {}),
-            batch=dict(d.get("batch") or {}), cost=dict(d.get("cost") or {}),
-        )
+
+_META = TypeAdapter(Meta)
 
 
 # ---------------------------------------------------------------- the output folder
@@ -376,25 +369,55 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     """Write via a temporary sibling and rename: a reader never sees half a file, a kill leaves the old one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    if isinstance(data, str):
-        tmp.write_text(data, encoding="utf-8")
-    else:
-        tmp.write_bytes(data)
-    tmp.replace(path)
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            tmp.write_bytes(data)
+        tmp.replace(path)
+    except OSError as e:
+        # A full disk or an I/O error: no half-written temporary file is left, and the error names the
+        # file the user knows (the CLI prints it as one line saying what to free).
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
 
 
-def dumps(obj: Any) -> str:
-    """Deterministic JSON text (sorted keys) so a rerun reproduces a file byte for byte."""
-    return json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, default=_json_default) + "\n"
+def dumps(obj: Any, *, indent: int | None = 2) -> str:
+    """The one JSON writer of the output folder: sorted keys, so a rerun reproduces a file byte for byte.
+    `indent=None` gives one line (a queries.jsonl record). Typed values (records, meta, results) are
+    written as their declared JSON shape."""
+    return json.dumps(obj, sort_keys=True, indent=indent, ensure_ascii=False, default=_json_default) + "\n"
+
+
+def plain(obj: Any) -> Any:
+    """A typed value (pydantic dataclass or model) as JSON-ready Python data."""
+    return _adapter(type(obj)).dump_python(obj, mode="json")
+
+
+@cache
+def _adapter(tp: type) -> TypeAdapter[Any]:
+    return TypeAdapter(tp)
 
 
 def _json_default(x: Any) -> Any:
+    if is_dataclass(x) or isinstance(x, BaseModel):
+        return plain(x)
     if hasattr(x, "item"):  # numpy scalars
         return x.item()
+    if isinstance(x, PurePath):
+        return str(x)
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-@dataclass
+def _first_error(e: ValidationError) -> str:
+    """A pydantic error as one line: where in the value, and what is wrong."""
+    err = e.errors(include_url=False)[0]
+    where = ".".join(str(x) for x in err["loc"])
+    return f"{where}: {err['msg']}" if where else err["msg"]
+
+
+@dataclasses.dataclass
 class OutputDir:
     """One output folder: `meta.json` + `queries.jsonl` are the saved data; everything else is derived."""
 
@@ -421,9 +444,9 @@ class OutputDir:
                 if not line.strip():
                     continue
                 try:
-                    out.append(Record.from_dict(json.loads(line)))
-                except (ValueError, TypeError, AttributeError) as e:
-                    raise OutputError(f"{self.path / QUERIES_FILE}: line {n} is not a record ({e}); "
+                    out.append(_RECORD.validate_json(line))
+                except ValidationError as e:
+                    raise OutputError(f"{self.path / QUERIES_FILE}: line {n} is not a record ({_first_error(e)}); "
                                       "rerun the study to rewrite it.") from None
         return out
 
@@ -432,21 +455,21 @@ class OutputDir:
         if not p.is_file():
             return Meta()
         try:
-            return Meta.from_dict(json.loads(p.read_text(encoding="utf-8")))
-        except (ValueError, TypeError) as e:
-            raise OutputError(f"{p}: unreadable meta.json ({e}); rerun the study to rewrite it.") from None
+            return _META.validate_json(p.read_bytes())
+        except ValidationError as e:
+            raise OutputError(f"{p}: unreadable meta.json ({_first_error(e)}); rerun the study to rewrite it.") from None
 
     def write_records(self, records: Iterable[Record]) -> int:
         recs = sorted(records, key=record_key)
-        atomic_write(self.path / QUERIES_FILE, "".join(
-            json.dumps(r.to_dict(), ensure_ascii=False, sort_keys=True) + "\n" for r in recs))
+        atomic_write(self.path / QUERIES_FILE,
+                     "".join(dumps(_RECORD.dump_python(r, mode="json"), indent=None) for r in recs))
         return len(recs)
 
     def write_meta(self, meta: Meta) -> None:
-        atomic_write(self.path / META_FILE, json.dumps(meta.to_dict(), indent=2, sort_keys=True, default=str))
+        self.write_json(META_FILE, meta)
 
-    def write_json(self, name: str, obj: Any) -> None:
-        atomic_write(self.path / name, dumps(obj))
+    def write_json(self, name: str, obj: Any, *, indent: int = 2) -> None:
+        atomic_write(self.path / name, dumps(obj, indent=indent))
 
     def write_text(self, name: str, text: str) -> None:
         atomic_write(self.path / name, text)
@@ -496,4 +519,4 @@ def check_writable(path: Path, what: str) -> None:
 
 def as_records(items: Sequence[Record | Mapping[str, Any]]) -> list[Record]:
     """Typed records from typed or JSON-shaped ones (tests and tools that build records by hand)."""
-    return [r if isinstance(r, Record) else Record.from_dict(r) for r in items]
+    return [r if isinstance(r, Record) else _RECORD.validate_python(r) for r in items]

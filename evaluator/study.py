@@ -25,6 +25,7 @@ from .data import (
 )
 from .embed import Embedder
 from .index import VectorIndex
+from .progress import SILENT, Reporter
 
 
 @dataclass
@@ -49,7 +50,7 @@ class Study:
         return out
 
 
-def make_embedder(s: Settings, progress: bool = True) -> Embedder:
+def make_embedder(s: Settings, progress: bool = True, reporter: Reporter = SILENT) -> Embedder:
     return Embedder(
         s.embedder,
         device=s.device,
@@ -58,6 +59,7 @@ def make_embedder(s: Settings, progress: bool = True) -> Embedder:
         batch_size=s.batch_size,
         cache_dir=s.resolve_path(s.cache_dir),
         progress=progress,
+        reporter=reporter,
     )
 
 
@@ -85,12 +87,13 @@ def load_inputs(s: Settings) -> Inputs:
     return Inputs(data_dir, registry, queries, warnings, time.perf_counter() - t)
 
 
-def prepare(s: Settings, progress: bool = True, inputs: Inputs | None = None) -> Study:
+def prepare(s: Settings, progress: bool = True, inputs: Inputs | None = None, *,
+            reporter: Reporter = SILENT) -> Study:
     inputs = inputs or load_inputs(s)
     registry, queries = inputs.registry, inputs.queries
     timings: dict[str, float] = {"load_s": inputs.load_s}
 
-    embedder = make_embedder(s, progress)
+    embedder = make_embedder(s, progress, reporter)
     t = time.perf_counter()
     api_vecs = embedder.encode(registry.texts(), desc="embedding registry")
     query_vecs = embedder.encode([q.text for q in queries], desc="embedding queries")

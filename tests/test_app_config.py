@@ -21,14 +21,15 @@ def _cfg(tmp_path: Path, text: str) -> Path:
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ('[retrieval]\nks = ["a"]\n', "[retrieval] ks must be a list of integers, not ['a']"),
-    ('[retrieval]\nk = "5"\n', "[retrieval] k must be a integer, not '5'"),
-    ("[run]\nruns = true\n", "[run] runs must be a integer"),
-    ("[data]\nsubsets = \"G1\"\n", "[data] subsets must be a list of strings"),
-    ("[run]\nruns = 0\n", "runs (--runs) must be at least 1"),
+    ('[retrieval]\nks = ["a"]\n', "[retrieval] ks = ['a'] holds a string; expected a list of integers"),
+    ('[retrieval]\nk = "5"\n', '[retrieval] k = "5" is a string; expected an integer'),
+    ("[run]\nruns = true\n", "[run] runs = True is a boolean; expected an integer"),
+    ("[data]\nsubsets = \"G1\"\n", '[data] subsets = "G1" is a string; expected a list of strings'),
+    ("[run]\nruns = 0\n", "[run] runs = 0 is impossible; it must be >= 1"),
+    ('[embed]\nbackend = "tf"\n', '[embed] backend = "tf" is impossible; it must be one of auto, torch, onnx'),
     ("[run]\nmodel = \"sim\"\n", "unknown key 'model' in [run]; known: models"),
     ("[embeddings]\nmodel = \"x\"\n", "unknown section [embeddings]"),
-    ("[analysis]\nscaling_sizes = [100, 0]\n", "scaling_sizes value must be at least 1"),
+    ("[analysis]\nscaling_sizes = [100, 0]\n", "scaling_sizes = [100, 0] is impossible; every value must be >= 1"),
     ("[retrieval\n", "invalid TOML"),
 ])
 def test_config_file_errors_name_file_key_and_type(tmp_path: Path, text: str, expected: str) -> None:
@@ -68,7 +69,7 @@ def test_bad_flags_are_one_line(tmp_path: Path, data: Path, capsys: pytest.Captu
     rc, err = _run(capsys, "--retrieval-only", "--timeout", "0", "--data", str(data), "--out", str(out))
     assert rc == 2 and "--timeout" in _one_line(err)
     rc, err = _run(capsys, "--config", str(_cfg(tmp_path, '[retrieval]\nks = ["a"]\n')), "--retrieval-only")
-    assert rc == 2 and "ks must be a list of integers" in _one_line(err)
+    assert rc == 2 and "ks = ['a'] holds a string; expected a list of integers" in _one_line(err)
     assert not out.exists()
 
 

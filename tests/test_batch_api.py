@@ -17,26 +17,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from evaluator.batch.files import Request  # noqa: E402
-from evaluator.batch.providers import batch_api  # noqa: E402
+from evaluator.batch.providers import batch_api, chat_to_gemini  # noqa: E402
 from evaluator.batch.runner import BatchRunner  # noqa: E402
 from evaluator.batch.store import JobStore  # noqa: E402
 from evaluator.llm import LLMEngine, load_profile  # noqa: E402
 from evaluator.llm.cache import ResponseCache  # noqa: E402
-from evaluator.sim.batch import batch_stats, configure_batch, reset_batch_stats  # noqa: E402
-from evaluator.sim.harness import start_simulator  # noqa: E402
+from evaluator.sim.harness import batch_stats, configure_batch, reset_batch_stats  # noqa: E402
 
+sys.path.insert(0, str(REPO / "tests"))
+from batch_sim_fixtures import batch_sim_fixtures  # noqa: E402
 
-@pytest.fixture(scope="module")
-def sim_server():
-    with start_simulator() as handle:
-        yield handle
-
-
-@pytest.fixture
-def sim(sim_server):
-    configure_batch(sim_server.base_url, reset=True, turnaround_s=0.1)
-    reset_batch_stats(sim_server.base_url)
-    return sim_server
+sim_server, sim = batch_sim_fixtures(turnaround_s=0.1)  # pytest finds fixtures by module attribute
 
 
 def profile(sim, kind: str = "openai", **kw):
@@ -259,3 +250,47 @@ def test_split_keeps_each_batch_within_both_limits():
         chunks = split(reqs, max_req, max_bytes)
         assert [r for c in chunks for r in c] == reqs
         assert all(len(c) <= (max_req or 10**9) and sum(len(r.line()) for r in c) <= (max_bytes or 10**12) for c in chunks)
+
+
+@pytest.mark.parametrize("kind", ["openai", "gemini"])
+def test_full_queue_waits_for_running_batches_instead_of_splitting(sim, tmp_path, kind):
+    """OpenAI fails the batch with token_limit_exceeded, Gemini answers the create with 429: either way the
+    chunk waits for a running batch to finish and goes again whole; nothing is split, everything is stored."""
+    configure_batch(sim.base_url, max_enqueued_tokens=150)  # ~30 prompt tokens a request: one 4-request batch at a time
+    stats, got = asyncio.run(run_batch(profile(sim, kind, batch_max_requests=4), tmp_path, 12))
+    server = batch_stats(sim.base_url)
+    assert all(got.values()) and stats.stored == 12
+    assert stats.split == 0 and server["rejected_oversized"] == 0
+    assert server["rejected_queue_full"] >= 1 and stats.queue_waits >= 1
+    assert server["requests_ok"] == 12 and server["repeated_ok"] == 0
+
+
+def test_gemini_file_split_at_its_own_line_size_before_upload(sim, tmp_path):
+    """The byte cap applies to the file actually uploaded (Gemini's translated lines), so nothing is rejected."""
+    p = profile(sim, "gemini", batch_max_bytes=1500)
+    configure_batch(sim.base_url, max_bytes=1500)
+    stats, got = asyncio.run(run_batch(p, tmp_path, 20))
+    server = batch_stats(sim.base_url)
+    assert all(got.values()) and server["rejected_oversized"] == 0 and server["batches_created"] > 1 and stats.split == 0
+
+
+def test_profile_without_seed_sends_none_online_or_batch_and_keys_say_so(sim, tmp_path):
+    """Gemini's OpenAI-compatible endpoint answers 400 to `seed`: with send_seed = false neither path sends it,
+    and the cache key differs from the seed-sending profile's (it describes what was asked)."""
+    configure_batch(sim.base_url, reset=True, turnaround_s=0.1)
+    with_seed, without = profile(sim, "gemini"), profile(sim, "gemini", send_seed=False)
+
+    async def prepared(p):
+        async with LLMEngine(p, cache_root=tmp_path / p.name) as engine:
+            return engine.prepare(messages(1), run=1, prompt_version="v1")
+
+    a, b = asyncio.run(prepared(with_seed)), asyncio.run(prepared(without))
+    assert a.body["seed"] == 1 and "seed" not in b.body and a.key != b.key
+    assert "seed" not in chat_to_gemini(b.body)["generation_config"]
+    sim.configure(reject_seed=True)  # the online endpoint now refuses seed, as Gemini's does
+    sim.reset_stats()
+    try:
+        got = asyncio.run(online(without, tmp_path / "online", 2))
+        assert all(got.values()) and sim.stats()["by_status"].get("400", 0) == 0
+    finally:
+        sim.configure(reject_seed=False)

@@ -62,7 +62,7 @@ def test_requests_run_resumes_after_sigkill_without_resending(tmp_path):
         assert not (tmp_path / "out.jsonl").exists()
         profile = load_profile("sim", base_url=sim.base_url)
         done = cached_count(profile, tmp_path / "c", lines)
-        assert 600 <= done < 2000
+        assert 600 - 16 <= done < 2000  # up to --concurrency replies were still on the wire at the kill
         sim.reset_stats()
         again = run(*args, cwd=tmp_path)
         assert again.returncode == 0, again.stderr

@@ -21,8 +21,7 @@ sys.path.insert(0, str(REPO))
 from evaluator.batch.files import read_requests, write_lines  # noqa: E402
 from evaluator.batch.providers import OpenAIBatch  # noqa: E402
 from evaluator.llm import load_profile  # noqa: E402
-from evaluator.sim.batch import batch_stats, configure_batch, reset_batch_stats  # noqa: E402
-from evaluator.sim.harness import start_simulator  # noqa: E402
+from evaluator.sim.harness import batch_stats, configure_batch, reset_batch_stats, start_simulator  # noqa: E402
 
 
 def cli(*args: str) -> list[str]:
@@ -66,6 +65,22 @@ def rows(out: Path) -> list[dict]:
     return json.loads((out / "summary.json").read_text())["rows"]
 
 
+def same_rows(got: list[dict], want: list[dict]) -> bool:
+    """Equal rows; stub cosines may differ by float noise (~1e-7): a stub's vector depends on which other
+    stubs share its embedding batch (padding changes the kernels' summation order), and the online and batch
+    paths batch stubs differently. Everything else must be exact."""
+    def close(a: object, b: object) -> bool:
+        if isinstance(a, float) and isinstance(b, float):
+            return abs(a - b) <= 1e-6
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(map(close, a, b))
+        return a == b
+
+    return close(got, want)
+
+
 @pytest.fixture(scope="module")
 def online(ws):
     """The online study per model: the reference every batch path must reproduce."""
@@ -84,7 +99,7 @@ def test_batch_study_equals_online_study(ws, sim, online, tmp_path, model, fault
         configure_batch(sim.base_url, p_fail=0.25, expire_next=1, seed=5)
     r = run_cli(*study_args(ws, model, tmp_path / "c", tmp_path / "out"), "--batch", cwd=ws[0])
     assert r.returncode == 0, r.stderr
-    assert rows(tmp_path / "out") == online[model]
+    assert same_rows(rows(tmp_path / "out"), online[model])
     server = batch_stats(sim.base_url)
     assert server["repeated_ok"] == 0 and server["requests_ok"] == 30  # 5 queries x 2 runs x 3 calls
     assert sim.stats()["requests"] == 0  # nothing went to the online endpoint
@@ -124,7 +139,7 @@ def test_sigkill_while_polling_then_rerun_submits_no_batch_twice(ws, sim, online
     server = batch_stats(sim.base_url)
     assert server["batches_created"] == 2  # round 1 once (resumed, not re-submitted), round 2 once
     assert server["requests_ok"] == 30 and server["repeated_ok"] == 0
-    assert rows(tmp_path / "out") == online["sim"]
+    assert same_rows(rows(tmp_path / "out"), online["sim"])
 
 
 def test_batch_cancel_cancels_open_batches(ws, sim, tmp_path):
@@ -166,7 +181,7 @@ def test_export_simulated_batch_import_then_study_from_cache(ws, sim, online, tm
     r = run_cli(*study_args(ws, "sim", cache, tmp_path / "out"), cwd=root)
     assert r.returncode == 0, r.stderr
     assert sim.stats()["requests"] == 0  # the study ran from the imported replies alone
-    assert rows(tmp_path / "out") == online["sim"]
+    assert same_rows(rows(tmp_path / "out"), online["sim"])
 
 
 def test_batch_needs_a_profile_that_declares_one(ws, tmp_path):

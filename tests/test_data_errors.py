@@ -82,6 +82,12 @@ QUERY_CASES = {
                                  "relevant APIs": []}]).encode(), r"G1_instruction\.json record 0: expected .*\(missing 'api_name'\)"),
     "toolbench id a list": ("G1_instruction.json", json.dumps([{"query_id": [1], "query": "x", "api_list": [], "relevant APIs": []}]).encode(),
                             r"record 0: a query id must be a string or a number, not a list"),
+    # An empty request is an error in every query format (ToolBench's scored it before).
+    "toolbench empty query": ("G1_instruction.json", json.dumps([{"query_id": 1, "query": "", "api_list": [], "relevant APIs": []}]).encode(),
+                              r"G1_instruction\.json record 0: 'query' is empty"),
+    "toolbench blank query jsonl": ("G1.jsonl", json.dumps({"query_id": 1, "query": " \n\t", "api_list": [], "relevant APIs": []}).encode() + b"\n",
+                                    r"G1\.jsonl:1: 'query' is empty"),
+    "jsonl empty query": ("q.jsonl", json.dumps({"query": "  ", "gold": ["net::ping"]}).encode() + b"\n", r"q\.jsonl:1: 'query' is empty"),
     "query file an object": ("G1_instruction.json", b'{"query": "x"}', r"expected a JSON list of queries"),
     "query file invalid utf-8": ("q.csv", b"query,gold\ncaf\xe9,net::ping\n", r"q\.csv: not valid UTF-8 at byte 14 \(line 2\)"),
     "query file truncated gzip": ("q.jsonl.gz", gz(json.dumps(GOOD_QUERY).encode() * 20)[:30], r"q\.jsonl\.gz: damaged gzip file"),

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from evaluator.embed import Embedder, EmbedderError, resolve_path
+from evaluator.progress import Reporter
 
 TEXTS = [
     "Flight Search/search flights: find flights between two airports on a date",
@@ -95,7 +96,7 @@ def test_an_export_that_fails_falls_back_to_torch_under_auto_and_is_one_line_whe
         raise RuntimeError("cannot trace this architecture")
 
     monkeypatch.setattr(eb, "export", broken)
-    auto = Embedder(device="cpu", cache_dir=tmp_path, progress=False)
+    auto = Embedder(device="cpu", cache_dir=tmp_path, progress=False, reporter=Reporter(sys.stderr))
     assert auto.backend == "onnx"
     vecs = auto.encode(TEXTS[:2])
     assert (auto.backend, auto.precision) == ("torch", "fp32") and auto.store.root.name == "fp32"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 
 import numpy as np
 import pytest
 
 from evaluator.embed import Embedder, EmbedderError
+from evaluator.progress import Reporter
 
 TEXTS = ["Weather/current: the current weather for a city", "Maps/route: a route between two places"]
 
@@ -22,13 +24,13 @@ def test_damaged_shard_is_skipped_with_a_warning_and_recomputed(tmp_path, capsys
     shard.write_bytes({"truncate": raw[: len(raw) // 2], "garbage": b"not a zip" * 10, "empty": b""}[damage])
     capsys.readouterr()
 
-    again = Embedder(cache_dir=tmp_path, progress=False)
+    again = Embedder(cache_dir=tmp_path, progress=False, reporter=Reporter(sys.stderr))  # as the CLI hands it
     assert np.allclose(again.encode(TEXTS), ref, atol=1e-6)
     assert again.stats.embedded == len(TEXTS)
     err = capsys.readouterr().err
     assert "damaged embedding cache file" in err and shard.name in err
 
-    third = Embedder(cache_dir=tmp_path, progress=False)  # the recomputed shard serves; no new warning
+    third = Embedder(cache_dir=tmp_path, progress=False, reporter=Reporter(sys.stderr))  # the recomputed shard serves; no new warning
     assert np.allclose(third.encode(TEXTS), ref, atol=1e-6) and third.stats.embedded == 0
     assert "damaged" not in capsys.readouterr().err
 

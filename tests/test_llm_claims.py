@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from evaluator.llm import ConfigError, FatalLLMError, LLMEngine
-from evaluator.llm.cache import ResponseCache, new_owner
+from evaluator.llm.cache import CacheEntry, ResponseCache, new_owner
 
 sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
 
@@ -46,6 +46,8 @@ def test_second_process_started_midway_waits_for_the_first(sim, tmp_path):
         assert time.monotonic() < deadline and first.poll() is None
         time.sleep(0.01)
     second = F.spawn_child(sim.base_url, cache, tmp_path / "b.json", n=N, concurrency=CONCURRENCY)
+    # The rest of the first one's work now takes ~7 s: the second has time to start on a loaded machine.
+    sim.configure(latency_s=0.6)
     assert [first.wait(timeout=120), second.wait(timeout=120)] == [0, 0]
     b = _rows(tmp_path / "b.json")
     assert sim.stats()["requests"] == N and b["rows"] == _rows(tmp_path / "a.json")["rows"]
@@ -141,7 +143,7 @@ def test_read_only_database_is_one_clear_line_at_open_and_mid_run(tmp_path, monk
     cache = ResponseCache(tmp_path / "mid")
     monkeypatch.setattr(diskcache.Cache, "set", readonly)
     with pytest.raises(FatalLLMError, match=r"^cache dir .*/mid is not writable; use --cache-dir"):
-        cache.set("k", {"content": "x"}, tag="sim")
+        cache.set("k", CacheEntry(content="x", finish_reason="stop", prompt_tokens=1, completion_tokens=1), tag="sim")
     cache.close()
     monkeypatch.setattr(diskcache.Cache, "transact", readonly)
     with pytest.raises(ConfigError, match=r"^cache dir .*/open is not writable; use --cache-dir"):

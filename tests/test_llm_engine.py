@@ -11,6 +11,7 @@ import llm_fixtures as F
 import pytest
 
 from evaluator.llm import FatalLLMError, LLMEngine
+from evaluator.llm.decide import resume_time
 from evaluator.sim import behaviour
 
 sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
@@ -155,10 +156,13 @@ async def test_daily_quota_is_fatal_and_keeps_finished_calls(sim, tmp_path):
     async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
         for i in range(2):
             assert (await llm.chat(F.msgs(i), run=0, prompt_version="v1")).error is None
-        with pytest.raises(FatalLLMError, match="daily quota exhausted; rerun tomorrow"):
+        with pytest.raises(FatalLLMError, match="daily quota exhausted; resume after ") as e:
             await llm.chat(F.msgs(2), run=0, prompt_version="v1")
         again = await llm.chat(F.msgs(0), run=0, prompt_version="v1")  # cached replies still served
     assert again.cached
+    # The simulator's RetryInfo says 43200s: the time to resume is 12 h from now, to the minute.
+    expected = resume_time(time.time() + 43200, time.time())
+    assert f"resume after {expected} with the same command" in str(e.value)
 
 
 async def test_reasoning_only_reply_is_cached_and_marked(sim, tmp_path):

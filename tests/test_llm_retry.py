@@ -10,7 +10,6 @@ import orjson
 import pytest
 
 from evaluator.llm.accounting import ModelStats, percentile
-from evaluator.llm.errors import redact
 from evaluator.llm.retry import (
     Kind,
     backoff_delay,
@@ -20,6 +19,7 @@ from evaluator.llm.retry import (
     rejected_fields,
     retry_after_from_headers,
 )
+from evaluator.redact import redact
 
 
 @pytest.mark.parametrize(

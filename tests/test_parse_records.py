@@ -8,7 +8,7 @@ from records_fixtures import plan, ptr_block, record
 from evaluator.analysis.metrics import record_obs
 from evaluator.parse import parse_plan, parse_stubs
 from evaluator.pipeline import plan_block
-from evaluator.schema import Record
+from evaluator.schema import Record, plain
 
 OFFERED = [("Weather API::get forecast", "Weather API/get forecast")]
 
@@ -27,13 +27,13 @@ def _obs(rtp_plan: dict, ptr: dict | None = None) -> dict:
 
 def test_a_plan_naming_only_unoffered_apis_does_not_pass() -> None:
     parsed = parse_plan('{"steps": ["a"], "selected_apis": ["Made Up/api"]}', OFFERED)
-    block = plan_block(_Result(), parsed).to_dict()  # type: ignore[arg-type]
+    block = plain(plan_block(_Result(), parsed))  # type: ignore[arg-type]
     assert block["selected"] == ["Made Up/api"] and block["selected_offered"] == []
     obs = _obs(block)
     assert obs[("rtp", "pass", 5, None)] == (0.0, 1.0)
     assert obs[("rtp", "fidelity", 5, None)] == (0.0, 1.0)  # the made-up name still lowers fidelity
     ok = plan_block(_Result(), parse_plan('{"steps": [], "selected_apis": ["weather api/get forecast"]}', OFFERED))  # type: ignore[arg-type]
-    assert _obs(ok.to_dict())[("rtp", "pass", 5, None)] == (1.0, 1.0)
+    assert _obs(plain(ok))[("rtp", "pass", 5, None)] == (1.0, 1.0)
 
 
 def test_old_records_without_the_offered_field_still_pass_on_selected() -> None:
@@ -42,7 +42,7 @@ def test_old_records_without_the_offered_field_still_pass_on_selected() -> None:
 
 def test_plan_provenance_lands_in_the_record() -> None:
     parsed = parse_plan('Sure:\n```json\n{"steps": ["a"], "selected_apis": ["Weather API / get forecast"]}\n```', OFFERED)
-    audit = plan_block(_Result(), parsed).to_dict()["parse_audit"]  # type: ignore[arg-type]
+    audit = plain(plan_block(_Result(), parsed))["parse_audit"]  # type: ignore[arg-type]
     assert audit["source"] == "fence" and audit["selected_rule"] == "key:selected_apis"
     assert audit["names"] == [["Weather API / get forecast", "Weather API::get forecast", "case/space", True]]
 
@@ -57,10 +57,10 @@ def test_copied_example_stubs_are_left_out_of_match() -> None:
     gold = "Weather API::get forecast"
     ptr = ptr_block([s.name for s in stubs], [["Flights::search", gold], [gold]], [gold], plan([gold]))
     for d, s in zip(ptr["stubs"], stubs, strict=True):
-        d.update(s.as_record())
+        d.update(plain(s))
     rec = Record.from_dict(record("m", 0, "G1", 1, api_list=[gold], relevant=[gold], rtp_retrieved=[gold],
                                   rtp_plan=plan([gold]), ptr=ptr))
-    assert rec.ptr.stubs[0].example_copy and rec.ptr.to_dict()["stubs"][0]["rule"] == "reply:list:name+reasoning"
+    assert rec.ptr.stubs[0].example_copy and plain(rec.ptr)["stubs"][0]["rule"] == "reply:list:name+reasoning"
     obs = record_obs(rec, ks=(1, 5), k=5)
     assert obs[("ptr", "stub_match", None, "api_list")] == (1.0, 1.0)  # 1 of 1 counted stubs, not 1 of 2
     assert obs[("ptr", "stubs_per_query", None, None)] == (2.0, 1.0)  # still generated

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import time
 from types import SimpleNamespace
 
-import pytest
-
-from evaluator.progress import Progress, format_eta, format_rate
+from evaluator.progress import SILENT, Progress, Reporter, format_eta, format_rate
 
 
 def test_rates_stay_readable_for_slow_servers() -> None:
@@ -40,23 +39,42 @@ def test_eta_is_unknown_before_any_live_call_and_zero_when_done() -> None:
     assert p.fields("m")["eta"] == "0:00:00"
 
 
-def test_plain_log_prints_on_a_timer_while_no_call_finishes(capsys: pytest.CaptureFixture[str]) -> None:
-    with Progress({"slow": 5}, log_every_s=0.05, tty=False):
+def test_plain_log_prints_on_a_timer_while_no_call_finishes() -> None:
+    out = io.StringIO()  # not a terminal: plain lines
+    with Reporter(out).calls({"slow": 5}, log_every_s=0.05):
         deadline = time.monotonic() + 10
-        while capsys.readouterr().err.count("[slow]") < 1 and time.monotonic() < deadline:
+        while out.getvalue().count("[slow]") < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
+        seen = len(out.getvalue())
         # not one call finished, and lines keep coming
-        lines = ""
-        while lines.count("[slow]") < 2 and time.monotonic() < deadline:
+        while out.getvalue()[seen:].count("[slow]") < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-            lines += capsys.readouterr().err
+        lines = out.getvalue()[seen:]
     assert lines.count("[slow] 0/5 calls") >= 2
     assert "ETA ?" in lines
 
 
+def test_reporter_writes_only_to_the_stream_it_was_handed(capsys) -> None:
+    out = io.StringIO()
+    r = Reporter(out, progress=False)
+    r.warn("damaged shard")
+    r.info("note: k=20 left out")
+    with r.bar(3, "embedding") as bar, r.calls({"m": 1}) as calls:
+        bar.update(3)
+        calls.advance("m")
+    assert out.getvalue() == "warning: damaged shard\nnote: k=20 left out\n"  # --no-progress: no bar
+    SILENT.warn("x")
+    SILENT.info("y")
+    with SILENT.bar(2, "embedding") as bar, SILENT.calls({"m": 1}, tty=False, log_every_s=0.01) as calls:
+        bar.update(2)
+        calls.advance("m")
+        time.sleep(0.05)
+    assert capsys.readouterr() == ("", "")  # the default says nothing, on any stream
+
+
 def test_terminal_counters_refresh_without_a_finished_call() -> None:
     now = [0.0]
-    p = Progress({"m": 3}, tty=True, clock=lambda: now[0])
+    p = Progress({"m": 3}, tty=True, clock=lambda: now[0], stream=io.StringIO())
     with p:
         p.advance("m")
         now[0] = 60.0

@@ -20,7 +20,7 @@ from evaluator.app import SCALING_FILE, render_outputs
 from evaluator.cli import main as cli
 from evaluator.data import load_registry
 from evaluator.embed import Embedder, _key
-from evaluator.index import VectorIndex
+from evaluator.index import SubsetSearch, VectorIndex
 from evaluator.parse import Stub, stub_text
 from evaluator.schema import OutputDir
 
@@ -234,3 +234,71 @@ def test_not_an_output_folder_is_a_clear_error(tmp_path: Path, capsys: pytest.Ca
     assert cli(["scaling", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "queries.jsonl" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- one search for every sub-registry
+
+
+def _tied_registry(rng: np.random.Generator, n: int = 400, dim: int = 6) -> np.ndarray:
+    """Low-dimensional unit vectors (many near-ties) where a fifth of the rows are exact copies of
+    other rows, as APIs whose texts differ only in case are: ties the search must order as FAISS does."""
+    vecs = rng.standard_normal((n, dim)).astype(np.float32)
+    copies = rng.choice(n, n // 5, replace=False)
+    vecs[copies] = vecs[rng.choice(n, n // 5, replace=False)]
+    return vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("smallest", [20, 400])  # deep prefix; shallow one, so most subsets are searched directly
+def test_subset_search_equals_an_index_per_subregistry(smallest: int) -> None:
+    rng = np.random.default_rng(3)
+    api = _tied_registry(rng)
+    # Queries on top of registry vectors (and their copies), so ties fall at the top-k boundary.
+    queries = np.concatenate([api[rng.choice(len(api), 30)] + 0.05 * rng.standard_normal((30, api.shape[1])),
+                              api[rng.choice(len(api), 10)]]).astype(np.float32)
+    queries = np.concatenate([queries, queries[:5]])  # repeated vectors (a stub in every run) are searched once
+    one = VectorIndex(api)
+    prefix = SubsetSearch(api, queries, K, smallest)
+    tied = 0
+    for size in (20, 60, 150, 400):
+        for _draw in range(4):
+            rows = np.sort(rng.choice(len(api), size, replace=False))
+            old_scores, old_rows = VectorIndex(api, rows=rows).exact_search(queries, K)
+            new_scores, new_rows = prefix.search(rows, K)
+            assert new_rows.tolist() == old_rows.tolist()
+            assert np.array_equal(new_scores, old_scores)
+            tied += int(np.sum(old_scores[:, :-1] == old_scores[:, 1:]))
+    assert tied > 0  # the case that matters was exercised
+    assert prefix.search(np.arange(len(api)), K)[1].tolist() == one.exact_search(queries, K)[1].tolist()
+
+
+def test_scaling_points_equal_a_search_per_subregistry(tmp_path: Path) -> None:
+    """Every point's top-k lists, RtP and PtR, as an index over each sub-registry gives them."""
+    out = make_output(tmp_path)
+    od = OutputDir(out)
+    reg = load_registry(od.read_meta().data_dir)
+    api = fake_encode(reg.texts())
+    for si in S.build_inputs(od.read_records(), reg, ["G1_instruction", "G2_instruction"], fake_encode, K):
+        found = S.searcher(api, si, K, 50)
+        pool = S.strata([a.category for a in reg.apis], si.gold_rows)
+        for size, seed in ((50, 0), (50, 1), (150, 2), (len(reg), 0)):
+            sub = S.sample_subregistry(pool, si.gold_rows, size, S.seed_rng(seed, size))
+            index = VectorIndex(api, rows=sub.rows)
+            n = len(si.query_ids)
+            expect_rtp = [r.rows for r in retrieve.rtp(index, si.query_vecs, K)]
+            expect_ptr = [r.rows for r in retrieve.ptr(index, si.stub_vecs, si.owners, len(si.units) * n, K, [K])]
+            got = S.search(found, si, sub.rows, K)
+            assert got.rtp == expect_rtp
+            assert got.ptr == expect_ptr
+
+
+def test_ptr_rows_equals_the_run_s_ptr_ranking() -> None:
+    """The scaling study's array version of PtR's union and re-ranking, on scores with many ties
+    (the same API hit by several stubs, equal scores across APIs)."""
+    rng = np.random.default_rng(5)
+    n_stubs, n_queries = 300, 80
+    rows = rng.integers(0, 40, (n_stubs, K))
+    scores = np.round(rng.random((n_stubs, K)), 1)  # tenths: ties everywhere
+    owners = sorted(rng.integers(0, n_queries, n_stubs).tolist())  # some queries have no stub
+    expect = [r.rows for r in retrieve.ptr_from_hits(scores, rows, owners, n_queries, K, [K])]
+    assert retrieve.ptr_rows(scores, rows, owners, n_queries, K) == expect
+    assert any(not e for e in expect)

@@ -12,7 +12,7 @@ from scipy import stats as sps
 
 from evaluator.analysis import stats as S
 from evaluator.render.fmt import format_p
-from evaluator.schema import as_records
+from evaluator.schema import as_records, dumps
 
 
 def summarize(recs: list[dict], *args: object) -> S.Summary:
@@ -105,14 +105,14 @@ def test_single_run_summary_has_null_pvalues() -> None:
     assert t is not None and t.pvalue is None and t.stars == ""
     r = s.row("sim", "G1_instruction", "ptr", "recall", 5, "api_list")
     assert r.std is None and len(r.values) == 1
-    text = S.dumps(S.summary_dict(s, {}))
+    text = dumps(S.summary_dict(s, {}), indent=1)
     assert "NaN" not in text
 
 
 def test_order_independent(recs: list[dict], summary: S.Summary) -> None:
     shuffled = list(recs)
     random.Random(3).shuffle(shuffled)
-    assert S.dumps(S.summary_dict(summarize(shuffled), {})) == S.dumps(S.summary_dict(summary, {}))
+    assert dumps(S.summary_dict(summarize(shuffled), {})) == dumps(S.summary_dict(summary, {}))
 
 
 def test_rows_sorted_and_unique(summary: S.Summary) -> None:

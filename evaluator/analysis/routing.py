@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pydantic
+import pydantic.dataclasses
 
-from ..schema import GOLDS, ArchBlock, Record, qid_key
+from ..schema import GOLDS, About, ArchBlock, Record, about_fields, plain, qid_key
 from .metrics import retrieval_obs
 
 # name -> (label, direction): "high" sends high values to RtP, "low" sends low values to RtP.
@@ -289,41 +291,73 @@ def _share_by_subset(d: ModelData, signal: str, tau: float) -> dict[str, float]:
 
 
 
+@pydantic.dataclasses.dataclass
+class Signal:
+    label: str
+    rtp_when: str  # "signal >= tau" or "signal <= tau"
+
+
+@pydantic.dataclasses.dataclass
+class Split:
+    train: list[str] = field(default_factory=list)  # subsets τ is tuned on
+    test: list[str] = field(default_factory=list)  # held-out subsets it is reported on
+
+
+@pydantic.dataclasses.dataclass
+class RoutingMeta(About):
+    """`routing.json`'s `meta`: signals, objective, split, and what the section states about the run."""
+
+    models: list[str] = field(default_factory=list)
+    k: int = 5
+    subsets: list[str] = field(default_factory=list)
+    signals: dict[str, Signal] = field(default_factory=lambda: {
+        name: Signal(label, "signal >= tau" if direc == "high" else "signal <= tau")
+        for name, (label, direc) in SIGNALS.items()})
+    objective: str = "max mean recall@k over runs (per gold set), ties: fewer tokens, then lower tau"
+    thresholds: str = "midpoints between consecutive observed values of the tuning queries, plus -inf and +inf"
+    tokens: str = ("mean per query of prompt+completion tokens: RtP planner if routed to RtP, "
+                   "PtR discovery + planner if routed to PtR")
+    split: Split = field(default_factory=Split)
+    folds: int = 5
+    fold_seed: int = 0
+    timing_s: float = 0.0
+
+    @property
+    def has_split(self) -> bool:
+        """A held-out subset split needs subsets on both sides."""
+        return bool(self.split.train and self.split.test)
+
+
+_ROUTING_META = pydantic.TypeAdapter(RoutingMeta)
+
+
 @dataclass
 class RoutingResult:
     """`routing.json`: `meta` (signals, objective, split) and per model the sweeps, baselines and held-out results."""
 
-    meta: dict[str, Any]
+    meta: RoutingMeta
     models: dict[str, dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"meta": self.meta, "models": self.models}
+        return {"meta": plain(self.meta), "models": self.models}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RoutingResult:
-        return cls(dict(d.get("meta") or {}), dict(d.get("models") or {}))
+        return cls(_ROUTING_META.validate_python(d["meta"]), dict(d.get("models") or {}))
 
 
-def routing_study(records: Sequence[Record], opt: Options, about: Mapping[str, Any] | None = None,
+def routing_study(records: Sequence[Record], opt: Options, about: About | Mapping[str, Any] | None = None,
                   log: Callable[[str], None] = lambda _: None) -> RoutingResult:
     """Every model with PtR records; `about` is copied into the result's meta (simulated models, embedder)."""
     t0 = time.perf_counter()
     models = sorted({r.model for r in records if r.model is not None and r.ptr is not None})
-    meta: dict[str, Any] = dict(about or {}) | {
-        "models": models, "k": opt.k, "subsets": sorted({r.subset for r in records}),
-        "signals": {name: {"label": label, "rtp_when": "signal >= tau" if direc == "high" else "signal <= tau"}
-                    for name, (label, direc) in SIGNALS.items()},
-        "objective": "max mean recall@k over runs (per gold set), ties: fewer tokens, then lower tau",
-        "thresholds": "midpoints between consecutive observed values of the tuning queries, plus -inf and +inf",
-        "tokens": "mean per query of prompt+completion tokens: RtP planner if routed to RtP, "
-                  "PtR discovery + planner if routed to PtR",
-        "split": {"train": opt.train, "test": opt.test}, "folds": opt.folds, "fold_seed": opt.seed,
-    }
+    meta = RoutingMeta(**about_fields(about), models=models, k=opt.k, subsets=sorted({r.subset for r in records}),
+                       split=Split(opt.train, opt.test), folds=opt.folds, fold_seed=opt.seed)
     out: dict[str, dict[str, Any]] = {}
     for m in models:
         d = model_data(records, m, opt.k)
         out[m] = analyse_model(d, opt)
         if d.excluded:
             log(f"{m}: {d.excluded} (run, query) pairs left out (PtR discovery failed or record missing)")
-    meta["timing_s"] = round(time.perf_counter() - t0, 2)
+    meta.timing_s = round(time.perf_counter() - t0, 2)
     return RoutingResult(meta, out)

@@ -22,12 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pydantic
+import pydantic.dataclasses
 
 from .. import retrieve
 from ..data import Registry
-from ..index import VectorIndex
-from ..parse import Stub, stub_text
-from ..schema import GOLDS, PtrBlock, Record, qid_key
+from ..index import SubsetSearch
+from ..parse import stub_text
+from ..schema import GOLDS, About, PtrBlock, Record, about_fields, plain, qid_key
 from .metrics import recall
 from .stats import mean_std
 
@@ -117,7 +119,7 @@ class SubsetInput:
 
 
 def _stub_texts(ptr: PtrBlock) -> list[str]:
-    return [stub_text(Stub(s.name, s.reasoning)) for s in ptr.stubs]
+    return [stub_text(s) for s in ptr.stubs]
 
 
 def build_inputs(
@@ -212,14 +214,24 @@ class Searched:
     ptr: list[list[int]]  # index unit * n + query
 
 
-def search(index: VectorIndex, si: SubsetInput, k: int) -> Searched:
-    """Two batched searches: every query, then every stub of every (model, run) at once."""
-    rtp = [r.rows[:k] for r in retrieve.rtp(index, si.query_vecs, k)]
+def searcher(api_vecs: np.ndarray, si: SubsetInput, k: int, smallest: int,
+             api64: np.ndarray | None = None) -> SubsetSearch:
+    """One float32 pass of the subset's queries and stubs over the full registry, which every
+    sub-registry's search then reads."""
+    vecs = si.query_vecs if si.stub_vecs is None else np.concatenate([si.query_vecs, si.stub_vecs])
+    return SubsetSearch(api_vecs, vecs, k, smallest, api64)
+
+
+def search(found: SubsetSearch, si: SubsetInput, rows: np.ndarray, k: int) -> Searched:
+    """Top-k on the sub-registry `rows`, as `VectorIndex(api_vecs, rows).exact_search` gives it: every
+    query, then every stub of every (model, run), re-ranked per (run, query) as the run did."""
+    n = len(si.query_ids)
+    scores, hits = found.search(rows, k)
+    rtp = [r[:k] for r in hits[:n].tolist()]
     ptr: list[list[int]] = []
     if si.units:
-        assert si.stub_vecs is not None
-        n_units = len(si.units) * len(si.query_ids)
-        ptr = [r.rows[:k] for r in retrieve.ptr(index, si.stub_vecs, si.owners, n_units, k, [k])]
+        n_units = len(si.units) * n
+        ptr = retrieve.ptr_rows(scores[n:], hits[n:], si.owners, n_units, k)
     return Searched(rtp, ptr)
 
 
@@ -284,9 +296,11 @@ def run_points(
     cats = [a.category for a in registry.apis]
     points: list[Point] = []
     checks: dict[str, Any] = {}
-    full_index = VectorIndex(api_vecs)
+    all_rows = np.arange(len(registry))
+    api64 = np.asarray(api_vecs, dtype=np.float64)  # the float64 re-scoring's copy, made once
     for si in inputs:
         pool = strata(cats, si.gold_rows)
+        found = searcher(api_vecs, si, k, min([*sizes, len(registry)]), api64)
         for size in sizes:
             if size >= len(registry):
                 log(f"{si.name}: size {size:,} is not below the registry's {len(registry):,}; the full point covers it")
@@ -302,13 +316,13 @@ def run_points(
                 if s == draws[0]:
                     per = sub.per_stratum
                 n_apis.append(len(sub.rows))
-                for key, v in score(si, search(VectorIndex(api_vecs, rows=sub.rows), si, k)).items():
+                for key, v in score(si, search(found, si, sub.rows, k)).items():
                     values.setdefault(key, []).append(v)
             points.append(Point(si.name, size, n_apis, gold_only, [] if gold_only else draws, values, per))
             log(f"{si.name}: size {size:,}{' (gold only)' if gold_only else ''}: {time.perf_counter() - t:.1f}s")
-        found = search(full_index, si, k)
-        points.append(Point(si.name, FULL, [len(registry)], False, [], {key: [v] for key, v in score(si, found).items()}))
-        checks[si.name] = full_check(registry, si, found)
+        full = search(found, si, all_rows, k)
+        points.append(Point(si.name, FULL, [len(registry)], False, [], {key: [v] for key, v in score(si, full).items()}))
+        checks[si.name] = full_check(registry, si, full)
     return points, checks
 
 
@@ -330,17 +344,51 @@ def tidy_rows(points: Sequence[Point]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- the study
 
 
+@pydantic.dataclasses.dataclass
+class GoldUnion:
+    union: int  # gold APIs of the subset (api_list and relevant)
+    in_registry: int
+    missing_from_registry: int
+    queries: int
+    stubs: int
+
+
+@pydantic.dataclasses.dataclass
+class ScalingMeta(About):
+    """`scaling.json`'s `meta`: what was run, and what the section states about it."""
+
+    models: list[str] = field(default_factory=list)
+    runs: int = 0
+    registry_size: int = 0
+    k: int = 5
+    sizes: list[int] = field(default_factory=list)
+    seeds: int = 0
+    subsets: list[str] = field(default_factory=list)
+    divergence_subset: str = ""
+    gold_definition: str = "union of api_list and relevant gold APIs of the subset"
+    gold_union: dict[str, GoldUnion] = field(default_factory=dict)
+    sampling: str = ("gold union + distractors stratified by category (uncategorised = one stratum), "
+                     "largest-remainder allocation proportional to the pool's category sizes, "
+                     "numpy.random.default_rng([seed, size])")
+    timing_s: float = 0.0
+    # The embedding cache's work when the `scaling` command re-embedded (EmbedStats); absent after a run.
+    embed: dict[str, Any] | None = pydantic.Field(None, exclude_if=lambda v: v is None)
+
+
+_SCALING_META = pydantic.TypeAdapter(ScalingMeta)
+
+
 @dataclass
 class ScalingResult:
     """`scaling.json`: `meta` (what was run), the points (with per-seed values) and the full-registry check."""
 
-    meta: dict[str, Any]
+    meta: ScalingMeta
     points: list[Point]
     full_registry_check: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "meta": self.meta,
+            "meta": plain(self.meta),
             "points": [{"subset": p.subset, "size": p.size, "n_apis": p.n_apis, "gold_only": p.gold_only,
                         "seeds": p.seeds, "distractors_per_stratum": p.distractors_per_stratum} for p in self.points],
             "rows": tidy_rows(self.points),
@@ -354,13 +402,13 @@ class ScalingResult:
                for p in d.get("points") or []}
         for r in d.get("rows") or []:
             pts[(r["subset"], r["size"])].values[(r["arch"], r["model"], r["metric"], r["gold"])] = list(r["values"])
-        return cls(dict(d.get("meta") or {}), list(pts.values()), dict(d.get("full_registry_check") or {}))
+        return cls(_SCALING_META.validate_python(d["meta"]), list(pts.values()), dict(d.get("full_registry_check") or {}))
 
 
 def scaling_study(
     records: Sequence[Record], registry: Registry, api_vecs: np.ndarray, encode: Encode, *, subsets: Sequence[str],
     divergence_subset: str, k: int, sizes: Sequence[int] = DEFAULT_SIZES, seeds: int = DEFAULT_SEEDS,
-    about: Mapping[str, Any] | None = None, log: Callable[[str], None] = lambda _: None,
+    about: About | Mapping[str, Any] | None = None, log: Callable[[str], None] = lambda _: None,
 ) -> ScalingResult:
     """`subsets` are full subset names present in `records`; `about` is copied into the result's meta
     (embedder, registry choice, simulated models: what the section states)."""
@@ -369,16 +417,10 @@ def scaling_study(
     points, checks = run_points(registry, api_vecs, inputs, sorted(set(sizes)), seeds, k, log)
     models = sorted({m for si in inputs for m, _ in si.units})
     runs = sorted({r for si in inputs for _, r in si.units})
-    meta: dict[str, Any] = dict(about or {}) | {
-        "models": models, "runs": len(runs), "registry_size": len(registry), "k": k, "sizes": sorted(set(sizes)),
-        "seeds": seeds, "subsets": list(subsets), "divergence_subset": divergence_subset,
-        "gold_definition": "union of api_list and relevant gold APIs of the subset",
-        "gold_union": {si.name: {"union": len(si.gold_rows) + si.gold_missing, "in_registry": len(si.gold_rows),
-                                 "missing_from_registry": si.gold_missing, "queries": len(si.query_ids),
-                                 "stubs": int(len(si.owners))} for si in inputs},
-        "sampling": "gold union + distractors stratified by category (uncategorised = one stratum), "
-                    "largest-remainder allocation proportional to the pool's category sizes, "
-                    "numpy.random.default_rng([seed, size])",
-    }
-    meta["timing_s"] = round(time.perf_counter() - t0, 2)
+    meta = ScalingMeta(
+        **about_fields(about), models=models, runs=len(runs), registry_size=len(registry), k=k,
+        sizes=sorted(set(sizes)), seeds=seeds, subsets=list(subsets), divergence_subset=divergence_subset,
+        gold_union={si.name: GoldUnion(len(si.gold_rows) + si.gold_missing, len(si.gold_rows), si.gold_missing,
+                                       len(si.query_ids), int(len(si.owners))) for si in inputs},
+        timing_s=round(time.perf_counter() - t0, 2))
     return ScalingResult(meta, points, checks)

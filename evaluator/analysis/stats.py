@@ -16,7 +16,6 @@ Degenerate inputs (one run, zero variance, all differences zero) give NaN p-valu
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import warnings
@@ -27,10 +26,17 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from ..schema import Record, qid_key, record_key
 from . import metrics as M
+
+
+def _sps() -> Any:
+    """scipy.stats, loaded on the first test computed: it is half of the command's start-up, which a
+    retrieval-only run or `--help` never needs."""
+    from scipy import stats
+
+    return stats
 
 GroupKey = tuple[str | None, str, str, str, int | None, str | None]  # model, subset, arch, metric, k, gold
 
@@ -117,7 +123,7 @@ def ttest_one_sample(values: Sequence[float], popmean: float) -> tuple[float, fl
         return math.nan, math.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = sps.ttest_1samp(v, popmean)
+        res = _sps().ttest_1samp(v, popmean)
     return _finite(res.statistic), _finite(res.pvalue)
 
 
@@ -129,7 +135,7 @@ def ttest_two_sample(a: Sequence[float], b: Sequence[float]) -> tuple[float, flo
     with warnings.catch_warnings():
         # one constant side is fine (the pooled variance is not zero) but scipy warns about its moments
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = sps.ttest_ind(a, b)
+        res = _sps().ttest_ind(a, b)
     return _finite(res.statistic), _finite(res.pvalue)
 
 
@@ -163,7 +169,7 @@ def wilcoxon_paired(x: Sequence[float | Fraction], y: Sequence[float | Fraction]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            res = sps.wilcoxon(d, zero_method="wilcox", method=method)
+            res = _sps().wilcoxon(d, zero_method="wilcox", method=method)
     except ValueError:
         return math.nan, math.nan
     return _finite(res.statistic), _finite(res.pvalue)
@@ -322,7 +328,7 @@ def _tests_and_wins(s: Summary, per_query: Mapping[GroupKey, Mapping[Any, list[f
 
 
 def _clean(x: Any) -> Any:
-    """NaN/inf -> null and numpy scalars -> Python, so json.dumps is strict and stable."""
+    """NaN/inf -> null and numpy scalars -> Python: summary.json holds no NaN (schema.dumps writes it)."""
     if isinstance(x, float | np.floating):
         x = float(x)
         return x if math.isfinite(x) else None
@@ -342,8 +348,3 @@ def summary_dict(summary: Summary, meta: Mapping[str, Any]) -> dict[str, Any]:
         "tests": [asdict(t) for t in summary.tests],
         "checks": summary.checks,
     })
-
-
-def dumps(obj: Any) -> str:
-    """Deterministic JSON text (sorted keys, no NaN) so a rerun reproduces the file byte for byte."""
-    return json.dumps(_clean(obj), sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"

@@ -6,5 +6,5 @@
 - `runner`: submit, poll with backoff, import into the response cache, re-submit what failed.
 - `cost`: tokens and USD per model with the batch discount.
 - `study`: `--batch` for the study (rounds of collect -> submit -> import) and the collect pass export uses.
-- `report`: the report's "Cost and batch" section.
+- `requests`: request files through the engine (`requests run`) and results files into the cache (`requests import`).
 """

@@ -3,12 +3,16 @@
 Requests: `{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {chat request}}`.
 Results: `{"id", "custom_id", "response": {"status_code", "body"} | null, "error": {"code", "message"} | null}`,
 the format OpenAI's batch output and error files, `vllm run-batch` and this project's `requests run` write.
+`vllm run-batch` writes a failed line's `error` as a plain string or as its `ErrorResponse` object (flat
+`{"object": "error", "message", "type", "code"}` or nested `{"error": {...}}`) beside a `response` with a
+status and no body; every form is read into one `{"code", "message"}` shape (tests/fixtures/providers/).
 A file that breaks the format is a `RequestFileError` naming the file and line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,7 @@ from typing import Any
 import orjson
 
 from ..llm.errors import ConfigError
+from ..redact import redact, redact_keys
 from ..schema import atomic_write
 
 CHAT_URL = "/v1/chat/completions"
@@ -39,11 +44,20 @@ class Result:
     custom_id: str
     status_code: int | None  # None when the request never ran (expired, cancelled)
     body: dict[str, Any] | None  # the chat.completion on 200, the error body otherwise
-    error: dict[str, Any] | None = None  # batch-level error: {"code", "message"}
+    error: dict[str, Any] | None = None  # why it is not a reply: {"code", "message"} (see `error_dict`)
 
     @property
     def ok(self) -> bool:
-        return self.status_code == 200 and self.body is not None
+        return self.status_code == 200 and self.body is not None and not self.error
+
+    def kind(self) -> str:
+        """A short label to count failures by: "ok", "HTTP 400", "batch_expired", ..."""
+        if self.ok:
+            return "ok"
+        if self.status_code is not None and self.status_code != 200:
+            return f"HTTP {self.status_code}"
+        code = (self.error or {}).get("code")
+        return str(code) if code not in (None, "") else "no reply"
 
     def as_json(self) -> dict[str, Any]:
         response = None if self.status_code is None else {"status_code": self.status_code, "body": self.body}
@@ -53,12 +67,37 @@ class Result:
         return orjson.dumps(self.as_json()) + b"\n"
 
     def reason(self) -> str:
-        """One line saying why this result is not a reply."""
-        if self.error:
-            return f"{self.error.get('code', 'error')}: {self.error.get('message', '')}".strip()
+        """One line saying why this result is not a reply (a server may echo the key in it: redacted)."""
         err = (self.body or {}).get("error") if isinstance(self.body, dict) else None
         msg = err.get("message") if isinstance(err, dict) else None
-        return f"HTTP {self.status_code}" + (f": {msg}" if msg else "")
+        if self.error:
+            msg = msg or self.error.get("message")
+            if self.status_code is None or self.status_code == 200:  # never ran, or an error beside a 200
+                return redact(f"{self.error.get('code') or 'error'}: {msg or ''}".strip().rstrip(":"))
+        return redact(f"HTTP {self.status_code}" + (f": {msg}" if msg else ""))
+
+
+def error_dict(error: Any) -> dict[str, Any] | None:
+    """A result line's `error` as `{"code", "message"}`: OpenAI's object as it is; vLLM's plain string or
+    its `ErrorResponse` (flat, or nested under "error") unwrapped; None when the line carries none."""
+    if error is None or error == "" or error == {}:
+        return None
+    if isinstance(error, str):
+        return {"code": None, "message": error}
+    if not isinstance(error, dict):
+        return {"code": None, "message": str(error)}
+    inner = error.get("error")
+    if isinstance(inner, dict):  # vLLM >= 0.10: ErrorResponse(error=ErrorInfo(message, type, param, code))
+        error = inner
+    out = dict(error)
+    out["message"] = str(out.get("message") or "")
+    out.setdefault("code", error.get("type"))
+    return out
+
+
+def failure_kinds(results: Iterable[Result]) -> dict[str, int]:
+    """How many results are not replies, by `Result.kind` (most frequent first)."""
+    return dict(Counter(r.kind() for r in results if not r.ok).most_common())
 
 
 def _parse(raw_lines: Iterable[bytes], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -126,24 +165,55 @@ def _results(lines: Iterable[tuple[int, dict[str, Any]]], where: str) -> list[Re
         status = resp.get("status_code") if resp else None
         if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
             raise RequestFileError(f"{where}:{n}: \"response.status_code\" must be an integer")
-        out.append(Result(cid, int(status) if status is not None else None, resp.get("body") if resp else None, obj.get("error")))
+        body = resp.get("body") if resp else None
+        if body is not None and not isinstance(body, dict):
+            raise RequestFileError(f"{where}:{n}: \"response.body\" must be an object or null")
+        out.append(Result(cid, int(status) if status is not None else None, body, error_dict(obj.get("error"))))
     return out
+
+
+def _content(r: Result) -> bytes:
+    """What a result says, without what differs between two copies of one answer (ids, timestamps)."""
+    body = r.body if isinstance(r.body, dict) else {}
+    if r.ok:
+        return orjson.dumps(["ok", body.get("choices")], option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps(["error"])  # copies of an error say the same thing: the request must be made again
+
+
+def dedupe(results: Iterable[Result]) -> tuple[list[Result], list[str]]:
+    """One result per custom_id, and the custom_ids whose copies disagree.
+
+    Copies with the same content collapse into the first. When copies of a custom_id differ (a damaged
+    or tampered output file), neither is trusted: the custom_id is left out and returned, so its request
+    is made again instead of the first copy winning silently.
+    """
+    first: dict[str, Result] = {}
+    conflicts: dict[str, None] = {}
+    for r in results:
+        prior = first.setdefault(r.custom_id, r)
+        if prior is not r and _content(prior) != _content(r):
+            conflicts[r.custom_id] = None
+    return [r for cid, r in first.items() if cid not in conflicts], list(conflicts)
 
 
 def write_lines(path: Path | str, items: Iterable[Request | Result]) -> int:
     """Write atomically: a reader never sees half a file, a kill leaves the old one. Returns the count."""
     lines = [it.line() for it in items]
-    atomic_write(Path(path), b"".join(lines))
+    atomic_write(Path(path), redact_keys(b"".join(lines)))  # no configured key lands in a request/result file
     return len(lines)
 
 
-def split(requests: list[Request], max_requests: int | None, max_bytes: int | None) -> list[list[Request]]:
-    """Consecutive chunks that each stay within both limits (None = no limit)."""
+def split(
+    requests: list[Request], max_requests: int | None, max_bytes: int | None,
+    size_of: Callable[[Request], int] | None = None,
+) -> list[list[Request]]:
+    """Consecutive chunks that each stay within both limits (None = no limit). `size_of` is a request's
+    size in the uploaded file (a provider's own line format); by default its OpenAI batch line."""
     chunks: list[list[Request]] = []
     cur: list[Request] = []
     size = 0
     for r in requests:
-        n = len(r.line())
+        n = size_of(r) if size_of is not None else len(r.line())
         if max_bytes is not None and n > max_bytes:
             raise RequestFileError(f"request {r.custom_id!r} alone is {n} bytes, over the provider's {max_bytes} per batch")
         if cur and ((max_requests and len(cur) >= max_requests) or (max_bytes is not None and size + n > max_bytes)):

@@ -23,19 +23,37 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from ..llm.errors import ConfigError, FatalLLMError, redact
+from ..llm.errors import ConfigError, FatalLLMError
 from ..llm.profiles import ModelProfile
 from ..llm.retry import backoff_delay, retry_after_from_headers
+from ..redact import redact
 from .files import Request, Result, parse_results
 
 TOKEN_KEY = "evaluator_token"
-# Per-batch limits when the profile names none: OpenAI's documented 50,000 requests / 200 MB input file;
-# Gemini's 2 GB input file. A provider with smaller ones rejects the batch and the runner splits it.
+# Per-batch limits when the profile names none. OpenAI: 50,000 requests and 200 MB per input file
+# (platform.openai.com/docs/api-reference/batch/create; MB = 10^6 bytes). Gemini: an input file of at
+# most 2 GB (ai.google.dev/gemini-api/docs/batch-api), taken as 2 * 10^9 bytes, the smaller reading.
+# Files are split to fit before upload; a provider with smaller limits rejects the batch and the runner
+# splits it again.
 DEFAULT_LIMITS: dict[str, tuple[int | None, int | None]] = {
-    "openai": (50_000, 200 * 1024 * 1024),
-    "gemini": (None, 2 * 1024**3),
+    "openai": (50_000, 200_000_000),
+    "gemini": (None, 2_000_000_000),
 }
+# The JSONL MIME type of each upload: google-genai's documented call is
+# `files.upload(..., config=UploadFileConfig(mime_type="jsonl"))`, sent as X-Goog-Upload-Header-Content-Type.
+GEMINI_JSONL_MIME = "jsonl"
+OPENAI_JSONL_MIME = "application/jsonl"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
+# google.rpc.Code (googleapis google/rpc/code.proto) of a Gemini batch line's error: its name and the HTTP
+# status Google maps it to. The runner treats a 4xx (not 408/409/429) or 501 as permanent, 429/5xx as worth
+# another submission; CANCELLED means the request never ran.
+GRPC_CODES: dict[int, tuple[str, int]] = {
+    1: ("CANCELLED", 499), 2: ("UNKNOWN", 500), 3: ("INVALID_ARGUMENT", 400), 4: ("DEADLINE_EXCEEDED", 504),
+    5: ("NOT_FOUND", 404), 6: ("ALREADY_EXISTS", 409), 7: ("PERMISSION_DENIED", 403), 8: ("RESOURCE_EXHAUSTED", 429),
+    9: ("FAILED_PRECONDITION", 400), 10: ("ABORTED", 409), 11: ("OUT_OF_RANGE", 400), 12: ("UNIMPLEMENTED", 501),
+    13: ("INTERNAL", 500), 14: ("UNAVAILABLE", 503), 15: ("DATA_LOSS", 500), 16: ("UNAUTHENTICATED", 401),
+}
+_GRPC_BY_NAME = {name: code for code, (name, _) in GRPC_CODES.items()}
 
 
 class BatchAPIError(FatalLLMError):
@@ -59,14 +77,25 @@ class BatchState:
     def done(self) -> bool:
         return self.status in TERMINAL
 
+    def _text(self) -> str:
+        return " ".join(f"{e.get('code', '')} {e.get('message', '')}" for e in self.errors).lower()
+
+    @property
+    def queue_full(self) -> bool:
+        """Failed because the account's queue is full (OpenAI `token_limit_exceeded`: "Enqueued token limit
+        reached ... try again once some in_progress batches have been completed"): wait, do not split."""
+        return self.status == "failed" and ("token_limit_exceeded" in self._text() or "enqueued token" in self._text())
+
     @property
     def too_large(self) -> bool:
-        """Failed validation for its size: worth splitting and submitting again."""
-        text = " ".join(f"{e.get('code', '')} {e.get('message', '')}" for e in self.errors).lower()
-        return self.status == "failed" and any(w in text for w in ("too large", "too_large", "too many", "exceed", "limit"))
+        """Failed validation for its own size: worth splitting and submitting again."""
+        text = self._text()
+        size_words = ("too large", "too_large", "too many", "larger than", "maximum size", "exceeds the maximum")
+        return self.status == "failed" and not self.queue_full and any(w in text for w in size_words)
 
 
 class BatchAPI(Protocol):
+    def line_size(self, request: Request) -> int: ...  # bytes of its line in the uploaded file
     async def submit(self, requests: list[Request], token: str) -> str: ...
     async def find(self, token: str) -> str | None: ...
     async def state(self, batch_id: str) -> BatchState: ...
@@ -130,6 +159,14 @@ _OPENAI_STATUS = {"validating": "running", "in_progress": "running", "finalizing
                   "completed": "completed", "failed": "failed", "expired": "expired", "cancelled": "cancelled"}
 
 
+def openai_state(b: dict[str, Any]) -> BatchState:
+    """An OpenAI batch object as a `BatchState`."""
+    counts = b.get("request_counts") or {}
+    errors = (b.get("errors") or {}).get("data") or []
+    return BatchState(_OPENAI_STATUS.get(b["status"], "running"), int(counts.get("total") or 0),
+                      int(counts.get("completed") or 0), int(counts.get("failed") or 0), errors)
+
+
 class OpenAIBatch:
     def __init__(self, profile: ModelProfile, api_key: str | None) -> None:
         self.base = profile.base_url.rstrip("/")
@@ -138,11 +175,15 @@ class OpenAIBatch:
     async def close(self) -> None:
         await self.http.close()
 
+    @staticmethod
+    def line_size(request: Request) -> int:
+        return len(request.line())
+
     async def submit(self, requests: list[Request], token: str) -> str:
         form = aiohttp.FormData()
         form.add_field("purpose", "batch")
         form.add_field("file", b"".join(r.line() for r in requests), filename=f"{token}.jsonl",
-                       content_type="application/jsonl")
+                       content_type=OPENAI_JSONL_MIME)
         raw, _ = await self.http.call("POST", f"{self.base}/files", data=form, retries=0)
         file_id = orjson.loads(raw)["id"]
         body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h",
@@ -166,11 +207,7 @@ class OpenAIBatch:
 
     async def state(self, batch_id: str) -> BatchState:
         raw, _ = await self.http.call("GET", f"{self.base}/batches/{batch_id}")
-        b = orjson.loads(raw)
-        counts = b.get("request_counts") or {}
-        errors = (b.get("errors") or {}).get("data") or []
-        return BatchState(_OPENAI_STATUS.get(b["status"], "running"), int(counts.get("total") or 0),
-                          int(counts.get("completed") or 0), int(counts.get("failed") or 0), errors)
+        return openai_state(orjson.loads(raw))
 
     async def results(self, batch_id: str) -> list[Result]:
         raw, _ = await self.http.call("GET", f"{self.base}/batches/{batch_id}")
@@ -244,9 +281,58 @@ def gemini_to_completion(resp: dict[str, Any], model: str) -> dict[str, Any]:
     }
 
 
+def grpc_name(status: dict[str, Any]) -> str:
+    """The gRPC code name of a google.rpc.Status (`code` is a gRPC code, not HTTP; `status` may name it)."""
+    name = status.get("status")
+    if isinstance(name, str) and name in _GRPC_BY_NAME:
+        return name
+    code = status.get("code")
+    return GRPC_CODES[code][0] if isinstance(code, int) and code in GRPC_CODES else "UNKNOWN"
+
+
+def status_result(key: str, status: dict[str, Any]) -> Result:
+    """A Gemini batch line's google.rpc.Status as a Result: CANCELLED never ran (no status: submitted
+    again), every other code is a failure with the HTTP status Google maps it to (the runner's rule)."""
+    name = grpc_name(status)
+    message = str(status.get("message") or "")
+    if name == "CANCELLED":
+        return Result(key, None, None, {"code": "cancelled", "message": message})
+    http = GRPC_CODES[_GRPC_BY_NAME[name]][1]
+    return Result(key, http, {"error": {"code": _GRPC_BY_NAME[name], "status": name, "message": f"{name}: {message}"}})
+
+
 def _gemini_status(state: str) -> str:
     s = state.removeprefix("BATCH_STATE_").removeprefix("JOB_STATE_")
     return {"SUCCEEDED": "completed", "FAILED": "failed", "CANCELLED": "cancelled", "EXPIRED": "expired"}.get(s, "running")
+
+
+def gemini_state(op: dict[str, Any]) -> BatchState:
+    """A Gemini batch operation (`batches.get`) as a `BatchState`."""
+    meta = op.get("metadata") or {}
+    st = meta.get("batchStats") or {}
+    err = op.get("error") or {}  # a failed operation's google.rpc.Status
+    errors = [{"code": grpc_name(err), "message": err.get("message", "")}] if err else []
+    return BatchState(_gemini_status(meta.get("state", "")), int(st.get("requestCount") or 0),
+                      int(st.get("successfulRequestCount") or 0), int(st.get("failedRequestCount") or 0), errors)
+
+
+def gemini_lines(op: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
+    """Where a finished operation's results are: (responses file name, None) or (None, its inlined lines)."""
+    resp = op.get("response") or (op.get("metadata") or {}).get("output") or {}
+    if resp.get("responsesFile"):
+        return resp["responsesFile"], []
+    return None, [{"key": (x.get("metadata") or {}).get("key"), **x}
+                  for x in (resp.get("inlinedResponses") or {}).get("inlinedResponses", [])]
+
+
+def gemini_result(x: dict[str, Any], model: str) -> Result | None:
+    """One results line (`{"key", "response" | "error"}`) as a Result; None without a key."""
+    key = x.get("key")
+    if not isinstance(key, str):
+        return None
+    if x.get("response") is not None:
+        return Result(key, 200, gemini_to_completion(x["response"], model))
+    return status_result(key, x.get("error") or x.get("status") or {})
 
 
 class GeminiBatch:
@@ -259,11 +345,19 @@ class GeminiBatch:
     async def close(self) -> None:
         await self.http.close()
 
+    @staticmethod
+    def _line(request: Request) -> bytes:
+        return orjson.dumps({"key": request.custom_id, "request": chat_to_gemini(request.body)}) + b"\n"
+
+    @staticmethod
+    def line_size(request: Request) -> int:
+        return len(GeminiBatch._line(request))
+
     async def submit(self, requests: list[Request], token: str) -> str:
-        data = b"".join(orjson.dumps({"key": r.custom_id, "request": chat_to_gemini(r.body)}) + b"\n" for r in requests)
+        data = b"".join(self._line(r) for r in requests)
         start = {"X-Goog-Upload-Protocol": "resumable", "X-Goog-Upload-Command": "start",
                  "X-Goog-Upload-Header-Content-Length": str(len(data)),
-                 "X-Goog-Upload-Header-Content-Type": "application/jsonl"}
+                 "X-Goog-Upload-Header-Content-Type": GEMINI_JSONL_MIME}
         _, headers = await self.http.call("POST", f"{self.root}/upload/v1beta/files", headers=start,
                                           json={"file": {"display_name": token}}, retries=0)
         upload_url = headers.get("X-Goog-Upload-URL")
@@ -297,38 +391,15 @@ class GeminiBatch:
         return orjson.loads(raw)
 
     async def state(self, batch_id: str) -> BatchState:
-        op = await self._get(batch_id)
-        meta = op.get("metadata") or {}
-        st = meta.get("batchStats") or {}
-        errors = [{"code": op["error"].get("status", ""), "message": op["error"].get("message", "")}] if op.get("error") else []
-        return BatchState(_gemini_status(meta.get("state", "")), int(st.get("requestCount") or 0),
-                          int(st.get("successfulRequestCount") or 0), int(st.get("failedRequestCount") or 0), errors)
+        return gemini_state(await self._get(batch_id))
 
     async def results(self, batch_id: str) -> list[Result]:
-        op = await self._get(batch_id)
-        resp = op.get("response") or {}
-        out: list[Result] = []
-        if resp.get("responsesFile"):
-            data, _ = await self.http.call("GET", f"{self.root}/download/v1beta/{resp['responsesFile']}:download",
+        responses_file, lines = gemini_lines(await self._get(batch_id))
+        if responses_file:
+            data, _ = await self.http.call("GET", f"{self.root}/download/v1beta/{responses_file}:download",
                                            params={"alt": "media"})
             lines = [orjson.loads(x) for x in data.splitlines() if x.strip()]
-        else:
-            lines = [{"key": (x.get("metadata") or {}).get("key"), **x}
-                     for x in (resp.get("inlinedResponses") or {}).get("inlinedResponses", [])]
-        for x in lines:
-            key = x.get("key")
-            if not isinstance(key, str):
-                continue
-            if x.get("response") is not None:
-                out.append(Result(key, 200, gemini_to_completion(x["response"], self.model)))
-            else:
-                err = x.get("error") or x.get("status") or {}
-                if err.get("status") in ("CANCELLED", "DEADLINE_EXCEEDED"):  # never ran: worth another try
-                    out.append(Result(key, None, None, {"code": err["status"].lower(), "message": err.get("message", "")}))
-                    continue
-                code = int(err.get("code") or 500)
-                out.append(Result(key, code, {"error": {"message": err.get("message", ""), "status": err.get("status", "")}}))
-        return out
+        return [r for x in lines if (r := gemini_result(x, self.model)) is not None]
 
     async def cancel(self, batch_id: str) -> None:
         await self.http.call("POST", f"{self.root}/v1beta/{batch_id}:cancel")

@@ -5,7 +5,10 @@ submits what is still not cached, split at the provider's limits; polls with bac
 requests done per batch and the time waited; stores every reply the moment its batch completes
 (`engine.store_reply`, exactly as the online path stores it); re-submits only what failed or expired,
 up to `max_attempts` times. A batch the provider rejects as too large is split in two and submitted
-again. Request keys (`custom_id`) are the engine's cache keys, so nothing cached is ever submitted.
+again. A batch refused because the account's queue is full (OpenAI's `token_limit_exceeded`, "Enqueued
+token limit reached"; Gemini's 429 at create) is not split: it waits until a running batch finishes and is
+submitted again unchanged. Request keys (`custom_id`) are the engine's cache keys, so nothing cached is
+ever submitted.
 """
 
 from __future__ import annotations
@@ -13,17 +16,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..llm.cache import ResponseCache
 from ..llm.profiles import ModelProfile
 from ..progress import format_eta
-from .files import Request, Result, split
+from ..redact import redact
+from .cost import BatchStats  # the meta.json contract, beside the cost it feeds
+from .files import Request, Result, dedupe, split
 from .providers import BatchAPI, BatchAPIError, BatchState, batch_limits, is_loopback
 from .store import Job, JobStore
 
 MAX_ERRORS_KEPT = 5
+# Polls in a row with the queue still full and no batch of ours finishing before deferred chunks are given up
+# for this attempt (their requests stay missing: the next attempt, or a rerun, submits them again).
+MAX_QUEUE_ROUNDS = 20
 
 
 class ReplyStore(Protocol):
@@ -44,29 +52,6 @@ class Poll:
     def for_profile(cls, p: ModelProfile) -> Poll:
         # The simulator turns batches around in fractions of a second; providers in minutes to hours.
         return cls(0.05, 1.0) if is_loopback(p) else cls()
-
-
-@dataclass
-class BatchStats:
-    """Per model; `meta.json` carries `as_dict()`. Tokens are those billed for batch replies."""
-
-    batches: int = 0  # batches created (splits and re-submissions included)
-    submitted: int = 0  # requests submitted, re-submissions included
-    stored: int = 0  # replies stored in the cache
-    failed: int = 0  # requests the provider answered with an error
-    not_run: int = 0  # requests of expired or cancelled batches that never ran
-    unusable: int = 0  # 200 replies the engine would not cache (cut at max_tokens, empty)
-    resubmitted: int = 0
-    split: int = 0  # batches split after the provider rejected their size
-    resumed: int = 0  # batches of an earlier run picked up again
-    cancelled: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    waited_s: float = 0.0
-    errors: list[str] = field(default_factory=list)  # the first few reasons, for the report
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class BatchRunner:
@@ -93,6 +78,7 @@ class BatchRunner:
         self.stats = BatchStats()
         self.permanent: dict[str, str] = {}  # key -> why (4xx, unusable): re-submitting would not help
         self._requests: dict[str, list[Request]] = {}  # token -> its requests (jobs of this process)
+        self._deferred: list[tuple[list[Request], int]] = []  # (chunk, attempt) refused for a full queue
         self._last_line = 0.0
 
     # -- public ---------------------------------------------------------------------------------------
@@ -107,8 +93,8 @@ class BatchRunner:
             if attempt > 1:
                 self.stats.resubmitted += len(pending)
                 self.log(f"{self.profile.name}: re-submitting {len(pending):,} failed or expired requests (attempt {attempt})")
-            chunks = split(pending, *batch_limits(self.profile))
-            jobs = [await self._submit(chunk, attempt) for chunk in chunks]
+            chunks = split(pending, *batch_limits(self.profile), getattr(self.api, "line_size", None))
+            jobs = [job for chunk in chunks if (job := await self._submit_or_defer(chunk, attempt)) is not None]
             await self._wait(jobs)
             pending = self.missing(pending)
             attempt += 1
@@ -177,12 +163,35 @@ class BatchRunner:
         self.stats.submitted += len(chunk)
         return job
 
+    async def _submit_or_defer(self, chunk: list[Request], attempt: int) -> Job | None:
+        """`_submit`, or None when the provider refuses the create for a full queue (HTTP 429): the chunk
+        waits in `_deferred` for a running batch to finish."""
+        try:
+            return await self._submit(chunk, attempt)
+        except BatchAPIError as e:
+            if e.status != 429:
+                raise
+            for job in self.store.open_jobs(self.profile.name):
+                if job.batch_id is None and self._requests.get(job.token) is chunk:
+                    self.store.mark(job, "lost")  # never created
+                    self._requests.pop(job.token, None)
+            self._defer(chunk, attempt, str(e))
+            return None
+
+    def _defer(self, chunk: list[Request], attempt: int, why: str) -> None:
+        self.stats.queue_waits += 1
+        self._deferred.append((chunk, attempt))
+        self.log(f"{self.profile.name}: the provider's batch queue is full ({why[:160]}); {len(chunk):,} requests "
+                 "wait for a running batch to finish")
+
     async def _wait(self, jobs: list[Job]) -> None:
         open_jobs = {j.token: j for j in jobs}
         states: dict[str, BatchState] = {}
         delay = self.poll.first_s
         t0 = time.monotonic()
-        while open_jobs:
+        idle_rounds = 0  # polls with chunks deferred and none of our batches finishing
+        while open_jobs or self._deferred:
+            finished = 0
             for job in list(open_jobs.values()):
                 assert job.batch_id is not None
                 st = await self.api.state(job.batch_id)
@@ -190,6 +199,12 @@ class BatchRunner:
                 if not st.done:
                     continue
                 del open_jobs[job.token]
+                if st.queue_full and job.token in self._requests:
+                    self.store.mark(job, "done")
+                    del states[job.token]  # refused, not run: not a batch of the progress line
+                    self._defer(self._requests.pop(job.token), job.attempt, st.errors[0].get("message", "queue full"))
+                    continue
+                finished += 1
                 if st.too_large and job.token in self._requests and len(self._requests[job.token]) > 1:
                     self.store.mark(job, "done")
                     reqs = self._requests.pop(job.token)
@@ -203,17 +218,38 @@ class BatchRunner:
                 if st.status == "failed" and st.errors:
                     self._error(f"batch {job.batch_id} failed: {st.errors[0].get('message', st.errors[0])}")
                 await self._import(job)
-            self._show(states, time.monotonic() - t0, final=not open_jobs)
-            if open_jobs:
+            if self._deferred and (finished or not open_jobs):
+                # A batch of ours finished (its tokens left the queue), or none is left to wait for.
+                idle_rounds = 0 if finished else idle_rounds + 1
+                deferred, self._deferred = self._deferred, []
+                if idle_rounds > MAX_QUEUE_ROUNDS:
+                    n = sum(len(c) for c, _ in deferred)
+                    self.log(f"{self.profile.name}: the batch queue stayed full; {n:,} requests left for the next attempt")
+                    self._error(f"batch queue full: {n} requests not submitted")
+                else:
+                    for chunk, attempt in deferred:
+                        if (new := await self._submit_or_defer(chunk, attempt)) is not None:
+                            open_jobs[new.token] = new
+            self._show(states, time.monotonic() - t0, final=not open_jobs and not self._deferred)
+            if open_jobs or self._deferred:
                 await asyncio.sleep(delay)
                 delay = min(delay * self.poll.factor, self.poll.max_s)
         self.stats.waited_s += time.monotonic() - t0
 
     async def _import(self, job: Job) -> None:
         assert job.batch_id is not None
-        results = await self.api.results(job.batch_id)
+        results, conflicts = dedupe(await self.api.results(job.batch_id))
         wanted = set(job.keys)
         seen: set[str] = set()
+        if conflicts:
+            self.log(f"{self.profile.name}: batch {job.batch_id} answered {len(conflicts)} request(s) twice with different "
+                     "replies; neither is used, they are sent again")
+        for cid in conflicts:  # neither copy is used: the request stays missing and is submitted again
+            if cid in wanted:
+                seen.add(cid)
+                self.stats.conflicting += 1
+                self._error(f"{cid[:12]}: the batch output holds different replies for this custom_id; none is used, "
+                            "the request is sent again")
         for r in results:
             if r.custom_id not in wanted or r.custom_id in seen:
                 continue
@@ -244,7 +280,7 @@ class BatchRunner:
             self.stats.not_run += 1  # expired / cancelled: worth another submission
             return
         self.stats.failed += 1
-        if 400 <= r.status_code < 500 and r.status_code not in (408, 409, 429):
+        if (400 <= r.status_code < 500 and r.status_code not in (408, 409, 429)) or r.status_code == 501:
             self.permanent[r.custom_id] = r.reason()  # the request itself is wrong: same answer next time
         self._error(f"{r.custom_id[:12]}: {r.reason()}")
 
@@ -253,7 +289,7 @@ class BatchRunner:
 
     def _error(self, msg: str) -> None:
         if len(self.stats.errors) < MAX_ERRORS_KEPT:
-            self.stats.errors.append(msg)
+            self.stats.errors.append(redact(msg))  # meta.json and the report: a server may echo the key
 
     def _show(self, states: dict[str, BatchState], waited: float, final: bool) -> None:
         now = time.monotonic()

@@ -19,8 +19,11 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from ..llm import ChatResult, LLMEngine, ModelProfile, resolve_api_key
+from ..llm import ChatResult, LLMEngine, ModelProfile, Prepared, resolve_api_key
+from ..llm.budget import Budget
 from ..llm.cache import ResponseCache
+from ..pipeline import StudyRunner, Unit  # the study's own request building
+from .budget import BudgetedBatches
 from .files import Request
 from .providers import batch_api, batch_kind, chat_to_gemini
 from .runner import BatchRunner, BatchStats
@@ -35,22 +38,29 @@ _PLACEHOLDER_URL = "http://127.0.0.1:9/v1"  # a simulated profile's key never de
 # "failed") and must not be collected: it is not a request the study will make. Each branch (RtP, PtR of
 # one query) runs in its own task, so the flag never leaks into another branch.
 _BRANCH_DEFERRED: ContextVar[bool] = ContextVar("batch_branch_deferred", default=False)
+OnCall = Callable[[str, Prepared, str, ChatResult | None], None]
 
 
 class _Collector:
     """Stands in for an `LLMEngine` in a collect pass: cached calls are answered, the rest recorded."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, on_call: OnCall | None = None) -> None:
         self.engine = engine
         self.stats = engine.stats
         self.calls: dict[str, Any] = {}  # cache key -> Prepared, in the order the study made them
+        self.on_call = on_call
 
     async def chat(self, messages: list[dict[str, Any]], *, run: int, prompt_version: str, **kw: Any) -> ChatResult:
         if _BRANCH_DEFERRED.get():
             return ChatResult(None, None, error=DEFERRED)
         prepared = self.engine.prepare(messages, run=run, prompt_version=prompt_version, **kw)
         if self.engine.lookup(prepared.key) is not None:
-            return await self.engine.send(prepared)  # a cache hit: no network
+            hit = await self.engine.send(prepared)  # a cache hit: no network
+            if self.on_call is not None:
+                self.on_call(self.engine.profile.name, prepared, prompt_version, hit)
+            return hit
+        if self.on_call is not None:
+            self.on_call(self.engine.profile.name, prepared, prompt_version, None)
         self.calls.setdefault(prepared.key, prepared)
         _BRANCH_DEFERRED.set(True)
         return ChatResult(None, None, error=DEFERRED)
@@ -64,17 +74,17 @@ def offline(p: ModelProfile) -> ModelProfile:
     return dataclasses.replace(p, base_url=p.base_url or _PLACEHOLDER_URL)
 
 
-async def collect(study: Any, profiles: dict[str, ModelProfile], cache_root: Path, batcher: Any = None) -> dict[str, list[Request]]:
+async def collect(study: Any, profiles: dict[str, ModelProfile], cache_root: Path, batcher: Any = None,
+                  on_call: OnCall | None = None) -> dict[str, list[Request]]:
     """Every chat request the study would send now that is not cached, per model (no network).
 
-    `batcher`: the stub search to use (default: the pipeline's own), as `StudyRunner` takes it."""
-    from ..pipeline import StudyRunner, Unit  # the study's own request building
-
+    `batcher`: the stub search to use (default: the pipeline's own), as `StudyRunner` takes it.
+    `on_call(model, prepared, prompt_version, cached reply or None)` sees every call the study makes (dry run)."""
     async with contextlib.AsyncExitStack() as stack:
         collectors = {}
         for n, p in profiles.items():
             engine = await stack.enter_async_context(LLMEngine(offline(p), cache_root=cache_root, api_key=""))
-            collectors[n] = _Collector(engine)
+            collectors[n] = _Collector(engine, on_call)
         runner = StudyRunner(study, collectors, None, batcher)
         await runner.run([Unit(m, r) for m in profiles for r in range(study.settings.runs)])
     return {n: [Request(k, p.body) for k, p in c.calls.items()] for n, c in collectors.items()}
@@ -89,8 +99,10 @@ async def batch_rounds(
     max_rounds: int = 4,
     log: Callable[[str], None] | None = None,
     batcher: Callable[[], Any] | None = None,
+    budget: Budget | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Bring the study's replies into the cache through each model's batch API; stats per model."""
+    """Bring the study's replies into the cache through each model's batch API; stats per model.
+    `budget`: each batch's worst case is reserved before it is submitted (batch/budget.py)."""
     say = log or (lambda m: None)
     check(profiles)
     store = JobStore(cache_root)
@@ -101,6 +113,8 @@ async def batch_rounds(
             for n, p in profiles.items():
                 engine = await stack.enter_async_context(LLMEngine(p, cache_root=cache_root))
                 api = batch_api(p, resolve_api_key(p))
+                if budget is not None:
+                    api = BudgetedBatches(api, budget, p)
                 stack.push_async_callback(api.close)
                 runners[n] = BatchRunner(p, engine, api, store, cache, log=say)
             if cancel:
@@ -128,9 +142,9 @@ def empty_stats() -> dict[str, Any]:
 
 
 def run_batch(study: Any, profiles: dict[str, ModelProfile], cache_root: Path,
-              log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+              log: Callable[[str], None] | None = None, budget: Budget | None = None) -> dict[str, dict[str, Any]]:
     """`--batch`: the study's replies into the cache through the batch APIs (stats per model)."""
-    return asyncio.run(batch_rounds(study, profiles, Path(cache_root), log=log))
+    return asyncio.run(batch_rounds(study, profiles, Path(cache_root), log=log, budget=budget))
 
 
 def cancel(profiles: dict[str, ModelProfile], cache_root: Path, log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:

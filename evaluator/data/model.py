@@ -21,6 +21,21 @@ EMBED_TEXT_RULE = (
 )
 
 
+# Planner prompts show at most this much of one API's description (whitespace collapsed, ~4 characters a
+# token): one oversized description must not be sent whole in every prompt that retrieves it. The longest
+# ToolBench description is 27,348 characters (~6.8k tokens), so ToolBench prompts are never cut.
+DESCRIPTION_CAP_TOKENS = 8192
+DESCRIPTION_CAP_CHARS = 4 * DESCRIPTION_CAP_TOKENS
+
+
+def prompt_description(description: str | None) -> tuple[str, bool]:
+    """A description as one prompt line: whitespace collapsed, cut at the cap; and whether it was cut."""
+    text = " ".join((description or "").split())
+    if len(text) <= DESCRIPTION_CAP_CHARS:
+        return text, False
+    return text[:DESCRIPTION_CAP_CHARS].rstrip() + " [...]", True
+
+
 class DataError(Exception):
     """Bad or missing input data; the message is one line saying where and what to do."""
 

@@ -134,6 +134,8 @@ def _own_record(where: str, rec: dict, position: int, subset: str) -> RawQuery:
 def _toolbench_record(where: str, rec: object, n: int, subset: str) -> RawQuery:
     if not isinstance(rec, dict) or not isinstance(rec.get("query"), str):
         raise DataError(f"{where}: needs a string 'query' (ToolBench test_instruction format).")
+    if not rec["query"].strip():
+        raise DataError(f"{where}: 'query' is empty; write the request, or remove the record.")
     qid = normalise_qid(rec.get("query_id"), where)
     return RawQuery(where, subset, n if qid is None else qid, rec["query"], toolbench.gold_ids(where, rec), qid is None)
 

@@ -11,7 +11,16 @@ import json
 from pathlib import Path
 
 from . import mcp, openai, toolbench
-from .model import REGISTRY_CHOICES, Api, DataError, Registry, Warnings
+from .model import (
+    DESCRIPTION_CAP_CHARS,
+    DESCRIPTION_CAP_TOKENS,
+    REGISTRY_CHOICES,
+    Api,
+    DataError,
+    Registry,
+    Warnings,
+    prompt_description,
+)
 from .source import json_type, parse_json, parse_jsonl, read_text, reading, stem
 
 TOOLS_FORMATS = ("auto", "jsonl", "toolbench", "mcp", "openai")
@@ -191,4 +200,14 @@ def load_registry(
         if not kept:
             raise DataError(f"{found}: no API has a description, so the 'described' registry is empty.")
         apis = kept
+    _count_long_descriptions(apis, warnings)
     return Registry(apis=apis, source=str(found), choice=choice, format=used)
+
+
+def _count_long_descriptions(apis: list[Api], warnings: Warnings) -> None:
+    """A data warning per description that planner prompts will show cut (`prompt_description`)."""
+    for a in apis:
+        # The raw length bounds the collapsed one: only the rare long description is collapsed here.
+        if a.description is not None and len(a.description) > DESCRIPTION_CAP_CHARS and prompt_description(a.description)[1]:
+            warnings.add("long_description", f"{a.display}: description of {len(a.description):,} characters is cut to "
+                         f"{DESCRIPTION_CAP_TOKENS:,} tokens (~{DESCRIPTION_CAP_CHARS:,} characters) in planner prompts")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from pydantic import TypeAdapter
+from pydantic.dataclasses import dataclass
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
@@ -16,13 +19,21 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _spread(values: list[float]) -> dict[str, float | int | None]:
-    s = sorted(values)
-    return {"p50": percentile(s, 50), "p90": percentile(s, 90), "p99": percentile(s, 99), "n": len(s)}
+@dataclass
+class Spread:
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    n: int = 0
+
+    @classmethod
+    def of(cls, values: list[float]) -> Spread:
+        s = sorted(values)
+        return cls(percentile(s, 50), percentile(s, 90), percentile(s, 99), len(s))
 
 
 @dataclass
-class ModelStats:
+class Counters:
     """Counters for one model. Tokens count only fresh (billed) calls; cached replies cost nothing."""
 
     calls: int = 0  # chat()/send() calls
@@ -37,37 +48,42 @@ class ModelStats:
     errors: int = 0  # calls that failed for good (non-fatal ChatResult.error); sum of `failed`
     failed: dict[str, int] = field(default_factory=dict)  # those calls by error kind (`http_400`, `timeout`, ...)
     dropped_params: list[str] = field(default_factory=list)  # request fields the host rejected, no longer sent
+    cache_damaged: int = 0  # cached replies found damaged (checksum, JSON, fields): not used, requested again
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    concurrency_limit: float = 0.0  # the limit at the end (the adaptive one moves; a fixed one is the profile's)
+    max_in_flight: int = 0
+
+
+@dataclass
+class CallStats(Counters):
+    """One model's calls as `meta.json` keeps them: the counters, and the timings as percentiles."""
+
+    latency_s: Spread = field(default_factory=Spread)
+    queue_s: Spread = field(default_factory=Spread)
+
+
+@dataclass
+class ModelStats(Counters):
+    """The engine's live counters; `summary()` is what the run keeps of them."""
+
     # Server time per attempt answered 200: from send to the whole reply, no queueing in it.
     latencies: list[float] = field(default_factory=list, repr=False)
     # Per fresh call: from the call to its first send (concurrency slot, pacing, 429 gate), apart.
     queue_waits: list[float] = field(default_factory=list, repr=False)
-    concurrency_limit: float = 0.0  # the limit at the end (the adaptive one moves; a fixed one is the profile's)
-    max_in_flight: int = 0
 
     def fail(self, kind: str) -> None:
         self.errors += 1
         self.failed[kind] = self.failed.get(kind, 0) + 1
 
+    def summary(self) -> CallStats:
+        counters = {f: getattr(self, f) for f in Counters.__dataclass_fields__}
+        return CallStats(**counters | {"failed": dict(sorted(self.failed.items())),
+                                       "dropped_params": list(self.dropped_params)},
+                         latency_s=Spread.of(self.latencies), queue_s=Spread.of(self.queue_waits))
+
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "calls": self.calls,
-            "cache_hits": self.cache_hits,
-            "shared_elsewhere": self.shared_elsewhere,
-            "requests": self.requests,
-            "retries": self.retries,
-            "http_429": self.http_429,
-            "timeouts": self.timeouts,
-            "truncated": self.truncated,
-            "reasoning_only": self.reasoning_only,
-            "errors": self.errors,
-            "failed": dict(sorted(self.failed.items())),
-            "dropped_params": list(self.dropped_params),
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "latency_s": _spread(self.latencies),
-            "queue_s": _spread(self.queue_waits),
-            "concurrency_limit": self.concurrency_limit,
-            "max_in_flight": self.max_in_flight,
-        }
+        return _CALL_STATS.dump_python(self.summary(), mode="json")
+
+
+_CALL_STATS = TypeAdapter(CallStats)

@@ -13,31 +13,88 @@ resumed run would look up the keys with `seed`, miss every reply stored without 
 `set` returns after SQLite committed the row (WAL mode), so a reply survives SIGKILL of the process
 the moment it is stored; SQLite's locking makes one cache safe to share between processes.
 
-Claims live in a second small diskcache (`llm/claims/`): `add(key, owner, expire=lease)` is atomic, so
-exactly one process owns a call at a time; the owner renews its lease while the call runs and deletes
-the claim after the reply is stored. A claim whose owner died (its pid is gone on this host) or whose
-lease ran out can be taken over.
+Each stored value is a `CacheEntry` behind a sha256 of its bytes (`ce1:<hex>:<json>`). A value whose
+checksum, JSON or fields do not hold (bytes flipped on disk, a row holding other JSON) is a miss: the
+call is sent again and stored over it, and `damaged` counts such keys for the run's warning. Values
+stored before checksums (plain JSON) are still read, checked for their fields only. A damaged
+database file (not SQLite, a corrupt page) is one line naming it, at open (`PRAGMA quick_check`) or
+mid-run; it is never used.
+
+A full disk (or any I/O error) while storing raises `StoreError`; the engine keeps the replies it
+could not store in memory and `spill`s them into a small JSONL file (`spill-*.jsonl` in the cache
+folder, else in the system temp folder), which the next open of the same cache imports and deletes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
 import socket
 import sqlite3
+import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import diskcache
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ConfigError, FatalLLMError
 
 KEY_SCHEMA = 1  # bump if the key recipe changes, so old entries are never misread
 _SORT = orjson.OPT_SORT_KEYS
 _HOST = socket.gethostname()
+_MAGIC = b"ce1:"  # a checksummed entry: b"ce1:" + sha256 hex of the JSON + b":" + the JSON
+log = logging.getLogger("evaluator.llm")
+
+
+class CacheEntry(BaseModel):
+    """One stored reply. Strict: a field of the wrong type makes the whole entry damaged."""
+
+    model_config = ConfigDict(frozen=True, strict=True, extra="ignore")
+
+    content: str | None
+    finish_reason: str | None
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    model: str = ""
+    stored_at: float = 0.0
+    reasoning_only: bool = False
+    dropped: list[str] = Field(default_factory=list)  # fields the logical request had that the host refused
+
+
+def encode_entry(entry: CacheEntry) -> bytes:
+    data = orjson.dumps(entry.model_dump(), option=_SORT)
+    return _MAGIC + hashlib.sha256(data).hexdigest().encode() + b":" + data
+
+
+def decode_entry(raw: Any) -> CacheEntry | None:
+    """The entry in a stored value; None when it is damaged (checksum, JSON or fields)."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogateescape")
+    if not isinstance(raw, bytes | bytearray):
+        return None
+    data = bytes(raw)
+    if data.startswith(_MAGIC):
+        digest, _, data = data[len(_MAGIC):].partition(b":")
+        if hashlib.sha256(data).hexdigest().encode() != digest:
+            return None
+    try:
+        return CacheEntry.model_validate(orjson.loads(data))
+    except (orjson.JSONDecodeError, ValidationError):
+        return None
+
+
+class StoreError(FatalLLMError):
+    """The cache could not store (disk full, I/O error, read-only): the run stops; `what` says why."""
+
+    def __init__(self, message: str, *, full: bool) -> None:
+        super().__init__(message)
+        self.full = full
 
 
 def cache_dir(root: Path | str) -> Path:
@@ -94,19 +151,48 @@ def _not_writable(path: Path, e: BaseException) -> str:
     return f"cache dir {path.parent} is not writable; use --cache-dir ({type(e).__name__}: {e})"
 
 
+def _damaged(e: BaseException) -> bool:
+    """SQLite says the file is not a database or a page is corrupt (not: locked, read-only, full)."""
+    name = getattr(e, "sqlite_errorname", "")
+    if name:
+        return name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB"))
+    return type(e) is sqlite3.DatabaseError
+
+
+def _full(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno in (28, 122)  # ENOSPC, EDQUOT
+    return getattr(e, "sqlite_errorname", "") == "SQLITE_FULL" or "disk is full" in str(e)
+
+
+def damaged_message(db_file: Path, e: BaseException | str) -> str:
+    return (f"the cache database {db_file} is damaged ({e}); move it away (e.g. `mv {db_file.parent} "
+            f"{db_file.parent}.damaged`) and rerun: the replies in it will be requested again")
+
+
 class ResponseCache:
-    """Stored replies as orjson bytes, tagged with the profile name so `clear --model` can find them.
+    """Stored replies as checksummed `CacheEntry`s, tagged with the profile name so `clear --model`
+    can find them.
 
     Opening checks that the cache can be written (a read-only folder or database, or a path that is
-    a file, is a `ConfigError` with one line, before any paid work).
+    a file, is a `ConfigError` with one line, before any paid work) and that its database is sound.
     """
 
     def __init__(self, root: Path | str) -> None:
         self.path = cache_dir(root)
+        self.db_file = self.path / "cache.db"
+        self.damaged: set[str] = set()  # keys whose stored value was damaged (a miss each)
+        self.imported = 0  # replies imported from spill files of an earlier run
+        opening = self.db_file
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             # eviction off: an evicted reply would be silently re-bought and break exact resume.
             self._db = diskcache.Cache(str(self.path), eviction_policy="none", statistics=0)
+            check = self._db._sql("PRAGMA quick_check").fetchall()
+            if check != [("ok",)]:
+                self._db.close()
+                raise ConfigError(damaged_message(self.db_file, "; ".join(str(r[0]) for r in check[:2])))
+            opening = self.path / "claims" / "cache.db"
             # Claims need not survive a power cut (a lost claim only costs a duplicate), so no fsync.
             self._claims = diskcache.Cache(
                 str(self.path / "claims"), eviction_policy="none", statistics=0, sqlite_synchronous=0
@@ -116,21 +202,88 @@ class ResponseCache:
             with self._claims.transact(retry=True):
                 pass
         except (OSError, sqlite3.Error) as e:
+            if isinstance(e, sqlite3.Error) and _damaged(e):
+                raise ConfigError(damaged_message(opening, e)) from None
             raise ConfigError(_not_writable(self.path, e)) from None
+        self._import_spills()
+
+    def _fail(self, e: BaseException, what: str) -> FatalLLMError:
+        """A storage error as one line saying what to do."""
+        if isinstance(e, sqlite3.Error) and _damaged(e):
+            return FatalLLMError(damaged_message(self.db_file, e))
+        if _full(e):
+            return StoreError(f"cannot {what} in the cache {self.path}: the disk is full ({e}); free space on "
+                              f"that disk (or point --cache-dir elsewhere) and rerun the same command", full=True)
+        return StoreError(_not_writable(self.path, e), full=False)
 
     # -- replies ---------------------------------------------------------------------------------
-    def get(self, key: str) -> dict[str, Any] | None:
-        raw = self._db.get(key)
-        return None if raw is None else orjson.loads(raw)
-
-    def set(self, key: str, value: dict[str, Any], tag: str) -> None:
+    def get(self, key: str) -> CacheEntry | None:
+        """The stored entry; None when absent or damaged (then counted in `damaged`)."""
         try:
-            self._db.set(key, orjson.dumps(value), tag=tag, retry=True)
-        except (OSError, sqlite3.Error) as e:  # e.g. the folder was made read-only mid-run
-            raise FatalLLMError(_not_writable(self.path, e)) from None
+            raw = self._db.get(key)
+        except sqlite3.Error as e:
+            raise self._fail(e, "read a reply") from None
+        except Exception:  # noqa: BLE001 - a row diskcache cannot decode (other mode, lost file): damaged
+            raw = b"?"
+        if raw is None:
+            return None
+        entry = decode_entry(raw)
+        if entry is None:
+            self.damaged.add(key)
+        return entry
+
+    def set(self, key: str, entry: CacheEntry, tag: str) -> None:
+        self.set_raw(key, encode_entry(entry), tag)
+
+    def set_raw(self, key: str, value: bytes, tag: str) -> None:
+        try:
+            self._db.set(key, value, tag=tag, retry=True)
+        except (OSError, sqlite3.Error) as e:  # disk full, the folder made read-only mid-run, ...
+            raise self._fail(e, "store a reply") from None
 
     def __len__(self) -> int:
         return len(self._db)
+
+    # -- replies that could not be stored ----------------------------------------------------------
+    def _spill_name(self) -> str:
+        return "evaluator-spill-" + hashlib.sha256(str(self.path.resolve()).encode()).hexdigest()[:12]
+
+    def _spill_dirs(self) -> list[Path]:
+        return [self.path, Path(tempfile.gettempdir())]
+
+    def spill(self, entries: Mapping[str, tuple[str, CacheEntry]]) -> Path | None:
+        """Write replies that could not be stored to a spill file the next open imports; its path,
+        or None when no folder could take it (no partial file is left behind)."""
+        lines = b"".join(
+            orjson.dumps({"key": k, "tag": tag, "value": encode_entry(e).decode()}) + b"\n"
+            for k, (tag, e) in entries.items()
+        )
+        for folder in self._spill_dirs():
+            path = folder / f"{self._spill_name()}-{uuid.uuid4().hex[:8]}.jsonl"
+            tmp = path.with_suffix(".tmp")
+            try:
+                tmp.write_bytes(lines)
+                os.replace(tmp, path)
+                return path
+            except OSError:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+        return None
+
+    def _import_spills(self) -> None:
+        for folder in self._spill_dirs():
+            for path in sorted(folder.glob(self._spill_name() + "-*.jsonl")):
+                try:
+                    rows = [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+                except (OSError, orjson.JSONDecodeError) as e:
+                    log.warning("cannot import the replies kept in %s (%s); they will be requested again", path, e)
+                    continue
+                for row in rows:
+                    value = str(row.get("value", "")).encode() if isinstance(row, dict) else b""
+                    if decode_entry(value) is not None and self._db.get(row["key"]) is None:
+                        self.set_raw(str(row["key"]), value, str(row.get("tag") or ""))
+                        self.imported += 1
+                path.unlink()
 
     # -- claims ----------------------------------------------------------------------------------
     def claim(self, key: str, owner: str, lease_s: float) -> bool:
@@ -144,7 +297,7 @@ class ResponseCache:
                     self._claims.set(key, owner, expire=lease_s, retry=True)
                     return True
         except (OSError, sqlite3.Error) as e:
-            raise FatalLLMError(_not_writable(self.path, e)) from None
+            raise self._fail(e, "claim a call") from None
         return False
 
     def held_elsewhere(self, key: str, owner: str) -> bool:
@@ -158,14 +311,21 @@ class ResponseCache:
                     self._claims.set(key, owner, expire=lease_s, retry=True)
 
     def release(self, keys: Iterable[str], owner: str) -> None:
-        with self._claims.transact(retry=True):
-            for key in keys:
-                if self._claims.get(key) == owner:
-                    self._claims.delete(key, retry=True)
+        """Free claims; never raises: a claim that cannot be freed runs out with its lease (or its
+        owner's death), so another process waits at most that long for it."""
+        try:
+            with self._claims.transact(retry=True):
+                for key in keys:
+                    if self._claims.get(key) == owner:
+                        self._claims.delete(key, retry=True)
+        except (OSError, sqlite3.Error) as e:
+            log.debug("cannot free claims in %s (%s); they run out with their lease", self.path, e)
 
     def close(self) -> None:
-        self._db.close()
-        self._claims.close()
+        for db in (getattr(self, "_db", None), getattr(self, "_claims", None)):
+            if db is not None:
+                with contextlib.suppress(sqlite3.Error, OSError):
+                    db.close()
 
 
 def cache_stats(root: Path | str) -> dict[str, Any]:

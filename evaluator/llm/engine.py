@@ -2,14 +2,23 @@
 
 A call is prepared (`prepare`: its cache key and JSON body), then sent (`send`). Order of a send,
 cheapest first: cache lookup (no lock, no await), an identical call already in flight in this
-process, then the fresh path: 429 gate -> concurrency slot -> the call's cross-process claim (another
-process already sending it: wait for its reply instead) -> RPM/TPM pacing -> HTTP -> classify ->
-store in the cache (committed before `send` returns) or back off and retry.
+process, then the fresh path, one attempt at a time in named steps:
+
+1. `_attempt`: 429 gate -> concurrency slot -> the call's cross-process claim (another process already
+   sending it: wait for its reply instead; stored meanwhile: a hit) -> RPM/TPM pacing -> budget ->
+   `_send_once` (HTTP; returns a typed `Outcome` and gives the limits their signals).
+2. `decide` (decide.py, a pure function): outcome + the call's state + profile -> one decision.
+3. `_apply`: store and return the reply, retry (a 429 closes the model's gate), drop fields, send the
+   schema in another form, give up on this call, or stop the run.
 
 A host that rejects a request field (a 400 or 422 naming `seed`, `response_format`, or any other optional
 field) gets it dropped for every later attempt of this model — calls already queued or in flight
 included, each retried once without it — with a warning; cache keys stay those of the logical
 request (see cache.py).
+
+A call cancelled while its request is on the wire (Ctrl-C, SIGTERM, a run stopping) gets `grace_s`
+to receive its reply and store it, so the rerun does not pay for it again. A reply the cache cannot
+store (disk full) is kept in memory and in a spill file the next run imports (cache.py); the run stops.
 """
 
 from __future__ import annotations
@@ -20,46 +29,99 @@ import dataclasses
 import logging
 import random
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
+from ..redact import redact
 from .accounting import ModelStats
-from .cache import ResponseCache, body_key, call_key, key_prefix, new_owner
-from .errors import ConfigError, FatalLLMError, mask, redact
+from .budget import cost_usd, worst_case_usd
+from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner
+from .decide import (
+    CallState,
+    Decision,
+    DowngradeSchema,
+    DropFields,
+    GiveUp,
+    Outcome,
+    Reply,
+    Retry,
+    StopRun,
+    TransportError,
+    decide,
+    resume_time,
+)
+from .errors import BudgetExhausted, ConfigError, FatalLLMError, mask
 from .limits import ConcurrencyLimit, RequestPacer, SlowDownGate, TokenBucket
 from .profiles import ModelProfile, resolve_api_key
-from .retry import Kind, Verdict, backoff_delay, classify_http, is_validation_error, rejected_fields
+from .reply import ChatResult, read_reply
+from .retry import is_validation_error
+
+__all__ = ["Budget", "ChatResult", "LLMEngine", "Pacer", "Prepared", "TokenPacer", "local_pacer", "local_token_pacer"]
 
 log = logging.getLogger("evaluator.llm")
 
-# Fields a host may reject and the request still means the same thing without; `model` and
-# `messages` are the request itself.
-_REQUIRED_FIELDS = frozenset({"model", "messages"})
 CLAIM_LEASE_S = 30.0  # a claim not renewed for this long is free for another process to take
+# A cancelled call whose request is on the wire gets this long to receive and store its reply
+# (a few seconds: well under the 10 s a container runtime waits between SIGTERM and SIGKILL).
+STOP_GRACE_S = 3.0
 
 
-@dataclass
-class ChatResult:
-    content: str | None
-    finish_reason: str | None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached: bool = False
-    error: str | None = None  # set when the call failed for good (non-fatal); such results are never cached
-    error_kind: str | None = None  # with `error`: `http_400`, `timeout`, `connection`, `http_503`, ...
-    reasoning_only: bool = False  # the text came from reasoning_content / reasoning (content was null)
-    raw: dict[str, Any] | None = field(default=None, repr=False)  # the provider's body, with `keep_raw`
+class Pacer(Protocol):
+    """Paces requests to `rpm` per minute; `acquire` returns when the next one may go."""
 
-    @property
-    def truncated(self) -> bool:
-        """Cut at max_tokens: still the model's real output for this request, returned and cached."""
-        return self.finish_reason == "length"
+    rpm: float
+
+    async def acquire(self) -> None: ...
+
+
+PacerFactory = Callable[[ModelProfile, float], Pacer]
+
+
+def local_pacer(profile: ModelProfile, rpm: float) -> Pacer:
+    """The default pacer: this process only (llm/limits.py). A shared one is passed as `pacer_factory`."""
+    return RequestPacer(rpm)
+
+
+class TokenPacer(Protocol):
+    """Paces tokens to a per-minute budget; `acquire(n)` returns when `n` more may go."""
+
+    async def acquire(self, n: float) -> None: ...
+
+
+def local_token_pacer(profile: ModelProfile, tpm: float) -> TokenPacer:
+    """The default TPM pacer: this process only. A shared one (llm/limits.py `SharedRates.tpm`) is passed
+    as `token_pacer_factory`."""
+    return TokenBucket(tpm)
+
+
+class Budget(Protocol):
+    """A spending cap across calls (llm/budget.py). The engine reserves an attempt's worst case
+    before sending it and settles it with what the reply cost once it is back (0 without a reply)."""
+
+    async def admit(self, usd: float) -> bool:
+        """Hold `usd` (waiting for open reservations to settle); False: sending could pass the budget."""
+        ...
+
+    def settle(self, reserved_usd: float, spent_usd: float) -> None: ...
+
+    def stop_message(self) -> str:
+        """One line for the stop: what was spent, what remains, how to continue."""
+        ...
+
+
+def _is_json_schema(rf: Any) -> bool:
+    return isinstance(rf, dict) and rf.get("type") == "json_schema" and isinstance(rf.get("json_schema"), dict)
+
+
+def _as_json_object(rf: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_object", "schema": rf["json_schema"].get("schema", {})}
 
 
 @dataclass(frozen=True)
@@ -75,12 +137,17 @@ class Prepared:
     logical: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
-def _is_json_schema(rf: Any) -> bool:
-    return isinstance(rf, dict) and rf.get("type") == "json_schema" and isinstance(rf.get("json_schema"), dict)
+@dataclass
+class _Call:
+    """One fresh call on its way: what it sends and what it went through."""
 
-
-def _as_json_object(rf: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "json_object", "schema": rf["json_schema"].get("schema", {})}
+    key: str
+    logical: dict[str, Any]
+    keep_raw: bool
+    est_tokens: int  # for the TPM budget only
+    started: float
+    queued: bool = True  # until the first send
+    state: CallState = field(default_factory=CallState)
 
 
 class LLMEngine:
@@ -98,12 +165,18 @@ class LLMEngine:
         api_key: str | None = None,
         seed: int | None = None,
         claim_lease_s: float = CLAIM_LEASE_S,
+        grace_s: float = STOP_GRACE_S,
+        budget: Budget | None = None,
+        pacer_factory: PacerFactory = local_pacer,
+        token_pacer_factory: Callable[[ModelProfile, float], TokenPacer] = local_token_pacer,
     ) -> None:
         self.profile = profile
         self._key = api_key if api_key is not None else resolve_api_key(profile)
         self.stats = ModelStats()
         self._cache = ResponseCache(cache_root) if cache_root is not None else None
         sampling = {"temperature": profile.temperature, "max_tokens": profile.max_tokens, "extra_body": profile.extra_body}
+        if not profile.send_seed:  # the key describes what is sent: no seed (keys of seed-sending profiles unchanged)
+            sampling["send_seed"] = False
         # An auto-started simulator listens on a new port each time; its answers do not depend on it.
         self._endpoint = f"simulator:{profile.name}" if profile.simulated else profile.base_url
         self._prefix = key_prefix(self._endpoint, profile.model, sampling)
@@ -115,8 +188,9 @@ class LLMEngine:
         self._url = profile.base_url.rstrip("/") + "/chat/completions"
         self._rng = random.Random(seed)
         self._gate = SlowDownGate(self._rng)
-        self._pacer = RequestPacer(profile.rpm) if profile.rpm else None
-        self._tpm = TokenBucket(profile.tpm) if profile.tpm else None
+        self._new_pacer = pacer_factory
+        self._pacer = pacer_factory(profile, profile.rpm) if profile.rpm else None
+        self._tpm = token_pacer_factory(profile, profile.tpm) if profile.tpm else None
         self._limit = ConcurrencyLimit(profile.concurrency, adaptive=profile.adaptive_concurrency)
         self._inflight: dict[str, asyncio.Future[ChatResult]] = {}
         self._fatal: FatalLLMError | None = None
@@ -127,6 +201,11 @@ class LLMEngine:
         self._lease = claim_lease_s
         self._claimed: set[str] = set()
         self._renewer: asyncio.Task[None] | None = None
+        self._grace_s = grace_s
+        self._budget = budget
+        self._unstored: dict[str, tuple[str, CacheEntry]] = {}  # replies the cache could not store
+        self._long_wait_told = False
+        self._damage_told = False
 
     def __repr__(self) -> str:
         p = self.profile
@@ -171,6 +250,12 @@ class LLMEngine:
                 self._cache.release(list(self._claimed), self._owner)
                 self._claimed.clear()
             self._cache.close()
+            if self.stats.cache_damaged and not self._damage_told:
+                self._damage_told = True
+                log.warning(
+                    "%s: %d cached replies were damaged (checksum, JSON or fields did not hold); they were "
+                    "not used and were requested again", self.profile.name, self.stats.cache_damaged,
+                )
 
     def _loopback(self) -> bool:
         return self.profile.simulated or urlsplit(self.profile.base_url).hostname in ("127.0.0.1", "localhost", "::1")
@@ -200,7 +285,7 @@ class LLMEngine:
         """The cache key and body of one chat call (run `run` is sent as the seed)."""
         rf = self.response_format(schema)
         key = call_key(self._prefix, messages, run, prompt_version, rf)
-        body = {**self._payload, "messages": messages, "seed": run}
+        body = {**self._payload, "messages": messages, **({"seed": run} if self.profile.send_seed else {})}
         if rf is not None:
             body["response_format"] = rf
         return Prepared(key, self._wire(body), body)
@@ -219,15 +304,18 @@ class LLMEngine:
 
     # -- cache access without HTTP -----------------------------------------------------------------
     def lookup(self, key: str) -> ChatResult | None:
-        """The cached reply for `key`, or None (no accounting)."""
+        """The cached reply for `key`, or None (no accounting). A damaged entry is a miss."""
         if self._cache is None:
             return None
-        hit = self._cache.get(key)
-        if hit is None:
+        kept = self._unstored.get(key)
+        entry = kept[1] if kept is not None else self._cache.get(key)
+        if entry is None:
+            if self._cache.damaged:
+                self.stats.cache_damaged = len(self._cache.damaged)
             return None
         return ChatResult(
-            hit["content"], hit["finish_reason"], hit["prompt_tokens"], hit["completion_tokens"], True,
-            reasoning_only=bool(hit.get("reasoning_only")),
+            entry.content, entry.finish_reason, entry.prompt_tokens, entry.completion_tokens, True,
+            reasoning_only=entry.reasoning_only,
         )
 
     def store_reply(self, key: str, response_body: dict[str, Any]) -> ChatResult:
@@ -236,9 +324,9 @@ class LLMEngine:
         An unusable body (malformed, empty) comes back with `.error` set and is not stored. Its tokens
         are not added to `stats` (they were billed by the batch API, which accounts for them).
         """
-        read = self._read_reply(response_body, stats=None)  # already decoded; billed by the batch, not here
-        if isinstance(read, Verdict):
-            return ChatResult(None, None, error=read.reason, error_kind=read.label)
+        read = read_reply(response_body)
+        if read.error is not None:
+            return ChatResult(None, None, error=read.error, error_kind=read.error_kind)
         self._store(key, read, dropped=())
         return read
 
@@ -281,6 +369,8 @@ class LLMEngine:
         try:
             result = await self._fetch(prepared, keep_raw)
         except FatalLLMError as e:
+            if self._fatal is None:
+                self._fatal = e  # e.g. a claim the cache could not write: every later call stops too
             fut.set_exception(e)
             fut.exception()  # mark retrieved: nobody may be waiting on it
             raise
@@ -299,150 +389,238 @@ class LLMEngine:
         finally:
             if prepared.key in self._claimed and self._cache is not None:
                 self._claimed.discard(prepared.key)
-                self._cache.release([prepared.key], self._owner)
+                self._cache.release([prepared.key], self._owner)  # never raises
 
     async def _attempts(self, prepared: Prepared, keep_raw: bool) -> ChatResult:
+        """Attempt, decide, apply, until a decision ends the call."""
         if self._session is None:
             raise RuntimeError("LLMEngine used outside `async with`")
-        p = self.profile
-        key = prepared.key
         logical = prepared.logical or prepared.body
         # Only a TPM budget needs the estimate: no extra JSON encoding per call otherwise.
-        est_tokens = len(orjson.dumps(logical)) // 4 + (p.max_tokens or 0) if self._tpm is not None else 0
-        t_call = time.perf_counter()
-        queued = True  # until the first send
-        failures = 0  # transient errors other than 429
-        rate_limited = 0
-        truncations = 0
-        retried_without: set[str] = set()  # fields this call was already retried without
+        est = len(orjson.dumps(logical)) // 4 + (self.profile.max_tokens or 0) if self._tpm is not None else 0
+        call = _Call(prepared.key, logical, keep_raw, est, time.perf_counter())
         while True:
             if self._fatal is not None:
                 raise self._fatal
             await self._gate.wait()
-            status, headers, raw, verdict = 0, None, b"", None
-            sent: dict[str, Any] = {}
-            waits_elsewhere = False
-            hold = 0.0
-            epoch = await self._limit.acquire()
-            try:
-                if self._cache is not None and key not in self._claimed:
-                    if not self._cache.claim(key, self._owner, self._lease):
-                        waits_elsewhere = True
-                    else:
-                        self._claimed.add(key)
-                        if (hit := self.lookup(key)) is not None:  # stored just before we claimed it
-                            self.stats.cache_hits += 1
-                            self.stats.shared_elsewhere += 1
-                            return hit
-                if not waits_elsewhere:
-                    if self._pacer is not None:
-                        await self._pacer.acquire()
-                    if self._tpm is not None:
-                        await self._tpm.acquire(est_tokens)
-                    if self._gate.closed():
-                        # A 429 arrived while we queued: wait it out with everyone, then use the pacing slot
-                        # we already hold rather than throwing it away and queueing again.
-                        await self._gate.wait()
-                    sent = self._wire(logical)
-                    body = orjson.dumps(sent)
-                    if queued:
-                        queued = False
-                        self.stats.queue_waits.append(time.perf_counter() - t_call)
-                    self.stats.requests += 1
-                    self.stats.max_in_flight = max(self.stats.max_in_flight, self._limit.in_use)
-                    t_send = time.perf_counter()
-                    try:
-                        async with self._session.post(self._url, data=body) as resp:
-                            status, headers = resp.status, resp.headers
-                            raw = await resp.read()
-                    except TimeoutError:
-                        verdict = Verdict(Kind.RETRY, f"timeout after {p.timeout_s:g}s", label="timeout")
-                        self.stats.timeouts += 1
-                        self._limit.congested(epoch)
-                        # The server is most likely still working on it: keep its slot taken a while.
-                        hold = p.timeout_s
-                    except aiohttp.ClientConnectorError as e:
-                        reason = f"cannot connect to {p.base_url} ({type(e).__name__})"
-                        verdict = Verdict(Kind.RETRY, reason, fatal_when_exhausted=True, label="connection")
-                    except aiohttp.ClientError as e:
-                        verdict = Verdict(Kind.RETRY, f"connection error ({type(e).__name__})", label="connection")
-                    latency = time.perf_counter() - t_send
-                    if status == 200:
-                        self.stats.latencies.append(latency)
-                    if status == 200 or (status >= 500 and not is_validation_error(raw)):
-                        self._limit.answered(epoch, latency, server_error=status >= 500)
-            finally:
-                self._limit.release(hold)
-                self.stats.concurrency_limit = self._limit.limit
-
-            if waits_elsewhere:
-                shared = await self._await_other(key)
+            got = await self._attempt(call)
+            if got is None:  # another process holds the call: wait for its reply
+                shared = await self._await_other(call.key)
                 if shared is not None:
                     return shared
                 continue  # the other process gave the call up (or died): make it ourselves
+            if isinstance(got, ChatResult):
+                return got
+            decision = decide(got, call.state, self.profile, now=time.time(), jitter=self._rng.random())
+            result = await self._apply(decision, call)
+            if result is not None:
+                return result
 
-            if verdict is None and status == 200:
-                read = self._read_reply(raw, keep_raw, stats=self.stats)
-                if isinstance(read, Verdict):
-                    verdict = read
-                else:
-                    if read.truncated:
-                        self.stats.truncated += 1
-                        if truncations < p.truncation_retries:
-                            truncations += 1
-                            self.stats.retries += 1
-                            continue
-                    # The last reply, cut or not, is the model's real output for this request.
-                    self._store(key, read, dropped=sorted(self._dropped & set(logical)))
-                    return read
-            elif verdict is None:
-                # 422: FastAPI servers validating the body; a 5xx carrying a validation report:
-                # llama-cpp-python, whose error handler answers 500 to a body it cannot validate.
-                if status in (400, 422) or (status >= 500 and is_validation_error(raw)):
-                    names = rejected_fields(raw, set(sent) - _REQUIRED_FIELDS - retried_without)  # only what was sent
-                    if "response_format" in names and _is_json_schema(sent.get("response_format")):
-                        names.discard("response_format")  # first try the other form of the same schema
-                        self._downgrade(status, raw)
-                        if not names:
-                            self.stats.retries += 1
-                            continue
-                    if names:
-                        self._drop(names, status, raw)
-                        retried_without |= names
-                        self.stats.retries += 1
-                        continue  # at once, without them; not a failure of this call
-                verdict = classify_http(status, headers or {}, raw)
+    # -- step 1: claim/lookup, pace, send once -----------------------------------------------------
+    async def _attempt(self, call: _Call) -> Outcome | ChatResult | None:
+        """One attempt in a concurrency slot: an `Outcome`, a reply another process stored just
+        before we claimed the call, or None when another process holds its claim."""
+        hold = 0.0
+        epoch = await self._limit.acquire()
+        try:
+            if self._cache is not None and call.key not in self._claimed:
+                if not self._cache.claim(call.key, self._owner, self._lease):
+                    return None
+                self._claimed.add(call.key)
+                if (hit := self.lookup(call.key)) is not None:  # stored just before we claimed it
+                    self.stats.cache_hits += 1
+                    self.stats.shared_elsewhere += 1
+                    return hit
+            await self._pace(call)
+            outcome = await self._send_once(call, epoch)
+            if outcome.error is not None and outcome.error.kind == "timeout":
+                hold = self.profile.timeout_s  # the server most likely still works on it: keep its slot a while
+            return outcome
+        finally:
+            self._limit.release(hold)
+            self.stats.concurrency_limit = self._limit.limit
 
-            if verdict.is_429:
-                self.stats.http_429 += 1
-                rate_limited += 1
+    async def _pace(self, call: _Call) -> None:
+        if self._pacer is not None:
+            await self._pacer.acquire()
+        if self._tpm is not None:
+            await self._tpm.acquire(call.est_tokens)
+        if self._gate.closed():
+            # A 429 arrived while we queued: wait it out with everyone, then use the pacing slot
+            # we already hold rather than throwing it away and queueing again.
+            await self._gate.wait()
+
+    async def _send_once(self, call: _Call, epoch: int) -> Outcome:
+        wire = self._wire(call.logical)
+        body = orjson.dumps(wire)
+        reserved = await self._reserve(wire)
+        if call.queued:
+            call.queued = False
+            self.stats.queue_waits.append(time.perf_counter() - call.started)
+        self.stats.requests += 1
+        self.stats.max_in_flight = max(self.stats.max_in_flight, self._limit.in_use)
+        sent = frozenset(wire)
+        schema = _is_json_schema(wire.get("response_format"))
+        t_send = time.perf_counter()
+        exchange = asyncio.ensure_future(self._exchange(body))
+        try:
+            status, headers, raw, error = await asyncio.shield(exchange)
+        except asyncio.CancelledError:
+            await self._grace(exchange, call, sent, schema, reserved)
+            raise
+        latency = time.perf_counter() - t_send
+        if error is not None:
+            outcome = Outcome(error=error, latency_s=latency, sent=sent, sent_json_schema=schema)
+        else:
+            outcome = Outcome.http(status, headers, raw, latency_s=latency, sent=sent,
+                                   sent_json_schema=schema, keep_raw=call.keep_raw)
+        self._signal(outcome, epoch)
+        self._count_reply(outcome, reserved)
+        return outcome
+
+    async def _exchange(self, body: bytes) -> tuple[int, Mapping[str, str], bytes, TransportError | None]:
+        assert self._session is not None
+        try:
+            async with self._session.post(self._url, data=body) as resp:
+                return resp.status, resp.headers, await resp.read(), None
+        except TimeoutError:
+            return 0, {}, b"", TransportError("timeout")
+        except aiohttp.ClientConnectorError as e:
+            return 0, {}, b"", TransportError("connect", type(e).__name__)
+        except aiohttp.ClientError as e:
+            return 0, {}, b"", TransportError("connection", type(e).__name__)
+
+    async def _grace(self, exchange: asyncio.Future[Any], call: _Call, sent: frozenset[str], schema: bool,
+                     reserved: float) -> None:
+        """Cancelled with the request on the wire: give its reply `grace_s` to arrive, and store it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._grace_s
+        while not exchange.done() and (left := deadline - loop.time()) > 0:
+            # A fan-out cancels what is left once more (pipeline's cancel_all): the grace period still
+            # holds. A second Ctrl-C cancels the exchange itself (asyncio.run cancels every task), which
+            # ends the wait at once.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({exchange}, timeout=left)
+        if not exchange.done():
+            exchange.cancel()
+            self._settle(reserved, None)
+            return
+        if exchange.cancelled() or exchange.exception() is not None:
+            self._settle(reserved, None)
+            return
+        status, headers, raw, error = exchange.result()
+        if error is not None:
+            self._settle(reserved, None)
+            return
+        outcome = Outcome.http(status, headers, raw, sent=sent, sent_json_schema=schema)
+        self._count_reply(outcome, reserved)
+        decision = decide(outcome, call.state, self.profile, now=time.time(), jitter=0.0)
+        if isinstance(decision, Reply):
+            with contextlib.suppress(FatalLLMError):  # kept in memory and spilled; the stop is under way
+                self._store(call.key, decision.result, dropped=sorted(self._dropped & set(call.logical)))
+
+    def _signal(self, o: Outcome, epoch: int) -> None:
+        """What the concurrency limit learns from an attempt (timeouts, 429s, latency, 5xx bursts)."""
+        if o.error is not None:
+            if o.error.kind == "timeout":
+                self.stats.timeouts += 1
                 self._limit.congested(epoch)
-                if verdict.limit_rpm:
-                    self._learn_rpm(verdict.limit_rpm)
-            if verdict.kind is Kind.FATAL or (verdict.fatal_when_exhausted and failures >= p.max_retries):
-                self._fatal = FatalLLMError(self._fatal_message(status, verdict))
-                raise self._fatal
-            # 429s have their own, larger budget: a limit that is paced to is not a failing server.
-            exhausted = rate_limited > max(20, 3 * p.max_retries) if verdict.is_429 else failures >= p.max_retries
-            if verdict.kind is Kind.GIVE_UP or exhausted:
-                kind = verdict.label or "error"
-                self.stats.fail(kind)
-                n = failures + rate_limited + (0 if verdict.is_429 else 1)
-                tries = f" (after {n} tries)" if verdict.kind is Kind.RETRY else ""
-                return ChatResult(None, None, error=redact(verdict.reason, self._key) + tries, error_kind=kind)
-            delay = verdict.retry_after
-            if delay is None:  # no usable hint (none, 0, negative, garbage): backoff with a floor
-                attempt = rate_limited - 1 if verdict.is_429 else failures
-                delay = backoff_delay(attempt, p.backoff_base_s, p.backoff_max_s, self._rng)
-            delay = min(delay, p.max_wait_s)
-            if not verdict.is_429:
-                failures += 1
-            self.stats.retries += 1
-            log.debug("%s: retry in %.2fs: %s", p.name, delay, redact(verdict.reason, self._key))
-            if verdict.is_429:
-                self._gate.close_for(delay)  # everyone waits, this call included (at the gate)
+            return
+        if o.status == 200:
+            self.stats.latencies.append(o.latency_s)
+        if o.status == 200 or (o.status >= 500 and not is_validation_error(o.body)):
+            self._limit.answered(epoch, o.latency_s, server_error=o.status >= 500)
+        if o.status == 429:
+            self.stats.http_429 += 1
+            self._limit.congested(epoch)
+
+    def _count_reply(self, o: Outcome, reserved: float) -> None:
+        """Tokens of a 200 (billed whether or not the reply is usable), and what it cost the budget."""
+        r = o.reply
+        self._settle(reserved, r)
+        if r is None:
+            return
+        self.stats.prompt_tokens += r.prompt_tokens
+        self.stats.completion_tokens += r.completion_tokens
+        if r.error is None:
+            self.stats.reasoning_only += r.reasoning_only
+            self.stats.truncated += r.truncated
+
+    # -- budget --------------------------------------------------------------------------------------
+    async def _reserve(self, wire: dict[str, Any]) -> float:
+        """Reserve an attempt's worst case (llm/budget.py's token rule, the whole max_tokens)."""
+        if self._budget is None:
+            return 0.0
+        usd = worst_case_usd(self.profile, wire)
+        if not await self._budget.admit(usd):
+            self._fatal = BudgetExhausted(self._budget.stop_message())
+            raise self._fatal
+        return usd
+
+    def _settle(self, reserved: float, reply: ChatResult | None) -> None:
+        if self._budget is not None:
+            spent = cost_usd(self.profile, reply.prompt_tokens, reply.completion_tokens) if reply is not None else 0.0
+            self._budget.settle(reserved, spent)
+
+    # -- step 3: apply a decision --------------------------------------------------------------------
+    async def _apply(self, d: Decision, call: _Call) -> ChatResult | None:
+        """Carry out `d`; the call's result, or None to attempt again."""
+        st = call.state
+        if isinstance(d, Reply):
+            self._store(call.key, d.result, dropped=sorted(self._dropped & set(call.logical)))
+            return d.result
+        if isinstance(d, Retry):
+            if d.cause == "truncated":
+                st.truncations += 1
+            elif d.cause == "daily_quota":
+                st.daily_quota += 1
+                st.rate_limited += 1
+            elif d.is_429:
+                st.rate_limited += 1
             else:
-                await asyncio.sleep(delay)
+                st.failures += 1
+            self.stats.retries += 1
+            if d.limit_rpm:
+                self._learn_rpm(d.limit_rpm)
+            if d.hint_s is not None and d.hint_s > self.profile.max_wait_s:
+                self._tell_long_wait(d)
+            if d.cause != "truncated":
+                log.debug("%s: retry in %.2fs: %s", self.profile.name, d.after_s, redact(d.reason, self._key))
+            if d.is_429:
+                self._gate.close_for(d.after_s)  # everyone waits, this call included (at the gate)
+            elif d.after_s > 0:
+                await asyncio.sleep(d.after_s)
+            return None
+        if isinstance(d, DowngradeSchema | DropFields):
+            if isinstance(d, DowngradeSchema):
+                self._downgrade(d.reason)
+            names = d.also_drop if isinstance(d, DowngradeSchema) else d.names
+            if names:
+                self._drop(names, d.reason)
+                st.retried_without |= names
+            self.stats.retries += 1
+            return None  # at once, without them; not a failure of this call
+        if isinstance(d, GiveUp):
+            self.stats.fail(d.kind)
+            return ChatResult(None, None, error=redact(d.reason, self._key), error_kind=d.kind)
+        assert isinstance(d, StopRun)
+        if d.is_429:
+            st.rate_limited += 1
+        self._fatal = FatalLLMError(redact(d.message, self._key))
+        raise self._fatal
+
+    def _tell_long_wait(self, d: Retry) -> None:
+        """Once per model: what the server asked for and when it expects requests again."""
+        if self._long_wait_told or d.hint_s is None:
+            return
+        self._long_wait_told = True
+        p = self.profile
+        log.warning(
+            "%s: the server asks to wait %.0f s before the next request (requests again after %s) [%s]; "
+            "retrying every %g s (max_wait_s) meanwhile; a longer wait than %s s (give_up_after_s) stops the run",
+            p.name, d.hint_s, resume_time(time.time() + d.hint_s, time.time()), redact(d.reason, self._key)[:200],
+            p.max_wait_s, f"{getattr(p, 'give_up_after_s', None) or 0:g}",
+        )
 
     async def _await_other(self, key: str) -> ChatResult | None:
         """Another process holds `key`'s claim: poll for its reply; None once the claim is free."""
@@ -470,7 +648,7 @@ class LLMEngine:
                 except Exception as e:  # noqa: BLE001 - a lost renewal costs at most a duplicate request
                     log.warning("%s: cannot renew in-flight claims in the cache (%s)", self.profile.name, e)
 
-    def _downgrade(self, status: int, raw: bytes) -> None:
+    def _downgrade(self, reason: str) -> None:
         """The host rejects `{"type": "json_schema", ...}`: send `{"type": "json_object", "schema": ...}`.
 
         That is the form llama-cpp-python (and Together, Anyscale) constrain output with; a host that
@@ -480,93 +658,48 @@ class LLMEngine:
             return
         self._schema_as_object = True
         self.stats.dropped_params.append("response_format:json_schema")
-        why = redact(classify_http(status, {}, raw).reason, self._key)[:200]
         log.warning(
             "%s: the endpoint rejects response_format json_schema; sending each schema as "
             '{"type": "json_object", "schema": ...} instead (llama-cpp-python\'s form) [%s]',
-            self.profile.name, why,
+            self.profile.name, redact(reason, self._key)[:200],
         )
 
-    def _drop(self, names: set[str], status: int, raw: bytes) -> None:
+    def _drop(self, names: frozenset[str], reason: str) -> None:
         new = sorted(names - self._dropped)
         if not new:
             return  # already dropped by another call: this one was in flight with it
         self._dropped.update(new)
         self.stats.dropped_params.extend(new)
-        why = redact(classify_http(status, {}, raw).reason, self._key)[:200]
         what = ", ".join(f"`{n}`" for n in new)
         extra = " (structured output off: free text for this model)" if "response_format" in new else ""
         log.warning(
             "%s: the endpoint rejects %s; sending every request of this model without it from now on%s [%s]",
-            self.profile.name, what, extra, why,
+            self.profile.name, what, extra, redact(reason, self._key)[:200],
         )
 
     def _learn_rpm(self, rpm: float) -> None:
         """Pace to a limit the server announced when we had none or a higher one (blind profiles)."""
         if self._pacer is None or rpm < self._pacer.rpm:
             log.info("%s: server announces %g requests/min; pacing to it", self.profile.name, rpm)
-            self._pacer = RequestPacer(rpm)
+            self._pacer = self._new_pacer(self.profile, rpm)
 
-    def _read_reply(
-        self, raw: bytes | dict[str, Any], keep_raw: bool = False, *, stats: ModelStats | None
-    ) -> ChatResult | Verdict:
-        """A 200 body (bytes, or already decoded) -> the result, or a verdict to retry (malformed or
-        empty); counts into `stats`."""
-        try:
-            data = orjson.loads(raw) if isinstance(raw, bytes | bytearray) else raw
-            choice = data["choices"][0]
-            msg = choice.get("message") or {}
-            usage = data.get("usage") or {}
-            pt, ct = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-            content, finish = msg.get("content"), choice.get("finish_reason")
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError, ValueError):
-            return Verdict(Kind.RETRY, "malformed reply (not OpenAI chat JSON)", label="malformed_reply")
-        if stats is not None:
-            stats.prompt_tokens += pt  # billed whether or not the reply is usable
-            stats.completion_tokens += ct
-        result = ChatResult(content, finish, pt, ct, raw=data if keep_raw else None)
-        if not content:
-            # content null: reasoning models (gpt-oss on vLLM/OpenRouter) put their text here instead.
-            reasoning = msg.get("reasoning_content") or msg.get("reasoning")
-            if reasoning:
-                result.content, result.reasoning_only = reasoning, True
-                if stats is not None:
-                    stats.reasoning_only += 1
-            elif finish == "length":  # cut before any text: still a real (empty) output
-                result.content = ""
-            else:
-                return Verdict(Kind.RETRY, f"empty reply (content null, finish_reason={finish})", label="empty_reply")
-        return result
-
+    # -- step 4: store -------------------------------------------------------------------------------
     def _store(self, key: str, r: ChatResult, *, dropped: list[str] | tuple[()]) -> None:
+        """Commit the reply; on a storage error keep it (memory + spill file) and stop the run."""
         if self._cache is None:
             return
-        entry: dict[str, Any] = {
-            "content": r.content,
-            "finish_reason": r.finish_reason,
-            "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens,
-            "model": self.profile.model,
-            "stored_at": time.time(),
-        }
-        if r.reasoning_only:
-            entry["reasoning_only"] = True
-        if dropped:
-            entry["dropped"] = list(dropped)  # fields the logical request had that the host refused
-        self._cache.set(key, entry, tag=self.profile.name)
-
-    def _fatal_message(self, status: int, v: Verdict) -> str:
-        p = self.profile
-        why = redact(v.reason, self._key)
-        env = p.api_key_env or "the profile's api_key_env"
-        if v.is_429:
-            what = "daily quota exhausted; rerun tomorrow or raise the quota (finished calls are cached and will not be re-sent)"
-        elif status == 401:
-            what = f"the API key was rejected; set {env} to a valid key"
-        elif status == 403:
-            what = f"permission denied; check that the key in {env} may use model {p.model!r} (API enabled, billing, region)"
-        elif status == 404:
-            what = f"endpoint or model not found; check base_url {p.base_url!r} and model id {p.model!r}"
-        else:
-            what = f"the endpoint does not answer; check that the server is up and base_url/--base-url ({p.base_url!r})"
-        return f"{p.name}: {what} [{why}]"
+        entry = CacheEntry(
+            content=r.content, finish_reason=r.finish_reason, prompt_tokens=max(0, r.prompt_tokens),
+            completion_tokens=max(0, r.completion_tokens), model=self.profile.model, stored_at=time.time(),
+            reasoning_only=r.reasoning_only, dropped=list(dropped),
+        )
+        try:
+            self._cache.set(key, entry, tag=self.profile.name)
+        except StoreError as e:
+            self._unstored[key] = (self.profile.name, entry)
+            spilled = self._cache.spill({key: (self.profile.name, entry)})
+            if self._fatal is None:
+                kept = (f"the reply received is kept in {spilled}, which the next run imports" if spilled is not None
+                        else "the reply received could not be written anywhere and will be requested again")
+                self._fatal = StoreError(f"{e} ({kept})", full=e.full)
+            raise self._fatal from None

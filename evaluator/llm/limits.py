@@ -1,14 +1,21 @@
 """Client-side pacing for one model: RPM throttle, optional TPM budget, the shared 429 gate, and the
-concurrency limit (fixed, or adaptive AIMD when the server's capacity is unknown)."""
+concurrency limit (fixed, or adaptive AIMD when the server's capacity is unknown). `SharedPacer`
+paces RPM or TPM for every process that shares one folder (one API key, several terminals)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import contextlib
+import hashlib
 import random
+import sqlite3
 import statistics
 import time
+from pathlib import Path
+
+from .errors import ConfigError
+from .profiles import ModelProfile, resolve_api_key
 
 # Pace a little under the nominal limit: the server's clock sees our requests with network and
 # event-loop jitter, and a request that lands 1 ms early costs a 429 and a full Retry-After wait.
@@ -44,6 +51,87 @@ class RequestPacer:
         self._next = slot + self.interval
         if slot > now:
             await asyncio.sleep(slot - now)
+
+
+class SharedPacer:
+    """The GCRA of `RequestPacer` with its schedule on disk, so every process on one key shares one rate.
+
+    A provider limits a key, not a process: two terminals that each pace to the full RPM send twice
+    the limit together and pay for it in 429s. Here the theoretical arrival time (TAT) of each limit
+    lives in one SQLite row (`<folder>/rate.db`, WAL), keyed by endpoint, model and a fingerprint of
+    the API key (a truncated SHA-256; never the key). Each acquire is one atomic UPSERT ... RETURNING
+    (one transaction, no read-modify-write race): `tat = max(tat, now - burst + cost) + cost`, and the
+    caller waits until `tat - cost`. Wall-clock time (`time.time`), the one clock processes share.
+
+    As `RequestPacer` (`acquire()`, one request, paced a little under `per_minute`) and as
+    `TokenBucket` (`acquire(n)` tokens, `safety=1`): a request bigger than the burst may still go.
+    """
+
+    def __init__(self, folder: Path | str, key: str, per_minute: float, *, safety: float = RPM_SAFETY,
+                 burst_s: float = _BURST_S) -> None:
+        self.rpm = per_minute  # the name `RequestPacer` has (the engine lowers it on a server's hint)
+        self.unit = 60.0 / (per_minute * safety)  # seconds of schedule per request (or per token)
+        self.burst = burst_s
+        self.key = key
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        # autocommit: each statement is its own transaction; a busy database is waited for, not an error
+        self._db = sqlite3.connect(str(Path(folder) / "rate.db"), timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=OFF")  # a lost schedule after a power cut costs a burst, no more
+        self._db.execute("CREATE TABLE IF NOT EXISTS gcra (key TEXT PRIMARY KEY, tat REAL NOT NULL)")
+
+    def reserve(self, n: float = 1.0) -> float:
+        """Book the next slot for `n` units; returns its wall-clock time (it may be in the past: go now)."""
+        cost = min(n * self.unit, max(self.burst, self.unit))  # a request over the burst may still go
+        earliest = time.time() - self.burst + cost
+        (tat,) = self._db.execute(
+            "INSERT INTO gcra (key, tat) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET tat = max(gcra.tat, excluded.tat - ?) + ? RETURNING tat",
+            (self.key, earliest + cost, cost, cost)).fetchone()
+        return tat - cost
+
+    async def acquire(self, n: float = 1.0) -> None:
+        wait = self.reserve(n) - time.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def rate_key(endpoint: str, model: str, api_key: str | None, what: str) -> str:
+    """The row of one limit (`what`: "rpm" or "tpm") of one key on one model; holds no secret."""
+    fingerprint = hashlib.sha256(f"evaluator-rate\n{api_key or ''}".encode()).hexdigest()[:12]
+    return f"{endpoint.rstrip('/')}|{model}|{fingerprint}|{what}"
+
+
+def rate_folder(rate_dir: str | Path | None, cache_root: Path | str) -> Path:
+    """Where shared pacing lives: `--rate-dir`, else beside the response cache (processes on one cache share)."""
+    return Path(rate_dir) if rate_dir else Path(cache_root) / "llm" / "rate"
+
+
+class SharedRates:
+    """Pacers whose limits every process using `folder` shares, one row per (endpoint, model, key).
+
+    Called as `(profile, rpm)` it is the engine's `pacer_factory` (RPM); `tpm(profile)` paces tokens.
+    """
+
+    def __init__(self, folder: Path | str) -> None:
+        self.folder = Path(folder)
+
+    def _key(self, profile: ModelProfile, what: str) -> str:
+        try:
+            api_key = resolve_api_key(profile)
+        except ConfigError:  # no key: the engine refuses to start anyway; the row is keyed without one
+            api_key = None
+        return rate_key(profile.base_url, profile.model, api_key, what)
+
+    def __call__(self, profile: ModelProfile, rpm: float) -> SharedPacer:
+        return SharedPacer(self.folder, self._key(profile, "rpm"), rpm)
+
+    def tpm(self, profile: ModelProfile, tpm: float) -> SharedPacer:
+        return SharedPacer(self.folder, self._key(profile, "tpm"), tpm, safety=1.0)
 
 
 class TokenBucket:

@@ -11,15 +11,28 @@ import os
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import field
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 from urllib.parse import urlsplit
 
+from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic.dataclasses import dataclass
+from pydantic.fields import FieldInfo
+
+from ..redact import watch_env
 from .errors import ConfigError
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
+
+# How each prompt's JSON schema is sent: "json_schema", "json_object", "json_object_schema"
+# ({"type": "json_object", "schema": ...}, llama-cpp-python) or "none" (not at all).
+Structured = Literal["json_schema", "json_object", "json_object_schema", "none"]
+BatchApi = Literal["openai", "gemini"]
+STRUCTURED: tuple[str, ...] = get_args(Structured)
+BATCH_APIS: tuple[str, ...] = get_args(BatchApi)
 
 
 @dataclass(frozen=True)
@@ -28,34 +41,40 @@ class ModelProfile:
 
     name: str
     model: str
-    base_url: str
+    base_url: str = ""  # without a trailing slash
     api_key_env: str | None = None
-    concurrency: int = 16
-    rpm: float | None = None
-    tpm: float | None = None
-    timeout_s: float = 60.0
-    max_retries: int = 6
-    max_tokens: int | None = None
-    temperature: float = 0.0
+    concurrency: int = Field(16, ge=1)
+    rpm: float | None = Field(None, gt=0)  # omit it for no limit
+    tpm: float | None = Field(None, gt=0)
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(6, ge=0)
+    max_tokens: int | None = Field(None, ge=1)  # omit it to let the server decide
+    temperature: float = Field(0.0, ge=0, le=2)
     extra_body: dict[str, Any] = field(default_factory=dict)
     simulated: bool = False
     api_key_required: bool = True
-    truncation_retries: int = 1
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    max_wait_s: float = 120.0
+    truncation_retries: int = Field(1, ge=0)
+    backoff_base_s: float = Field(0.5, gt=0)
+    backoff_max_s: float = Field(30.0, gt=0)
+    max_wait_s: float = Field(120.0, gt=0)
+    # A server retry hint longer than this stops the run ("resume after HH:MM UTC"); shorter ones past
+    # max_wait_s are retried every max_wait_s, with one warning saying what the server asked for.
+    give_up_after_s: float = Field(3600.0, gt=0)
     # Concurrency: fixed at `concurrency`, or adaptive (AIMD) up to it for servers of unknown capacity.
     adaptive_concurrency: bool = False
-    # How each prompt's JSON schema is sent: "json_schema", "json_object", "json_object_schema"
-    # ({"type": "json_object", "schema": ...}, llama-cpp-python) or "none" (not at all).
-    structured: str = "none"
+    structured: Structured = "none"  # how each prompt's JSON schema is sent (`Structured`)
+    # Send the run index as `seed`. False for hosts that answer 400 to it (Gemini's OpenAI-compatible
+    # endpoint): then no path (online or batch) sends it, and the cache key says so.
+    send_seed: bool = True
     # Provider batch API and prices (used by the batch/request-file commands; never in the cache key).
-    batch: str | None = None  # "openai" | "gemini"
-    batch_max_requests: int | None = None
-    batch_max_bytes: int | None = None
-    price_input_per_mtok: float | None = None  # USD per 1M prompt tokens
-    price_output_per_mtok: float | None = None  # USD per 1M completion tokens
-    batch_discount: float | None = None  # share off the online price for batch (0.5 = half price)
+    batch: BatchApi | None = None
+    batch_max_requests: int | None = Field(None, ge=1)
+    batch_max_bytes: int | None = Field(None, ge=1)
+    price_input_per_mtok: float | None = Field(None, ge=0)  # USD per 1M prompt tokens
+    price_output_per_mtok: float | None = Field(None, ge=0)  # USD per 1M completion tokens
+    batch_discount: float | None = Field(None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
+    # Token rule for estimates (dry run, budget): characters of message text per prompt token (llm/budget.py).
+    chars_per_token: float = Field(4.0, gt=0)
 
     def request_settings(self) -> dict[str, Any]:
         """Every setting that shapes requests or their pacing, for `meta.json`.
@@ -65,13 +84,22 @@ class ModelProfile:
         """
         return dataclasses.asdict(self)
 
+    @field_validator("base_url")
+    @classmethod
+    def _no_trailing_slash(cls, v: str) -> str:
+        return v.rstrip("/")
+
+
+@dataclass
+class _LoaderKeys:
+    """Keys a TOML file may carry that are resolved here rather than copied onto the profile."""
+
+    base_url_env: str | None = None
+    model_env: str | None = None
+
 
 _FIELDS = {f.name for f in dataclasses.fields(ModelProfile)}
-_HINTS = typing.get_type_hints(ModelProfile)
-STRUCTURED = ("json_schema", "json_object", "json_object_schema", "none")
-BATCH_APIS = ("openai", "gemini")
-# Keys a TOML file may carry that are resolved here rather than copied onto the profile.
-_LOADER_KEYS = {"base_url_env", "model_env"}
+_LOADER_KEYS = {f.name for f in dataclasses.fields(_LoaderKeys)}
 
 
 def available_profiles(models_dir: Path = MODELS_DIR) -> list[str]:
@@ -117,83 +145,134 @@ def load_profile(
     unknown = set(raw) - _FIELDS - _LOADER_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown field(s) {sorted(unknown)}; known: {sorted(_FIELDS | _LOADER_KEYS)}")
-    for k, v in raw.items():
-        _check_type(k, v, str(path))
+    loader = checked(_LoaderKeys, {k: raw.pop(k) for k in _LOADER_KEYS & set(raw)}, f"{path}: ", _toml_label)
     raw.setdefault("name", path.stem)
-    if raw.get("model_env") and env.get(raw["model_env"]):
-        raw["model"] = env[raw["model_env"]]
-    if raw.get("base_url_env") and env.get(raw["base_url_env"]):
-        raw["base_url"] = env[raw["base_url_env"]]
-    for k in _LOADER_KEYS:
-        raw.pop(k, None)
+    if loader.model_env and env.get(loader.model_env):
+        raw["model"] = env[loader.model_env]
+    if loader.base_url_env and env.get(loader.base_url_env):
+        raw["base_url"] = env[loader.base_url_env]
     if base_url:
         raw["base_url"] = base_url
-    given = {k: v for k, v in overrides.items() if v is not None}
-    for k, v in given.items():
-        if k not in _FIELDS:
-            raise ConfigError(f"unknown model profile setting {k!r} (from the command line); known: {sorted(_FIELDS)}")
-        _check_type(k, v, "command line")
-    raw.update(given)
     if "model" not in raw:
         raise ConfigError(f"{path}: 'model' (the provider's model id) is required")
-    raw["base_url"] = str(raw.get("base_url") or "").rstrip("/")
-    try:
-        profile = ModelProfile(**raw)
-    except TypeError as e:
-        raise ConfigError(f"{path}: {e}") from e
+    profile = checked(ModelProfile, raw, f"{path}: ", _toml_label)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for k in given:
+        if k not in _FIELDS:
+            raise ConfigError(f"unknown model profile setting {k!r} (from the command line); known: {sorted(_FIELDS)}")
+    if given:
+        profile = checked(ModelProfile, dataclasses.asdict(profile) | given, "command line: ", _toml_label)
     _validate(profile, path)
+    watch_env(profile.api_key_env)  # a profile file from elsewhere: its key is redacted like the bundled ones
     if require_key:
         resolve_api_key(profile, env)
     return profile
 
 
-_TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a table"}
-_LOADER_TYPES: dict[str, Any] = {"base_url_env": str, "model_env": str}
+# ---------------------------------------------------------------- one line from a pydantic error
+
+T = TypeVar("T")
+
+_WANT = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a table"}
+_GOT = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", dict: "a table", list: "a list"}
+_PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
+# pydantic error types that mean "right type, impossible value"
+_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "literal_error", "too_short",
+                 "finite_number"}
 
 
-def _accepts(tp: Any, value: Any) -> bool:
-    if tp is Any:
-        return True
-    if tp is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, typing.get_origin(tp) or tp)
+def _toml_label(key: str) -> str:
+    return f"{key} ="
 
 
-def _check_type(key: str, value: Any, where: str) -> None:
-    """One line naming the file (or flag), key, value and expected type, e.g. `concurrency = "8"`."""
-    hint = _LOADER_TYPES.get(key) or _HINTS[key]
-    args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if any(_accepts(a, value) for a in args if a is not type(None)):
-        return
-    want = " or ".join(_TYPE_WORDS.get(typing.get_origin(a) or a, str(a)) for a in args if a is not type(None))
+def _want(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _want(get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_want(a) for a in get_args(tp) if a is not type(None))
+    if origin is Literal:
+        return "one of " + ", ".join(map(str, get_args(tp)))
+    if origin in (list, set):
+        item = get_args(tp)[0]
+        item = get_args(item)[0] if get_origin(item) is Annotated else item
+        return f"a list of {_PLURAL.get(item) or _want(item)}"
+    return _WANT.get(origin or tp, getattr(tp, "__name__", str(tp)))
+
+
+def _bounds(info: FieldInfo) -> dict[str, Any]:
+    """Every declared bound of a field, on it or on its list items: ge, gt, le, lt."""
+    metas = list(info.metadata)
+    for arg in get_args(info.annotation):
+        for inner in get_args(arg)[1:] if get_origin(arg) is Annotated else ():
+            metas += inner.metadata if isinstance(inner, FieldInfo) else [inner]
+    return {a: getattr(m, a) for m in metas for a in ("ge", "gt", "le", "lt") if getattr(m, a, None) is not None}
+
+
+def _need(info: FieldInfo, err: Mapping[str, Any]) -> str:
+    b = _bounds(info)
+    if err["type"] == "literal_error":
+        return _choices(info.annotation)
+    if err["type"] == "too_short":
+        return "non-empty"
+    if err["type"] == "finite_number":
+        return "a finite number"
+    if ("ge" in b or "gt" in b) and ("le" in b or "lt" in b):
+        return f"between {b.get('ge', b.get('gt'))} and {b.get('le', b.get('lt'))}"
+    if not b:
+        return "valid"
+    op, v = next(iter(b.items()))
+    return f"{ {'ge': '>=', 'gt': '>', 'le': '<=', 'lt': '<'}[op]} {v}"
+
+
+def _choices(tp: Any) -> str:
+    for a in [tp, *get_args(tp)]:
+        if get_origin(a) is Literal:
+            return "one of " + ", ".join(map(str, get_args(a)))
+    return _want(tp)
+
+
+def config_error(e: ValidationError, info: FieldInfo, key: str, value: Any, where: str,
+                 label: Callable[[str], str]) -> ConfigError:
+    """One line naming where (`where`: the file, or "command line: "), the key (`label`: as the user
+    wrote it, `k =` in a file, `--flag` on the command line), the value, and what it must be."""
+    err = e.errors(include_url=False)[0]
+    item = any(isinstance(x, int) for x in err["loc"])
     shown = f'"{value}"' if isinstance(value, str) else repr(value)
-    got = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", dict: "a table", list: "a list"}
-    raise ConfigError(f"{where}: {key} = {shown} is {got.get(type(value), type(value).__name__)}; expected {want}")
+    if err["type"] in _RANGE_ERRORS and (err["type"] != "literal_error" or isinstance(err["input"], str)):
+        need = _need(info, err)
+        if type(None) in get_args(info.annotation):
+            need += " (omit it for none)"
+        return ConfigError(f"{where}{label(key)} {shown} is impossible; {'every value' if item else 'it'} must be {need}")
+    bad = err["input"]
+    got = _GOT.get(type(bad), type(bad).__name__)
+    return ConfigError(f"{where}{label(key)} {shown} {'holds' if item else 'is'} {got}; expected {_want(info.annotation)}")
 
 
-# (field, test, what is required) for values of the right type that still make no sense.
-_RANGES: list[tuple[str, typing.Callable[[Any], bool], str]] = [
-    ("concurrency", lambda v: v >= 1, ">= 1"),
-    ("max_retries", lambda v: v >= 0, ">= 0"),
-    ("truncation_retries", lambda v: v >= 0, ">= 0"),
-    ("timeout_s", lambda v: v > 0, "> 0"),
-    ("rpm", lambda v: v is None or v > 0, "> 0 (omit it for no limit)"),
-    ("tpm", lambda v: v is None or v > 0, "> 0 (omit it for no limit)"),
-    ("max_tokens", lambda v: v is None or v >= 1, ">= 1 (omit it to let the server decide)"),
-    ("temperature", lambda v: 0 <= v <= 2, "between 0 and 2"),
-    ("backoff_base_s", lambda v: v > 0, "> 0"),
-    ("backoff_max_s", lambda v: v > 0, "> 0"),
-    ("max_wait_s", lambda v: v > 0, "> 0"),
-    ("structured", lambda v: v in STRUCTURED, f"one of {', '.join(STRUCTURED)}"),
-    ("batch", lambda v: v is None or v in BATCH_APIS, f"one of {', '.join(BATCH_APIS)} (omit it for none)"),
-    ("batch_max_requests", lambda v: v is None or v >= 1, ">= 1"),
-    ("batch_max_bytes", lambda v: v is None or v >= 1, ">= 1"),
-    ("price_input_per_mtok", lambda v: v is None or v >= 0, ">= 0"),
-    ("price_output_per_mtok", lambda v: v is None or v >= 0, ">= 0"),
-    ("batch_discount", lambda v: v is None or 0 <= v <= 1, "between 0 and 1"),
-]
+@cache
+def _field_adapter(cls: type, key: str) -> TypeAdapter[Any]:
+    info: FieldInfo = cls.__pydantic_fields__[key]  # type: ignore[attr-defined]
+    return TypeAdapter(Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation)
+
+
+def check_values(cls: type, values: Mapping[str, Any], where: str, label: Callable[[str], str]) -> None:
+    """Each value against the type and range `cls` declares for it, with strict types (TOML's and
+    argparse's values are typed already: a string is no number, true is no integer); else one
+    `ConfigError` line."""
+    for key, value in values.items():
+        try:
+            _field_adapter(cls, key).validate_python(value, strict=True)
+        except ValidationError as e:
+            raise config_error(e, cls.__pydantic_fields__[key], key, value, where, label) from None  # type: ignore[attr-defined]
+
+
+def checked(cls: type[T], values: Mapping[str, Any], where: str, label: Callable[[str], str]) -> T:
+    """`cls(**values)` once `check_values` passed, or one `ConfigError` line."""
+    check_values(cls, values, where, label)
+    try:
+        return cls(**values)
+    except ValidationError as e:  # a required value is missing
+        raise ConfigError(f"{where}{e.errors(include_url=False)[0]['loc'][0]} is required") from None
 
 
 # Request fields the engine itself sets per call; a profile's extra_body may not override them.
@@ -220,10 +299,6 @@ def _validate(p: ModelProfile, path: Path) -> None:
             raise ConfigError(f"{path}: base_url {p.base_url!r} is not a URL ({e})") from None
         if not host:
             raise ConfigError(f"{path}: base_url {p.base_url!r} names no host")
-    for key, ok, need in _RANGES:
-        value = getattr(p, key)
-        if not ok(value):
-            raise ConfigError(f"{path}: {key} = {value!r} is impossible; it must be {need}")
 
 
 def resolve_api_key(profile: ModelProfile, env: Mapping[str, str] | None = None) -> str | None:

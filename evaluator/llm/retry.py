@@ -142,6 +142,22 @@ def retry_after_from_body(err: Mapping[str, Any]) -> float | None:
     return None
 
 
+# "Please retry in 10h17m5.7s." (Gemini's message), "Please try again in 976ms." (OpenAI's): the only hint
+# some bodies carry.
+_RETRY_IN_TEXT = re.compile(r"(?:retry|try again) in ((?:\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h))+)", re.IGNORECASE)
+
+
+def retry_after_from_message(message: str) -> float | None:
+    """The wait a 429's message text names, when neither headers nor RetryInfo do."""
+    m = _RETRY_IN_TEXT.search(message)
+    return _usable(parse_duration(m.group(1))) if m else None
+
+
+def _api_key_invalid(err: Mapping[str, Any]) -> bool:
+    """Gemini answers a key it does not accept with 400 INVALID_ARGUMENT, ErrorInfo reason API_KEY_INVALID."""
+    return any(isinstance(d, dict) and d.get("reason") == "API_KEY_INVALID" for d in err.get("details") or ())
+
+
 def rpm_from_reply(headers: Mapping[str, str], err: Mapping[str, Any]) -> float | None:
     """The RPM limit a 429 announces: OpenAI's `x-ratelimit-limit-requests`, Gemini's per-minute quotaValue.
 
@@ -191,14 +207,20 @@ def classify_http(status: int, headers: Mapping[str, str], raw: bytes) -> Verdic
     reason = f"HTTP {status}" + (f": {msg[:300]}" if msg else "")
     label = f"http_{status}"
     if status == 429:
-        if is_daily_quota(err):
-            return Verdict(Kind.FATAL, reason, is_429=True, label="daily_quota")
+        if "request too large" in msg.lower():  # OpenAI: bigger than the whole TPM budget; no wait helps
+            return Verdict(Kind.GIVE_UP, reason, is_429=True, label="request_too_large")
         delay = retry_after_from_headers(headers)
         if delay is None:
             delay = retry_after_from_body(err)
+        if delay is None:
+            delay = retry_after_from_message(msg)
+        if is_daily_quota(err):  # the hint, if any, says when to resume
+            return Verdict(Kind.FATAL, reason, delay, is_429=True, label="daily_quota")
         return Verdict(Kind.RETRY, reason, delay, is_429=True, limit_rpm=rpm_from_reply(headers, err), label=label)
     if status in (401, 403, 404):
         return Verdict(Kind.FATAL, reason, label=label)
+    if status == 400 and _api_key_invalid(err):
+        return Verdict(Kind.FATAL, reason, label="api_key_invalid")
     if status >= 500 or status in (408, 409, 425):
         delay = retry_after_from_headers(headers) if status == 503 else None
         return Verdict(Kind.RETRY, reason, delay, label=label)
@@ -241,5 +263,10 @@ def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random) -> 
     Half of each wait is guaranteed, so even the first retry waits at least base/2: full jitter
     (U(0, d)) can draw ~0 and, when every answer is a 429 with no usable hint, would resend at once.
     """
+    return jittered_backoff(attempt, base, cap, rng.random())
+
+
+def jittered_backoff(attempt: int, base: float, cap: float, jitter: float) -> float:
+    """`backoff_delay` with its random draw `jitter` in [0, 1) given (a pure function)."""
     d = min(cap, base * (2.0**attempt))
-    return rng.uniform(d / 2.0, d)
+    return d / 2.0 + (d / 2.0) * jitter

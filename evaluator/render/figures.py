@@ -7,22 +7,39 @@ output gets the RtP recall-against-k figure only.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
 import re
-from collections.abc import Collection, Sequence
+import shutil
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
+from ..analysis.stats import Row, Summary
 
-matplotlib.use("Agg")  # headless: no display on CI or the device machine
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from ..analysis.stats import Row, Summary  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 COLORS = {"rtp": "#1f77b4", "ptr": "#d62728", "both": "#555555"}
 LABELS = {"rtp": "RtP", "ptr": "PtR", "both": "both"}
 DPI = 100
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the headless Agg backend. Loaded on the first figure actually drawn: it
+    costs ~0.5 s of start-up, and a rerun whose figures are unchanged draws none (`drawn`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: no display on CI or the device machine
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _slug(name: str) -> str:
@@ -42,6 +59,7 @@ def _ms(row: Row | None) -> tuple[float, float]:
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    plt = pyplot()
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
@@ -49,6 +67,7 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def crossover(s: Summary, model: str, k: int, path: Path, title: str) -> Path:
+    plt = pyplot()
     subs = s.subsets
     x = list(range(len(subs)))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
@@ -69,6 +88,7 @@ def crossover(s: Summary, model: str, k: int, path: Path, title: str) -> Path:
 
 
 def winloss(s: Summary, model: str, k: int, path: Path, title: str) -> Path:
+    plt = pyplot()
     subs = s.subsets
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     w = 0.38
@@ -87,6 +107,7 @@ def winloss(s: Summary, model: str, k: int, path: Path, title: str) -> Path:
 
 
 def recall_vs_k(s: Summary, model: str | None, ks: Sequence[int], path: Path, title: str) -> Path:
+    plt = pyplot()
     subs = s.subsets
     fig, axes = plt.subplots(1, max(1, len(subs)), figsize=(4 * max(1, len(subs)), 3.6), squeeze=False)
     for ax, sub in zip(axes[0], subs, strict=False):
@@ -128,6 +149,7 @@ def _bars(ax: Axes, s: Summary, model: str, k: int, series: Sequence[tuple[str, 
 
 
 def trajectories(s: Summary, model: str, k: int, path: Path, title: str) -> Path:
+    plt = pyplot()
     fig, axes = plt.subplots(1, 5, figsize=(22, 4))
     _bars(axes[0], s, model, k, [("ptr", "selection_rate", None, "PtR"), ("rtp", "selection_rate", None, "RtP")],
           pct=True)
@@ -149,8 +171,15 @@ def trajectories(s: Summary, model: str, k: int, path: Path, title: str) -> Path
 
 
 def render_figures(fig_dir: Path, s: Summary, *, k: int, ks: Sequence[int],
-                   simulated: Collection[str] = ()) -> list[Path]:
-    """Draw every figure the summary supports; returns the written paths, sorted."""
+                   simulated: Collection[str] = (), store: Path | None = None) -> list[Path]:
+    """Draw every figure the summary supports (unless `drawn` finds them unchanged); returns the
+    written paths, sorted."""
+    inputs = {"rows": [asdict(r) for r in s.rows], "k": k, "ks": list(ks), "simulated": sorted(simulated)}
+    return drawn(fig_dir, "summary", inputs, lambda: _draw_summary(fig_dir, s, k=k, ks=ks, simulated=simulated),
+                 store)
+
+
+def _draw_summary(fig_dir: Path, s: Summary, *, k: int, ks: Sequence[int], simulated: Collection[str]) -> list[Path]:
     fig_dir.mkdir(parents=True, exist_ok=True)
     out: list[Path] = []
     models = s.models
@@ -165,3 +194,109 @@ def render_figures(fig_dir: Path, s: Summary, *, k: int, ks: Sequence[int],
         out.append(recall_vs_k(s, m if has_ptr else None, ks, fig_dir / f"recall_vs_k_{slug}.png", title))
         out.append(trajectories(s, m, k, fig_dir / f"trajectories_{slug}.png", title))
     return sorted(out)
+
+
+# ---------------------------------------------------------------- drawn once per change of their data
+
+STAMPS = ".drawn.json"  # in the figures folder: per group, the digest of its inputs and of each PNG
+
+
+_DRAWING_MODULES = ("figures.py", "scaling.py", "routing.py")
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The drawing code (this module and the scaling and routing figures') and matplotlib's version:
+    a change to either redraws every figure."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in _DRAWING_MODULES:
+        f = Path(__file__).with_name(name)
+        h.update(name.encode() + (f.read_bytes() if f.is_file() else b""))
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        h.update(importlib.metadata.version("matplotlib").encode())
+    return h.hexdigest()
+
+
+def _file_digest(path: Path) -> str | None:
+    try:
+        return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+    except OSError:
+        return None
+
+
+_VOLATILE = ("timing_s", "embed", "created")  # meta entries of an analysis that no figure shows
+
+
+def figure_inputs(result: dict[str, Any]) -> dict[str, Any]:
+    """A saved analysis (scaling.json, routing.json) less what changes on every rerun without
+    changing its figure (timings, cache counts), so a rerun with the same numbers draws nothing."""
+    meta = {k: v for k, v in (result.get("meta") or {}).items() if k not in _VOLATILE}
+    return {**result, "meta": meta}
+
+
+def drawn(fig_dir: Path, group: str, inputs: Any, draw: Callable[[], list[Path]], store: Path | None = None) -> list[Path]:
+    """`draw()`'s figures, drawn only when `inputs` (JSON-able values the figures are drawn from) or
+    the drawing code changed since they were last drawn, or a PNG is missing or altered; else the
+    PNGs already there, byte for byte what drawing again would write (matplotlib's Agg output is
+    deterministic). `store` (the cache folder's `figures/`) keeps every drawn set by the digest of its
+    inputs, so a new output folder of an unchanged study gets copies instead of drawings. A rerun
+    that changes nothing in the figures' data skips matplotlib altogether."""
+    digest = hashlib.blake2b(json.dumps([_code_digest(), group, inputs], sort_keys=True, default=repr)
+                             .encode(), digest_size=16).hexdigest()
+    stamps_file = fig_dir / STAMPS
+    try:
+        stamps = json.loads(stamps_file.read_text())
+    except (OSError, ValueError):
+        stamps = {}
+    if not isinstance(stamps, dict):
+        stamps = {}
+    old = stamps.get(group)
+    if isinstance(old, dict) and old.get("inputs") == digest and isinstance(old.get("files"), dict) and all(
+            _file_digest(fig_dir / name) == h for name, h in old["files"].items()):
+        return sorted(fig_dir / name for name in old["files"])
+    paths = _from_store(store / digest, fig_dir) if store is not None else None
+    if paths is None:
+        paths = draw()
+        if store is not None:
+            _to_store(paths, store / digest)
+    stamps[group] = {"inputs": digest, "files": {p.name: _file_digest(p) for p in paths}}
+    tmp = stamps_file.with_name(f"{STAMPS}.{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):  # a read-only folder: the figures are there, only the next skip is lost
+        tmp.write_text(json.dumps(stamps, indent=1, sort_keys=True))
+        os.replace(tmp, stamps_file)
+    return sorted(paths)
+
+
+_MANIFEST = "files.json"
+
+
+def _from_store(folder: Path, fig_dir: Path) -> list[Path] | None:
+    """The stored set copied into `fig_dir`, or None when absent or damaged (then it is drawn)."""
+    try:
+        files = json.loads((folder / _MANIFEST).read_text())
+        blobs = {name: (folder / name).read_bytes() for name in files}
+    except (OSError, ValueError, TypeError):
+        return None
+    if not isinstance(files, dict) or any(hashlib.blake2b(b, digest_size=16).hexdigest() != files[n] for n, b in blobs.items()):
+        return None
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    for name, b in blobs.items():
+        (fig_dir / name).write_bytes(b)
+    return [fig_dir / name for name in blobs]
+
+
+def _to_store(paths: Sequence[Path], folder: Path) -> None:
+    """Keep a drawn set under its digest: written to a private folder and renamed into place, so a
+    reader never sees half a set. A cache that cannot be written only costs the next run a drawing."""
+    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        files = {}
+        for p in paths:
+            b = p.read_bytes()
+            (tmp / p.name).write_bytes(b)
+            files[p.name] = hashlib.blake2b(b, digest_size=16).hexdigest()
+        (tmp / _MANIFEST).write_text(json.dumps(files, sort_keys=True))
+        os.rename(tmp, folder)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..analysis.main import MainResult
-from ..batch.report import cost_section_md
 from ..data import EMBED_TEXT_RULE
-from ..schema import Meta
+from ..schema import CallStats, Meta, WarningCount, plain
 from . import tables as T
+from .batch import cost_section_md
 from .fmt import table
 
 DECISIONS = [
@@ -56,28 +56,21 @@ DECISIONS = [
 ]
 
 
-def warnings_md(w: Mapping[str, Any]) -> str:
-    """Counted data problems, as the data loader writes them: kind -> {count, examples}."""
+def warnings_md(w: Mapping[str, WarningCount]) -> str:
+    """Counted data problems: kind -> 'n (e.g. ...)'."""
     if not w:
         return "No data warnings.\n"
-    items = [(str(k), _warning_cell(v)) for k, v in sorted(w.items())]
-    return "\n".join(f"- {k}: {v if not isinstance(v, list | dict) else len(v)}" for k, v in items) + "\n"
+    return "\n".join(f"- {k}: {v.count}" + (f" (e.g. {'; '.join(v.examples[:3])})" if v.examples else "")
+                     for k, v in sorted(w.items())) + "\n"
 
 
-def _warning_cell(v: Any) -> Any:
-    """`{"count": n, "examples": [...]}` (the data loader's form) -> 'n (e.g. ...)'; other values as given."""
-    if isinstance(v, Mapping) and "count" in v:
-        ex = [str(e) for e in (v.get("examples") or [])[:3]]
-        return f"{v['count']}" + (f" (e.g. {'; '.join(ex)})" if ex else "")
-    return v
-
-
-def llm_stats_md(st: Mapping[str, Any]) -> str:
+def llm_stats_md(st: Mapping[str, CallStats]) -> str:
+    """One row per model, one column per counter (the percentiles and per-kind counts stay in meta.json)."""
     if not st:
         return ""
-    cols = sorted({k for v in st.values() if isinstance(v, Mapping) for k, x in v.items()
-                   if isinstance(x, int | float | str | bool) or x is None})
-    body = [[str(m)] + [_cell(v.get(col)) for col in cols] for m, v in sorted(st.items()) if isinstance(v, Mapping)]
+    rows = {m: plain(v) for m, v in sorted(st.items())}
+    cols = sorted(k for k, x in next(iter(rows.values())).items() if not isinstance(x, dict | list))
+    body = [[m] + [_cell(v[col]) for col in cols] for m, v in rows.items()]
     return "## LLM accounting\n\n" + table(["model"] + cols, body) + "\n"
 
 
@@ -95,7 +88,7 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
            else "only APIs with a description" if reg.choice == "described" else reg.choice)
     qps = result.summary.checks.get("queries_per_subset", {})
     subsets = ", ".join(f"{s} ({n})" for s, n in qps.items()) or "none"
-    temps = sorted({str(m.profile.get("temperature")) for m in meta.models if "temperature" in m.profile})
+    temps = sorted({str(m.profile.temperature) for m in meta.models if m.profile is not None})
     out = [
         f"Registry: {size} APIs{f' ({reg.format})' if reg.format else ''}, choice `{reg.choice}` ({how}). "
         "The paper used 46,984 ToolBench APIs.",

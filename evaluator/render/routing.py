@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..analysis.routing import ARCH_LABEL, SIGNALS, RoutingResult
+from ..analysis.routing import ARCH_LABEL, SIGNALS, RoutingMeta, RoutingResult
 from ..schema import GOLDS
 from .fmt import DASH, fint, mean_pm, simulated_note, table
 
@@ -39,12 +39,12 @@ def _saving(o: Mapping[str, Any], ptr: Mapping[str, Any], rtp: Mapping[str, Any]
 
 def section_md(result: RoutingResult) -> str:
     meta = result.meta
-    k = meta["k"]
+    k = meta.k
     out = ["## Complexity-adaptive routing (beyond the paper)\n"]
-    if note := simulated_note(meta.get("simulated_models") or []):
+    if note := simulated_note(meta.simulated_models):
         out.append(note)
     out.append("\n".join([
-        f"- Models: {', '.join(f'`{m}`' for m in meta['models'])}; recall@{k} and precision@{k} per run, "
+        f"- Models: {', '.join(f'`{m}`' for m in meta.models)}; recall@{k} and precision@{k} per run, "
         "mean ± std over runs; both gold sets (`api_list` paper-comparable; `relevant` stricter).",
         "- Score router: RtP when RtP's top-1 cosine ≥ τ, else PtR. Proxies (computable before any call): "
         "RtP when the query has at most θ words / clauses (clauses: sentence ends and conjunctions such as "
@@ -56,11 +56,11 @@ def section_md(result: RoutingResult) -> str:
         "between observed values of the tuning queries plus ±inf (= always RtP / always PtR).",
         "- Oracle: each subset sent wholesale to its better architecture (by mean recall), chosen on the "
         "queries it is scored on: an upper reference, not a deployable router.",
-        f"- Held-out: (a) {split_text(meta)}; (b) {meta['folds']}-fold cross-validation (folds stratified by "
-        f"subset, seed {meta['fold_seed']}): every query is routed by a τ chosen without its fold.",
+        f"- Held-out: (a) {split_text(meta)}; (b) {meta.folds}-fold cross-validation (folds stratified by "
+        f"subset, seed {meta.fold_seed}): every query is routed by a τ chosen without its fold.",
     ]) + "\n")
     for model, res in result.models.items():
-        sim = " (simulated LLM)" if model in (meta.get("simulated_models") or []) else ""
+        sim = " (simulated LLM)" if model in meta.simulated_models else ""
         if res["excluded_run_queries"]:
             out.append(f"`{model}`: {res['excluded_run_queries']} (run, query) pairs left out (PtR discovery "
                        "failed for good, or a record is missing).\n")
@@ -90,8 +90,8 @@ def section_md(result: RoutingResult) -> str:
                       "saving vs PtR"]
             body = []
             h = res["heldout"][gold]
-            for ev, label in (("subset_split", f"{'+'.join(meta['split']['train'])} → {'+'.join(meta['split']['test'])}"),
-                              ("cv", f"{meta['folds']}-fold CV")):
+            for ev, label in (("subset_split", f"{'+'.join(meta.split.train)} → {'+'.join(meta.split.test)}"),
+                              ("cv", f"{meta.folds}-fold CV")):
                 for signal, r in (h.get(ev) or {}).items():
                     tb, t = r["test_baselines"], r["test"]
                     tau = _tau(signal, r["tau"]) if "tau" in r else ", ".join(_tau(signal, x) for x in r["taus"])
@@ -140,8 +140,8 @@ def figure(result: RoutingResult, path: Path) -> Path:
                 ax.scatter([b[key]["tokens"]["mean"]], [b[key][f"recall:{gold}"]["mean"]], marker=mk, s=110,
                            color=color, label=name, zorder=6)
             ax.set_xlabel("tokens per query (mean)")
-            ax.set_ylabel(f"recall@{meta['k']} (gold {gold})")
-            title = f"{model}" + (" (simulated LLM)" if model in (meta.get("simulated_models") or []) else "")
+            ax.set_ylabel(f"recall@{meta.k} (gold {gold})")
+            title = f"{model}" + (" (simulated LLM)" if model in meta.simulated_models else "")
             ax.set_title(f"{title}: recall vs tokens, all queries (in-sample)", fontsize=10)
             ax.grid(alpha=0.3)
     # One legend under the panels: inside, it hides the sweep's points.
@@ -156,8 +156,8 @@ def figure(result: RoutingResult, path: Path) -> Path:
 
 
 
-def split_text(meta: Mapping[str, Any]) -> str:
-    train, test = meta["split"]["train"], meta["split"]["test"]
+def split_text(meta: RoutingMeta) -> str:
+    train, test = meta.split.train, meta.split.test
     if not train or not test:
         return "no subset split (it needs at least two subsets: one to tune τ on, one to report on)"
-    return f"τ tuned on {'+'.join(train)}, reported on {'+'.join(test)} ({meta.get('split_rule', 'as set')})"
+    return f"τ tuned on {'+'.join(train)}, reported on {'+'.join(test)} ({meta.split_rule})"

@@ -35,36 +35,36 @@ def _size_label(size: int | str, pts: Sequence[Point]) -> str:
 
 def section_md(result: ScalingResult) -> str:
     meta, points = result.meta, result.points
-    subsets: list[str] = meta["subsets"]
-    models: list[str] = meta["models"]
-    k = meta["k"]
-    div_subset = meta["divergence_subset"]
-    sizes: list[int | str] = [*[s for s in meta["sizes"] if any(p.size == s for p in points)], FULL]
+    subsets: list[str] = meta.subsets
+    models: list[str] = meta.models
+    k = meta.k
+    div_subset = meta.divergence_subset
+    sizes: list[int | str] = [*[s for s in meta.sizes if any(p.size == s for p in points)], FULL]
     at = {(p.subset, p.size): p for p in points}
     out = ["## Scaling study (Table 10)\n"]
-    if note := simulated_note(meta.get("simulated_models") or []):
+    if note := simulated_note(meta.simulated_models):
         out.append(note)
-    golds = meta["gold_union"]
+    golds = meta.gold_union
     out.append("\n".join([
         f"- Models: {', '.join(f'`{m}`' for m in models) or 'none (retrieval only: RtP only)'}; runs: "
-        f"{meta['runs']} (PtR values are means over runs, then mean ± std over seeds)",
-        f"- Embedder: `{meta['embedder']}` ({meta.get('backend', '?')} {meta['precision']}); registry: {meta['registry_size']:,} APIs "
-        f"(`{meta['registry_choice']}`); recall@{k}",
+        f"{meta.runs} (PtR values are means over runs, then mean ± std over seeds)",
+        f"- Embedder: `{meta.embedder}` ({meta.backend} {meta.precision}); registry: {meta.registry_size:,} APIs "
+        f"(`{meta.registry_choice}`); recall@{k}",
         "- Sub-registry: every gold API of the subset (union of `api_list` and `relevant`: "
-        + ", ".join(f"{s} {golds[s]['union']:,}" for s in subsets)
+        + ", ".join(f"{s} {golds[s].union:,}" for s in subsets)
         + ") + distractors drawn in proportion to category sizes (uncategorised APIs are one stratum); "
-        f"{meta['seeds']} seeds per size (`numpy.random.default_rng([seed, size])`); the full registry "
+        f"{meta.seeds} seeds per size (`numpy.random.default_rng([seed, size])`); the full registry "
         "has no randomness.",
         "- † gold-only point: the subset's gold APIs alone reach the target size (no distractors, no variance).",
         f"- Div%: share of {div_subset} queries whose RtP and PtR top-{k} sets differ "
         "(STUDY.md); Disj%: share whose top-k sets share no API (the paper's §3.2 wording), "
         "both on that subset's sub-registries.",
-        f"- Subsets: {', '.join(subsets)} ({meta.get('subsets_rule', 'as set')}).",
+        f"- Subsets: {', '.join(subsets)} ({meta.subsets_rule}).",
     ]) + "\n")
     for model in models or [None]:
         for gold in GOLDS:
             title = f"### Recall@{k} by registry size — gold `{gold}`" + (f", model `{model}`" if model else "")
-            if model and model in (meta.get("simulated_models") or []):
+            if model and model in meta.simulated_models:
                 title += " (simulated LLM)"
             header = ["Registry size"]
             for s in subsets:
@@ -112,8 +112,8 @@ def figure(result: ScalingResult, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     meta, points = result.meta, result.points
-    subsets, models, k = meta["subsets"], meta["models"], meta["k"]
-    div_subset = meta["divergence_subset"]
+    subsets, models, k = meta.subsets, meta.models, meta.k
+    div_subset = meta.divergence_subset
     with_div = bool(models) and div_subset in subsets
     ncols = len(subsets) + int(with_div)
     fig, axes = plt.subplots(len(GOLDS), ncols, figsize=(4.2 * ncols, 3.4 * len(GOLDS)), squeeze=False)
@@ -167,8 +167,8 @@ def figure(result: ScalingResult, path: Path) -> Path:
                 ax.legend(fontsize=8)
             else:
                 ax.axis("off")
-    title = "Scaling: " + (", ".join(models) if models else "retrieval only") + f" · {meta['embedder']}"
-    if meta.get("simulated_models"):
+    title = "Scaling: " + (", ".join(models) if models else "retrieval only") + f" · {meta.embedder}"
+    if meta.simulated_models:
         title += " · SIMULATED LLM"
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()

@@ -1,46 +1,64 @@
 """The simulator's provider Batch APIs: OpenAI-style files + batches, and Gemini's native batch API.
 
-OpenAI style (`/v1/files`, `/v1/files/{id}/content`, `/v1/batches`, `/v1/batches/{id}`,
-`/v1/batches/{id}/cancel`, list with `GET /v1/batches`): an uploaded JSONL of chat requests becomes a
-batch whose output and error files follow OpenAI's result format. Gemini style (resumable upload at
-`/upload/v1beta/files`, `POST /v1beta/models/{m}:batchGenerateContent`, `GET /v1beta/batches[/{id}]`,
-`:cancel`, download at `/download/v1beta/files/{id}:download`): GenerateContentRequest lines keyed by
-`key`, results as `{"key", "response" | "error"}` lines.
+OpenAI style (`/v1/files`, `/v1/files/{id}`, `/v1/files/{id}/content`, `/v1/batches`,
+`/v1/batches/{id}`, `/v1/batches/{id}/cancel`, list with `GET /v1/batches`): an uploaded JSONL of chat
+requests becomes a batch whose output and error files follow OpenAI's result format, with every status
+of the batch object (validating, in_progress, finalizing, completed, failed, expired, cancelling,
+cancelled). Gemini style under `v1beta` and `v1` (google-genai 3.x uses v1): resumable upload at
+`/upload/{v}/files` (start, then `upload`/`upload, finalize` chunks answered with `X-Goog-Upload-Status`),
+`GET /{v}/files/{id}`, `POST /{v}/models/{m}:batchGenerateContent`, `GET /{v}/batches[/{id}]`, `:cancel`,
+download at `[/download]/{v}/files/{id}:download`: GenerateContentRequest lines keyed by `key`, results as
+`{"key", "response" | "error": google.rpc.Status}` lines. `GET /v1/batches[/{id}]` is both APIs' path:
+the Gemini client is told apart by its `x-goog-api-key` header, a batch by its own style.
+The official SDKs (openai, google-genai) drive these routes in tests/conformance/.
 
 Replies come from the online endpoint's own `Simulator.reply_body`, so a batch study and an online
 study agree. Time is lazy: a batch's state is worked out from its age each
 time it is read. Knobs (`BatchConfig`, set at runtime with `POST /admin/batch`): turnaround, a share of
-failed requests, batches that expire or stay in progress, per-batch size limits that fail oversized
-batches. `GET /batch/stats` counts batch creations and every request answered (and answered twice).
+failed requests (server errors or invalid requests), batches that expire or stay in progress, per-batch
+size limits that fail oversized batches, and an account-wide enqueued-token limit (OpenAI's
+`token_limit_exceeded`, Gemini's 429 RESOURCE_EXHAUSTED at create). `GET /batch/stats` counts batch creations and every request answered (and answered twice).
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import itertools
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 import orjson
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from .server import Simulator
+
+class ReplySource(Protocol):
+    """What the batch routes need of the online simulator (`server.Simulator`): its key and its replies."""
+
+    cfg: Any  # SimConfig: `api_key`
+
+    def reply_body(self, req: dict[str, Any], *, fault: str | None = None, reply_id: str = ...) -> dict[str, Any]: ...
 
 
 @dataclass
 class BatchConfig:
     turnaround_s: float = 0.2  # from create to completed (progress grows linearly in between)
-    p_fail: float = 0.0  # share of requests answered with a 500 in the error file
+    p_fail: float = 0.0  # share of requests answered with an error line
+    fail_kind: str = "server"  # "server": HTTP 500 / gRPC 13 INTERNAL; "invalid": HTTP 400 / gRPC 3 INVALID_ARGUMENT
     expire_next: int = 0  # the next N batches created expire at turnaround with only part done
     expire_done_share: float = 0.5  # share of an expiring batch's requests answered before it expires
     stuck_next: int = 0  # the next N batches created stay in_progress until cancelled
     max_requests: int | None = None  # per-batch limits: an oversized batch fails validation
     max_bytes: int | None = None
+    # Account-wide queue: a batch whose prompt tokens would take the unfinished batches' total past this
+    # fails (OpenAI: status failed, errors code token_limit_exceeded; Gemini: create answers 429).
+    max_enqueued_tokens: int | None = None
     seed: int = 0
+    echo_key: bool = False  # failed lines' messages quote the server's key, as some providers do (redaction tests)
 
 
 @dataclass
@@ -48,6 +66,7 @@ class _Stats:
     batches_created: int = 0
     files_uploaded: int = 0
     rejected_oversized: int = 0
+    rejected_queue_full: int = 0
     cancelled: int = 0
     expired: int = 0
     requests_ok: int = 0
@@ -72,13 +91,16 @@ class _Batch:
     input_file_id: str
     metadata: dict[str, Any]
     model: str = ""
-    fate: str = "complete"  # complete | expire | stuck | oversized
+    fate: str = "complete"  # complete | expire | stuck | oversized | queue_full
+    tokens: int = 0  # prompt tokens enqueued (the account-wide limit counts unfinished batches')
     status: str = "validating"
     cancelled_at: float | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
     counts: tuple[int, int] = (0, 0)  # completed, failed (final)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    created_wall: float = field(default_factory=time.time)
+    ended: float | None = None  # monotonic time the batch reached a final status
 
 
 # -- Gemini <-> chat translation (the simulator answers chat messages either way) ----------------------
@@ -128,6 +150,23 @@ _GEMINI_STATE = {
     "completed": "BATCH_STATE_SUCCEEDED", "failed": "BATCH_STATE_FAILED", "expired": "BATCH_STATE_EXPIRED",
     "cancelling": "BATCH_STATE_RUNNING", "cancelled": "BATCH_STATE_CANCELLED",
 }
+_FINAL = ("completed", "failed", "expired", "cancelled")
+# Share of the turnaround spent validating, then in progress; the rest is finalizing.
+_VALIDATING, _FINALIZING = 0.1, 0.8
+# google.rpc.Code values (googleapis google/rpc/code.proto): Gemini's per-line errors carry these, not HTTP.
+_GRPC_CANCELLED, _GRPC_INVALID_ARGUMENT, _GRPC_INTERNAL = 1, 3, 13
+# OpenAI's per-request codes for requests that never ran (BatchRequestOutput.error.code in its API spec).
+_NOT_RUN = {
+    "expired": ("batch_expired", "The request could not be executed before the completion window ended."),
+    "cancelled": ("batch_cancelled", "The batch was cancelled before this request executed."),
+}
+_FAILED_LINE = {  # fail_kind -> (HTTP status, OpenAI error body, gRPC code, Gemini message)
+    "server": (500, {"message": "The server had an error while processing your request.", "type": "server_error",
+                     "param": None, "code": None}, _GRPC_INTERNAL, "Internal error encountered."),
+    "invalid": (400, {"message": "Invalid value for 'messages': the request is malformed.",
+                      "type": "invalid_request_error", "param": "messages", "code": "invalid_value"},
+                _GRPC_INVALID_ARGUMENT, "Request contains an invalid argument."),
+}
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -138,13 +177,35 @@ def _error(status: int, message: str) -> web.Response:
     return _json({"error": {"code": status, "message": message, "type": "invalid_request_error"}}, status)
 
 
+def _g_error(status: int, message: str, grpc_status: str) -> web.Response:
+    """Google's HTTP error body: the HTTP code, its message and the gRPC status name."""
+    return _json({"error": {"code": status, "message": message, "status": grpc_status}}, status)
+
+
+def _iso(t: float) -> str:
+    """RFC 3339 UTC, as Google's JSON writes a Timestamp."""
+    return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    # The same estimate `Simulator.reply_body` bills.
+    messages = body.get("messages") or []
+    return sum(len(m.get("content") or "") for m in messages) // 4 + 4 * len(messages)
+
+
+def _is_gemini(request: web.Request) -> bool:
+    """`/v1/batches` and `/v1/files/{id}` are both APIs' paths; google-genai sends its key as x-goog-api-key."""
+    return "x-goog-api-key" in request.headers
+
+
 class BatchSim:
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: ReplySource) -> None:
         self.sim = sim
         self.cfg = BatchConfig()
         self.stats = _Stats()
         self.rng = random.Random(0)
         self.files: dict[str, bytes] = {}
+        self.file_meta: dict[str, dict[str, Any]] = {}  # id -> filename, purpose, mime, created, source
         self.batches: dict[str, _Batch] = {}
         self.uploads: dict[str, dict[str, Any]] = {}  # Gemini resumable upload sessions
         self._ids = itertools.count(1)
@@ -160,16 +221,37 @@ class BatchSim:
             return True
         return request.headers.get("Authorization") == f"Bearer {key}" or request.headers.get("x-goog-api-key") == key
 
+    def _enqueued_tokens(self) -> int:
+        total = 0
+        for b in self.batches.values():
+            self._advance(b)
+            if b.status not in _FINAL:
+                total += b.tokens
+        return total
+
+    def _queue_full(self, tokens: int) -> bool:
+        limit = self.cfg.max_enqueued_tokens
+        return limit is not None and self._enqueued_tokens() + tokens > limit
+
     def _create(self, style: str, file_id: str, lines: list[tuple[str, dict]], metadata: dict, model: str = "") -> _Batch:
         cfg = self.cfg
-        b = _Batch(self._new_id("batch_"), style, lines, time.monotonic(), file_id, metadata, model)
+        tokens = sum(_prompt_tokens(body) for _, body in lines)
+        queue_full = self._queue_full(tokens)  # before this batch counts itself
+        b = _Batch(self._new_id("batch_"), style, lines, time.monotonic(), file_id, metadata, model, tokens=tokens)
         self.stats.batches_created += 1
         size = len(self.files.get(file_id, b""))
         if (cfg.max_requests is not None and len(lines) > cfg.max_requests) or (cfg.max_bytes is not None and size > cfg.max_bytes):
-            b.fate, b.status = "oversized", "failed"
+            b.fate, b.status, b.ended = "oversized", "failed", b.created
             self.stats.rejected_oversized += 1
             what = f"{len(lines)} requests, {size} bytes; limits {cfg.max_requests} requests, {cfg.max_bytes} bytes"
-            b.errors = [{"code": "batch_too_large", "message": f"The batch input is too large ({what}).", "line": None}]
+            b.errors = [{"code": "batch_too_large", "message": f"The batch input is too large ({what}).", "param": None, "line": None}]
+        elif queue_full:
+            b.fate, b.status, b.ended = "queue_full", "failed", b.created
+            self.stats.rejected_queue_full += 1
+            model = model or str(lines[0][1].get("model", "sim-1")) if lines else "sim-1"
+            b.errors = [{"code": "token_limit_exceeded", "param": None, "line": None, "message": (
+                f"Enqueued token limit reached for {model} in organization org-sim. Limit: {cfg.max_enqueued_tokens:,} "
+                "enqueued tokens. Please try again once some in_progress batches have been completed.")}]
         elif cfg.stuck_next > 0:
             cfg.stuck_next -= 1
             b.fate = "stuck"
@@ -180,19 +262,23 @@ class BatchSim:
         return b
 
     def _advance(self, b: _Batch) -> None:
-        """Bring `b` up to date with the clock: finish it when its time has come."""
-        if b.status in ("completed", "failed", "expired", "cancelled"):
+        """Bring `b` up to date with the clock: its phase by age, finished when its time has come."""
+        if b.status in _FINAL:
             return
         age = time.monotonic() - b.created
         if b.cancelled_at is not None:
             self._finish(b, "cancelled", self._progress(b, b.cancelled_at - b.created))
             self.stats.cancelled += 1
             return
-        if b.fate == "stuck" or age < self.cfg.turnaround_s:
-            b.status = "in_progress"
+        turnaround = self.cfg.turnaround_s
+        if b.fate == "stuck" or age < turnaround:
+            phase = 0.5 if b.fate == "stuck" or turnaround <= 0 else age / turnaround
+            b.status = "validating" if phase < _VALIDATING else "in_progress" if phase < _FINALIZING else "finalizing"
             return
         if b.fate == "expire":
-            self._finish(b, "expired", int(len(b.lines) * self.cfg.expire_done_share))
+            # Gemini: an expired job has no results at all; OpenAI: the part done before the window closed.
+            share = 0.0 if b.style == "gemini" else self.cfg.expire_done_share
+            self._finish(b, "expired", int(len(b.lines) * share))
             self.stats.expired += 1
         else:
             self._finish(b, "completed", len(b.lines))
@@ -208,13 +294,23 @@ class BatchSim:
         for i, (cid, req) in enumerate(b.lines):
             if i >= n_done:
                 self.stats.requests_expired += 1
-                code = "batch_expired" if status == "expired" else "batch_cancelled"
-                err.append(self._line(b, cid, None, {"code": code, "message": f"request not executed: batch {status}"}))
+                if b.style == "openai":
+                    code, message = _NOT_RUN[status]
+                    err.append(self._line(b, cid, None, {"code": code, "message": message}))
+                elif status == "cancelled":  # Gemini: an expired job writes no results at all
+                    err.append({"key": cid, "error": {"code": _GRPC_CANCELLED, "message": "The batch was cancelled before this request ran."}})
                 continue
             if self.cfg.p_fail > 0 and self.rng.random() < self.cfg.p_fail:
                 failed += 1
                 self.stats.requests_failed += 1
-                err.append(self._line(b, cid, (500, {"error": {"message": "The server had an error.", "type": "server_error"}}), None))
+                http, body, grpc, gmsg = _FAILED_LINE[self.cfg.fail_kind]
+                if self.cfg.echo_key and self.sim.cfg.api_key:
+                    echo = f" Request made with API key {self.sim.cfg.api_key}."
+                    body, gmsg = {**body, "message": body["message"] + echo}, gmsg + echo
+                if b.style == "gemini":
+                    err.append({"key": cid, "error": {"code": grpc, "message": gmsg}})  # google.rpc.Status
+                else:
+                    err.append(self._line(b, cid, (http, {"error": body}), None))
                 continue
             self._answered += 1
             body = self.sim.reply_body(req, reply_id=f"chatcmpl-simbatch-{self._answered}")  # exactly the online reply
@@ -224,29 +320,41 @@ class BatchSim:
             out.append(self._line(b, cid, (200, body), None))
         if b.style == "gemini":
             lines = out + err  # Gemini writes one results file, errors inline
-            b.output_file_id = self._store_file(lines) if lines else None
+            b.output_file_id = self._store_file(lines, "batch_output") if lines else None
         else:
-            b.output_file_id = self._store_file(out) if out else None
-            b.error_file_id = self._store_file(err) if err else None
+            b.output_file_id = self._store_file(out, "batch_output") if out else None
+            b.error_file_id = self._store_file(err, "batch_error") if err else None
         b.counts = (n_done - failed, failed + len(b.lines) - n_done)
         b.status = status
+        b.ended = time.monotonic()
 
     def _line(self, b: _Batch, cid: str, response: tuple[int, dict] | None, error: dict | None) -> dict[str, Any]:
-        if b.style == "gemini":
-            if response is not None and response[0] == 200:
-                return {"key": cid, "response": chat_to_gemini_response(response[1])}
-            if response is not None:
-                return {"key": cid, "error": {"code": response[0], "message": response[1]["error"]["message"], "status": "INTERNAL"}}
-            return {"key": cid, "error": {"code": 499, "message": error["message"] if error else "", "status": "CANCELLED"}}
+        if b.style == "gemini":  # only successful replies come here
+            assert response is not None
+            return {"key": cid, "response": chat_to_gemini_response(response[1])}
         resp = None if response is None else {"status_code": response[0], "request_id": self._new_id("req_"), "body": response[1]}
         return {"id": self._new_id("batch_req_"), "custom_id": cid, "response": resp, "error": error}
 
-    def _store_file(self, lines: list[dict]) -> str:
+    def _store_file(self, lines: list[dict], purpose: str) -> str:
+        data = b"".join(orjson.dumps(x) + b"\n" for x in lines)
+        return self._add_file(data, f"{purpose}.jsonl", purpose, "application/jsonl", source="GENERATED")
+
+    def _add_file(self, data: bytes, filename: str, purpose: str, mime: str, source: str = "UPLOADED") -> str:
         fid = self._new_id("file-")
-        self.files[fid] = b"".join(orjson.dumps(x) + b"\n" for x in lines)
+        self.files[fid] = data
+        self.file_meta[fid] = {"filename": filename, "purpose": purpose, "mime": mime, "created": time.time(), "source": source}
         return fid
 
+    def _wall(self, b: _Batch, mono: float) -> int:
+        return int(b.created_wall + (mono - b.created))
+
     # -- OpenAI style ----------------------------------------------------------------------------------
+    def _file_object(self, fid: str) -> dict[str, Any]:
+        m = self.file_meta[fid]
+        return {"id": fid, "object": "file", "bytes": len(self.files[fid]), "created_at": int(m["created"]),
+                "filename": m["filename"], "purpose": m["purpose"], "status": "processed", "expires_at": None,
+                "status_details": None}
+
     async def upload(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return _error(401, "Incorrect API key provided.")
@@ -254,12 +362,9 @@ class BatchSim:
         f = form.get("file")
         if form.get("purpose") != "batch" or not isinstance(f, web.FileField):
             return _error(400, "expected multipart fields purpose=batch and file")
-        data = f.file.read()
-        fid = self._new_id("file-")
-        self.files[fid] = data
+        fid = self._add_file(f.file.read(), f.filename, "batch", f.content_type)
         self.stats.files_uploaded += 1
-        return _json({"id": fid, "object": "file", "bytes": len(data), "created_at": int(time.time()),
-                      "filename": f.filename, "purpose": "batch"})
+        return _json(self._file_object(fid))
 
     def _file(self, request: web.Request, denied: str) -> web.Response:
         # Both APIs serve a stored file the same way; only their wording of a bad key differs.
@@ -272,6 +377,14 @@ class BatchSim:
 
     async def file_content(self, request: web.Request) -> web.Response:
         return self._file(request, "Incorrect API key provided.")
+
+    async def file_get(self, request: web.Request) -> web.Response:
+        if _is_gemini(request):
+            return await self.g_file_get(request)
+        if not self._authorized(request):
+            return _error(401, "Incorrect API key provided.")
+        fid = request.match_info["file_id"]
+        return _json(self._file_object(fid)) if fid in self.files else _error(404, "No such file")
 
     async def create(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
@@ -291,17 +404,28 @@ class BatchSim:
         b = self._create("openai", req["input_file_id"], lines, req.get("metadata") or {})
         return _json(self._openai_view(b))
 
-    def _openai_view(self, b: _Batch) -> dict[str, Any]:
-        self._advance(b)
+    def _openai_view(self, b: _Batch, advance: bool = True) -> dict[str, Any]:
+        if advance:
+            self._advance(b)
         done, failed = b.counts
-        if b.status == "in_progress":
+        if b.status not in _FINAL:
             done = self._progress(b, time.monotonic() - b.created)
+        t = self.cfg.turnaround_s
+        started = b.created + _VALIDATING * t if b.status != "validating" and b.fate not in ("oversized", "queue_full") else None
+        ended = self._wall(b, b.ended) if b.ended is not None else None
         return {
             "id": b.id, "object": "batch", "endpoint": "/v1/chat/completions",
             "errors": {"object": "list", "data": b.errors} if b.errors else None,
             "input_file_id": b.input_file_id, "completion_window": "24h", "status": b.status,
             "output_file_id": b.output_file_id, "error_file_id": b.error_file_id,
-            "created_at": int(time.time() - (time.monotonic() - b.created)),
+            "created_at": int(b.created_wall), "expires_at": int(b.created_wall) + 24 * 3600,
+            "in_progress_at": self._wall(b, started) if started is not None else None,
+            "finalizing_at": ended if b.status == "completed" else None,
+            "completed_at": ended if b.status == "completed" else None,
+            "failed_at": ended if b.status == "failed" else None,
+            "expired_at": ended if b.status == "expired" else None,
+            "cancelling_at": self._wall(b, b.cancelled_at) if b.cancelled_at is not None else None,
+            "cancelled_at": ended if b.status == "cancelled" else None,
             "request_counts": {"total": len(b.lines), "completed": done, "failed": failed},
             "metadata": b.metadata,
         }
@@ -312,76 +436,122 @@ class BatchSim:
             return _error(401, "Incorrect API key provided." if style == "openai" else "API key not valid.")
         b = self.batches.get(request.match_info["batch_id"])
         if b is None or b.style != style:
-            return _error(404, "No such batch")
+            return _error(404, "No such batch") if style == "openai" else _g_error(404, "Requested entity was not found.", "NOT_FOUND")
         return b
 
     async def retrieve(self, request: web.Request) -> web.Response:
+        found = self.batches.get(request.match_info["batch_id"])
+        if found is not None and found.style == "gemini":  # GET /v1/batches/{id} is google-genai's get too
+            return await self.g_get(request)
         b = self._batch(request, "openai")
         return b if isinstance(b, web.Response) else _json(self._openai_view(b))
 
     async def list(self, request: web.Request) -> web.Response:
+        if _is_gemini(request):
+            return await self.g_list(request)
         if not self._authorized(request):
             return _error(401, "Incorrect API key provided.")
-        views = [self._openai_view(b) for b in reversed(self.batches.values()) if b.style == "openai"]
-        return _json({"object": "list", "data": views, "has_more": False})
+        ids = [b.id for b in reversed(self.batches.values()) if b.style == "openai"]  # newest first
+        after = request.query.get("after")
+        start = ids.index(after) + 1 if after in ids else 0
+        limit = max(1, min(100, int(request.query.get("limit", "20"))))
+        page = [self._openai_view(self.batches[i]) for i in ids[start:start + limit]]
+        return _json({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                      "last_id": page[-1]["id"] if page else None, "has_more": start + limit < len(ids)})
 
     async def cancel(self, request: web.Request) -> web.Response:
         b = self._batch(request, "openai")
         if isinstance(b, web.Response):
             return b
         self._cancel(b)
-        return _json(self._openai_view(b))
+        return _json(self._openai_view(b, advance=False))  # "cancelling" until the next read
 
     def _cancel(self, b: _Batch) -> None:
         self._advance(b)
-        if b.status in ("validating", "in_progress"):
+        if b.status not in _FINAL:
             b.cancelled_at = time.monotonic()
             b.status = "cancelling"
 
     # -- Gemini style ----------------------------------------------------------------------------------
+    def _g_file(self, fid: str, root: str, version: str) -> dict[str, Any]:
+        m = self.file_meta[fid]
+        data = self.files[fid]
+        view = {"name": f"files/{fid}", "displayName": m["filename"], "mimeType": m["mime"], "sizeBytes": str(len(data)),
+                "createTime": _iso(m["created"]), "updateTime": _iso(m["created"]),
+                "expirationTime": _iso(m["created"] + 48 * 3600),
+                "sha256Hash": base64.b64encode(hashlib.sha256(data).hexdigest().encode()).decode(),
+                "uri": f"{root}/{version}/files/{fid}", "state": "ACTIVE", "source": m["source"]}
+        if m["source"] == "GENERATED":
+            view["downloadUri"] = f"{root}/download/{version}/files/{fid}:download?alt=media"
+        return view
+
     async def g_upload_start(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
-            return _error(401, "API key not valid.")
-        if request.headers.get("X-Goog-Upload-Protocol") != "resumable" or request.headers.get("X-Goog-Upload-Command") != "start":
-            return _error(400, "only the resumable upload protocol is supported")
+            return _g_error(401, "API key not valid.", "UNAUTHENTICATED")
+        h = request.headers
+        if h.get("X-Goog-Upload-Protocol") != "resumable" or h.get("X-Goog-Upload-Command") != "start":
+            return _g_error(400, "only the resumable upload protocol is supported", "INVALID_ARGUMENT")
         meta = orjson.loads(await request.read() or b"{}")
         sid = self._new_id("upload-")
-        self.uploads[sid] = meta.get("file") or {}
-        url = f"{request.scheme}://{request.host}/upload/v1beta/files/session/{sid}"
+        self.uploads[sid] = {"file": meta.get("file") or {}, "data": bytearray(), "version": request.match_info["v"],
+                             "mime": h.get("X-Goog-Upload-Header-Content-Type", "application/octet-stream")}
+        url = f"{request.scheme}://{request.host}/upload/{request.match_info['v']}/files/session/{sid}"
         return _json({}, headers={"X-Goog-Upload-URL": url, "X-Goog-Upload-Status": "active"})
 
-    async def g_upload_finish(self, request: web.Request) -> web.Response:
-        sid = request.match_info["sid"]
-        if sid not in self.uploads or "finalize" not in request.headers.get("X-Goog-Upload-Command", ""):
-            return _error(400, "unknown upload session or missing finalize")
-        meta = self.uploads.pop(sid)
-        data = await request.read()
-        fid = self._new_id("file-")
-        self.files[fid] = data
+    async def g_upload_chunk(self, request: web.Request) -> web.Response:
+        """One `upload` chunk at `X-Goog-Upload-Offset`; `upload, finalize` ends the session with the File."""
+        session = self.uploads.get(request.match_info["sid"])
+        commands = {c.strip() for c in request.headers.get("X-Goog-Upload-Command", "").split(",")}
+        if session is None:
+            return _g_error(404, "unknown upload session", "NOT_FOUND")
+        if "upload" not in commands:
+            return _g_error(400, "X-Goog-Upload-Command must be upload or 'upload, finalize'", "INVALID_ARGUMENT")
+        offset = request.headers.get("X-Goog-Upload-Offset", "")
+        if offset != str(len(session["data"])):
+            return _g_error(400, f"X-Goog-Upload-Offset {offset!r} is not the {len(session['data'])} bytes received", "INVALID_ARGUMENT")
+        session["data"] += await request.read()
+        if "finalize" not in commands:
+            return web.Response(status=200, headers={"X-Goog-Upload-Status": "active"})
+        del self.uploads[request.match_info["sid"]]
+        info = session["file"]
+        name = info.get("displayName") or info.get("display_name") or ""
+        fid = self._add_file(bytes(session["data"]), name, "batch", info.get("mimeType") or session["mime"])
         self.stats.files_uploaded += 1
-        return _json({"file": {"name": f"files/{fid}", "displayName": meta.get("display_name", ""),
-                               "sizeBytes": str(len(data)), "mimeType": "application/jsonl", "state": "ACTIVE"}})
+        root = f"{request.scheme}://{request.host}"
+        return _json({"file": self._g_file(fid, root, session["version"])}, headers={"X-Goog-Upload-Status": "final"})
+
+    async def g_file_get(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _g_error(401, "API key not valid.", "UNAUTHENTICATED")
+        fid = request.match_info["file_id"]
+        if fid not in self.files:
+            return _g_error(404, f"File {fid} does not exist.", "NOT_FOUND")
+        return _json(self._g_file(fid, f"{request.scheme}://{request.host}", request.match_info.get("v", "v1beta")))
 
     async def g_download(self, request: web.Request) -> web.Response:
         return self._file(request, "API key not valid.")
 
     async def g_create(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
-            return _error(401, "API key not valid.")
+            return _g_error(401, "API key not valid.", "UNAUTHENTICATED")
         req = orjson.loads(await request.read())
         batch = req.get("batch") or {}
         src = (batch.get("input_config") or batch.get("inputConfig") or {})
         fname = (src.get("file_name") or src.get("fileName") or "").removeprefix("files/")
         data = self.files.get(fname)
         if data is None:
-            return _error(400, f"input_config.file_name {fname!r} is not an uploaded file")
+            return _g_error(400, f"input_config.file_name {fname!r} is not an uploaded file", "INVALID_ARGUMENT")
         try:
             lines = [(x["key"], gemini_to_chat(x["request"])) for x in map(orjson.loads, data.splitlines()) if x]
         except (orjson.JSONDecodeError, KeyError, TypeError):
-            return _error(400, "input file is not Gemini batch JSONL (key, request)")
+            return _g_error(400, "input file is not Gemini batch JSONL (key, request)", "INVALID_ARGUMENT")
         model = request.match_info["model"]
         for _, body in lines:
             body["model"] = model
+        if self._queue_full(sum(_prompt_tokens(body) for _, body in lines)):
+            self.stats.rejected_queue_full += 1
+            return _g_error(429, "You exceeded your current quota, please check your plan and billing details. "
+                                 "Enqueued tokens of unfinished batches exceed the limit.", "RESOURCE_EXHAUSTED")
         meta = {"display_name": batch.get("display_name") or batch.get("displayName") or ""}
         b = self._create("gemini", fname, lines, meta, model)
         return _json(self._gemini_view(b))
@@ -389,23 +559,27 @@ class BatchSim:
     def _gemini_view(self, b: _Batch) -> dict[str, Any]:
         self._advance(b)
         done, failed = b.counts
-        if b.status == "in_progress":
+        if b.status not in _FINAL:
             done = self._progress(b, time.monotonic() - b.created)
         total = len(b.lines)
-        meta = {
+        meta: dict[str, Any] = {
             "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch",
             "name": f"batches/{b.id}", "model": f"models/{b.model}", "displayName": b.metadata.get("display_name", ""),
+            "inputConfig": {"fileName": f"files/{b.input_file_id}"},
+            "createTime": _iso(b.created_wall), "updateTime": _iso(time.time()),
             "state": _GEMINI_STATE[b.status],
             "batchStats": {"requestCount": str(total), "successfulRequestCount": str(done),
                            "failedRequestCount": str(failed), "pendingRequestCount": str(total - done - failed)},
         }
-        view: dict[str, Any] = {"name": f"batches/{b.id}", "metadata": meta,
-                                "done": b.status in ("completed", "failed", "expired", "cancelled")}
+        if b.ended is not None:
+            meta["endTime"] = _iso(self._wall(b, b.ended))
+        view: dict[str, Any] = {"name": f"batches/{b.id}", "metadata": meta, "done": b.status in _FINAL}
         if b.output_file_id:
+            meta["output"] = {"responsesFile": f"files/{b.output_file_id}"}
             view["response"] = {"@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatchOutput",
                                 "responsesFile": f"files/{b.output_file_id}"}
-        if b.errors:
-            view["error"] = {"code": 400, "message": b.errors[0]["message"], "status": "INVALID_ARGUMENT"}
+        if b.errors:  # a failed long-running operation carries a google.rpc.Status
+            view["error"] = {"code": _GRPC_INVALID_ARGUMENT, "message": b.errors[0]["message"]}
         return view
 
     async def g_get(self, request: web.Request) -> web.Response:
@@ -414,8 +588,14 @@ class BatchSim:
 
     async def g_list(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
-            return _error(401, "API key not valid.")
-        return _json({"operations": [self._gemini_view(b) for b in reversed(self.batches.values()) if b.style == "gemini"]})
+            return _g_error(401, "API key not valid.", "UNAUTHENTICATED")
+        ids = [b.id for b in reversed(self.batches.values()) if b.style == "gemini"]
+        start = int(request.query.get("pageToken") or 0)
+        size = max(1, min(100, int(request.query.get("pageSize") or 50)))
+        body: dict[str, Any] = {"operations": [self._gemini_view(self.batches[i]) for i in ids[start:start + size]]}
+        if start + size < len(ids):
+            body["nextPageToken"] = str(start + size)
+        return _json(body)
 
     async def g_cancel(self, request: web.Request) -> web.Response:
         b = self._batch(request, "gemini")
@@ -429,9 +609,12 @@ class BatchSim:
         knobs = orjson.loads(await request.read() or b"{}")
         base = BatchConfig() if knobs.pop("reset", False) else self.cfg
         try:
-            self.cfg = dataclasses.replace(base, **knobs)
+            cfg = dataclasses.replace(base, **knobs)
         except TypeError as e:
             return _json({"error": str(e)}, 400)
+        if cfg.fail_kind not in _FAILED_LINE:
+            return _json({"error": f"fail_kind must be one of {sorted(_FAILED_LINE)}"}, 400)
+        self.cfg = cfg
         self.rng = random.Random(self.cfg.seed)
         return _json(dataclasses.asdict(self.cfg))
 
@@ -443,44 +626,28 @@ class BatchSim:
         return _json(self.stats.as_dict())
 
 
-def register(app: web.Application, sim: Simulator) -> BatchSim:
+def register(app: web.Application, sim: ReplySource) -> BatchSim:
     """Add both batch APIs and their admin routes to the simulator's app."""
     b = BatchSim(sim)
     r = app.router
     r.add_post("/v1/files", b.upload)
+    r.add_get("/v1/files/{file_id:[^/:]+}", b.file_get)  # google-genai's files.get under v1 too
     r.add_get("/v1/files/{file_id}/content", b.file_content)
     r.add_post("/v1/batches", b.create)
-    r.add_get("/v1/batches", b.list)
-    r.add_get("/v1/batches/{batch_id}", b.retrieve)
+    r.add_get("/v1/batches", b.list)  # and google-genai's list under v1
+    r.add_get("/v1/batches/{batch_id:[^/:]+}", b.retrieve)  # and google-genai's get under v1
     r.add_post("/v1/batches/{batch_id}/cancel", b.cancel)
-    r.add_post("/upload/v1beta/files", b.g_upload_start)
-    r.add_post("/upload/v1beta/files/session/{sid}", b.g_upload_finish)
-    r.add_get("/download/v1beta/files/{file_id:[^/:]+}:download", b.g_download)
-    r.add_post("/v1beta/models/{model:[^/:]+}:batchGenerateContent", b.g_create)
+    v = "{v:v1beta|v1}"
+    r.add_post(f"/upload/{v}/files", b.g_upload_start)
+    r.add_post(f"/upload/{v}/files/session/{{sid}}", b.g_upload_chunk)
+    r.add_get("/v1beta/files/{file_id:[^/:]+}", b.g_file_get)
+    r.add_get(f"/download/{v}/files/{{file_id:[^/:]+}}:download", b.g_download)
+    r.add_get(f"/{v}/files/{{file_id:[^/:]+}}:download", b.g_download)  # google-genai's files.download
+    r.add_post(f"/{v}/models/{{model:[^/:]+}}:batchGenerateContent", b.g_create)
     r.add_get("/v1beta/batches", b.g_list)
     r.add_get("/v1beta/batches/{batch_id:[^/:]+}", b.g_get)
-    r.add_post("/v1beta/batches/{batch_id:[^/:]+}:cancel", b.g_cancel)
+    r.add_post(f"/{v}/batches/{{batch_id:[^/:]+}}:cancel", b.g_cancel)
     r.add_post("/admin/batch", b.admin)
     r.add_get("/batch/stats", b.get_stats)
     r.add_post("/batch/stats/reset", b.reset_stats)
     return b
-
-
-# -- admin calls from tests and benchmarks (the simulator is another process) ---------------------------
-def _call(root: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    from .harness import admin_call  # harness imports the server, which imports this module
-
-    return admin_call(root, method, path, body)
-
-
-def configure_batch(base_url: str, *, reset: bool = False, **knobs: Any) -> dict[str, Any]:
-    """Set `BatchConfig` knobs of the simulator at `base_url` (a SimHandle's base_url)."""
-    return _call(base_url, "POST", "/admin/batch", {"reset": reset, **knobs})
-
-
-def batch_stats(base_url: str) -> dict[str, Any]:
-    return _call(base_url, "GET", "/batch/stats")
-
-
-def reset_batch_stats(base_url: str) -> dict[str, Any]:
-    return _call(base_url, "POST", "/batch/stats/reset")

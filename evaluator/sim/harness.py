@@ -43,6 +43,19 @@ def admin_call(root: str, method: str, path: str, body: dict[str, Any] | None = 
         raise ValueError(f"simulator refused {path}: {e.read().decode(errors='replace')}") from e
 
 
+def configure_batch(base_url: str, *, reset: bool = False, **knobs: Any) -> dict[str, Any]:
+    """Set the batch APIs' `BatchConfig` knobs of the simulator at `base_url` (a SimHandle's base_url)."""
+    return admin_call(base_url, "POST", "/admin/batch", {"reset": reset, **knobs})
+
+
+def batch_stats(base_url: str) -> dict[str, Any]:
+    return admin_call(base_url, "GET", "/batch/stats")
+
+
+def reset_batch_stats(base_url: str) -> dict[str, Any]:
+    return admin_call(base_url, "POST", "/batch/stats/reset")
+
+
 class SimHandle:
     def __init__(self, proc: subprocess.Popen[bytes], base_url: str) -> None:
         self.proc = proc

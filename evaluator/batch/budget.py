@@ -1,0 +1,56 @@
+"""`--budget` with `--batch`: each batch's worst case is reserved before it is submitted.
+
+A provider's batch API takes one call per batch, so the check is per batch: the worst case of every
+request in it (prompt tokens by the token rule, plus all of `max_tokens`) at the batch price
+(online price x (1 - `batch_discount`)). A batch that could pass the budget is not submitted; the run
+stops with `BudgetExhausted` (batches already submitted are recorded and polled by the rerun). When a
+batch's results are fetched its reservation is settled with the tokens the provider reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..llm.budget import Budget, cost_usd, worst_case_usd
+from ..llm.errors import BudgetExhausted
+from ..llm.profiles import ModelProfile
+from .files import Request, Result
+from .providers import BatchAPI
+
+
+class BudgetedBatches:
+    """A `BatchAPI` whose `submit` reserves the batch's worst case first; everything else is the wrapped API's."""
+
+    def __init__(self, api: BatchAPI, budget: Budget, profile: ModelProfile) -> None:
+        self._api = api
+        self._budget = budget
+        self._profile = profile
+        self._share = 1.0 - (profile.batch_discount or 0.0)  # what a batch token costs of an online one
+        self._reserved: dict[str, float] = {}  # batch id -> its reservation
+
+    async def submit(self, requests: list[Request], token: str) -> str:
+        usd = self._share * sum(worst_case_usd(self._profile, r.body) for r in requests)
+        if not self._budget.reserve(usd):
+            raise BudgetExhausted(self._budget.stop_message())
+        try:
+            batch_id = await self._api.submit(requests, token)
+        except BaseException:
+            self._budget.settle(usd, 0.0)  # never created: nothing to pay
+            raise
+        self._reserved[batch_id] = usd
+        return batch_id
+
+    async def results(self, batch_id: str) -> list[Result]:
+        results = await self._api.results(batch_id)
+        if batch_id not in self._reserved:  # submitted by an earlier invocation: its spend was that one's
+            return results
+        pt = ct = 0
+        for r in results:
+            usage = ((r.body or {}).get("usage") or {}) if r.ok else {}
+            pt += int(usage.get("prompt_tokens") or 0)
+            ct += int(usage.get("completion_tokens") or 0)
+        self._budget.settle(self._reserved.pop(batch_id), self._share * cost_usd(self._profile, pt, ct))
+        return results
+
+    def __getattr__(self, name: str) -> Any:  # line_size, find, state, cancel, close
+        return getattr(self._api, name)

@@ -1,0 +1,120 @@
+"""A spending cap for one invocation (`--budget USD`), and the one rule that counts a request's prompt tokens.
+
+The engine reserves a call's worst case (its prompt tokens, counted by `prompt_tokens`, at the input
+price plus `max_tokens` at the output price) before each HTTP attempt and settles it with the tokens
+the provider reports; a call that could pass the cap is not sent. While other reservations are still
+open a call waits for them to settle (their real cost is usually far below the worst case) and is
+refused only when nothing is open and it still does not fit, so the cap is used, not just approached.
+From the first refusal on every later call is refused: the run stops cleanly, and the replies already
+received stay cached, so a rerun with a larger budget pays for none of them again.
+
+Token rule (no tokenizer is needed, none is installed): characters of each message's text divided by
+the profile's `chars_per_token` (4.0: OpenAI's rule of thumb for English), plus `MESSAGE_TOKENS` per
+message for the role and separators (OpenAI's cookbook counts 3-4), plus the `response_format` JSON
+when one is sent. The simulator bills prompt tokens by the same rule, so against it the figure is
+exact; against a real provider it is an estimate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from .errors import ConfigError
+from .profiles import ModelProfile
+
+MESSAGE_TOKENS = 4  # per message: role and separators
+
+
+def _text_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):  # OpenAI content parts: only the text parts are counted
+        return sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
+    return 0
+
+
+def prompt_tokens(body: dict[str, Any], chars_per_token: float = 4.0) -> int:
+    """The prompt tokens of one chat-completions body under the module's token rule."""
+    messages = body.get("messages") or []
+    chars = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    n = int(chars / chars_per_token) + MESSAGE_TOKENS * len(messages)
+    rf = body.get("response_format")
+    if isinstance(rf, dict) and rf.get("type") != "text":
+        n += int(len(orjson.dumps(rf)) / chars_per_token)
+    return n
+
+
+def cost_usd(profile: ModelProfile, prompt: int, completion: int) -> float:
+    """Online USD for these tokens; 0 when the profile has no prices (`check_priced` rules that out)."""
+    pin = profile.price_input_per_mtok or 0.0
+    pout = profile.price_output_per_mtok or 0.0
+    return (prompt * pin + completion * pout) / 1e6
+
+
+def worst_case_usd(profile: ModelProfile, body: dict[str, Any]) -> float:
+    """What one attempt of `body` can cost at most: its prompt, and every completion token it may use."""
+    max_tokens = body.get("max_tokens") or profile.max_tokens or 0
+    return cost_usd(profile, prompt_tokens(body, profile.chars_per_token), int(max_tokens))
+
+
+def check_priced(profiles: dict[str, ModelProfile], where: str = "--budget") -> None:
+    """Before any work: a budget needs every model's prices and a bounded completion (`max_tokens`)."""
+    for p in profiles.values():
+        missing = [k for k in ("price_input_per_mtok", "price_output_per_mtok") if getattr(p, k) is None]
+        if missing:
+            raise ConfigError(f"{where} needs prices, and model profile {p.name!r} has no {' or '.join(missing)}; "
+                              "add them to its .toml (USD per 1M tokens) or run without a budget")
+        if not p.max_tokens:
+            raise ConfigError(f"{where} needs a bounded reply, and model profile {p.name!r} sets no max_tokens; "
+                              "set max_tokens in its .toml or pass --max-tokens N")
+
+
+@dataclass
+class Budget:
+    """The cap shared by every engine of one invocation (USD at online prices)."""
+
+    limit_usd: float
+    spent_usd: float = 0.0  # settled: what the provider billed by its own token counts
+    reserved_usd: float = 0.0  # worst cases of the attempts in flight
+    stopped: bool = False
+    _settled: asyncio.Event | None = field(default=None, repr=False)
+
+    def reserve(self, usd: float) -> bool:
+        """Hold `usd` for one attempt if the cap allows it now (no waiting)."""
+        if self.stopped or self.spent_usd + self.reserved_usd + usd > self.limit_usd:
+            return False
+        self.reserved_usd += usd
+        return True
+
+    async def admit(self, usd: float) -> bool:
+        """`reserve`, waiting while other reservations are open; False (and the run stops) when it cannot fit."""
+        while not self.reserve(usd):
+            if self.stopped or self.reserved_usd <= 1e-15:
+                self.stopped = True
+                return False
+            if self._settled is None:
+                self._settled = asyncio.Event()
+            self._settled.clear()
+            await self._settled.wait()
+        return True
+
+    def settle(self, reserved_usd: float, spent_usd: float) -> None:
+        """An attempt reserved with `reserved_usd` is over; the provider billed `spent_usd` for it."""
+        self.reserved_usd = max(0.0, self.reserved_usd - reserved_usd)
+        self.spent_usd += spent_usd
+        if self._settled is not None:
+            self._settled.set()
+
+    @property
+    def remaining_usd(self) -> float:
+        return max(0.0, self.limit_usd - self.spent_usd)
+
+    def stop_message(self) -> str:
+        """The one line the CLI prints when the cap stopped the run (the engine raises it as `BudgetExhausted`)."""
+        return (f"budget reached: spent ${self.spent_usd:.4f} of ${self.limit_usd:.4f} (online prices, the provider's "
+                "token counts), and the next call could pass it. Every reply received is cached: rerun the same "
+                "command with a larger --budget to continue (add --dry-run to see what remains).")

@@ -1,0 +1,95 @@
+"""One redactor for every string that leaves the process: API keys become `[REDACTED:ENV_NAME]`.
+
+It knows the value of every configured key: the environment variable each profile in
+`configs/models/` names in `api_key_env`, and that of every other profile file loaded (`watch_env`,
+called by the profile loader for `--model path.toml`), read from the environment at each call so a key
+set later is still caught. Error text also loses anything shaped like a provider key (`AIza...`,
+`sk-...`, a `Bearer` token), which may be a key we do not know (a proxy echoing another header).
+Server errors, batch errors, the CLI's error lines, the report and request/result files pass through
+`redact` before they are printed or written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tomllib
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+MODELS_DIR = Path(__file__).resolve().parents[1] / "configs" / "models"
+# Shorter values would turn ordinary words of an error into redaction marks and are no secret worth
+# the name (a local server's placeholder key); every provider key is far longer.
+MIN_KEY_LEN = 6
+# Shapes of provider keys met in error text even when the key is not ours.
+KEY_SHAPES = re.compile(r"(AIza[0-9A-Za-z_\-]{20,}|sk-[A-Za-z0-9_\-]{12,}|Bearer\s+[A-Za-z0-9._~+/=\-]{8,})")
+
+_watched: set[str] = set()  # env var names of profiles loaded from elsewhere than configs/models
+_configured: set[str] | None = None  # env var names the bundled profiles declare (read once)
+
+
+def _profile_envs(models_dir: Path = MODELS_DIR) -> set[str]:
+    names = set()
+    for f in sorted(models_dir.glob("*.toml")):
+        try:
+            env = tomllib.loads(f.read_text(encoding="utf-8")).get("api_key_env")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue  # the profile loader reports a broken profile when it is used
+        if isinstance(env, str) and env:
+            names.add(env)
+    return names
+
+
+def watch_env(name: str | None) -> None:
+    """Redact the value of env var `name` from now on (a profile's `api_key_env`)."""
+    if name:
+        _watched.add(name)
+
+
+def known_keys(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """key value -> the env var holding it, for every configured key set in the environment."""
+    global _configured
+    if _configured is None:
+        _configured = _profile_envs()
+    env = os.environ if env is None else env
+    out: dict[str, str] = {}
+    for name in sorted(_configured | _watched):
+        value = env.get(name, "").strip()
+        if len(value) >= MIN_KEY_LEN:
+            out[value] = name
+    return out
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """`text` with every configured key (and `secrets`, keys handed over directly) and key shapes replaced."""
+    keys = known_keys()
+    for s in secrets:
+        if s and len(s.strip()) >= MIN_KEY_LEN:
+            keys.setdefault(s.strip(), "key")
+    for value in sorted(keys, key=len, reverse=True):  # a key holding another is replaced whole
+        if value in text:
+            text = text.replace(value, f"[REDACTED:{keys[value]}]")
+    return KEY_SHAPES.sub("[REDACTED]", text)
+
+
+def redact_keys(data: bytes) -> bytes:
+    """File content with configured keys replaced, nothing else touched (prompts and replies stay as they are)."""
+    for value, name in sorted(known_keys().items(), key=lambda kv: len(kv[0]), reverse=True):
+        data = data.replace(value.encode(), f"[REDACTED:{name}]".encode())
+    return data
+
+
+class RedactFilter(logging.Filter):
+    """A log handler's filter: each record's message leaves with keys redacted."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact(record.getMessage()), ()
+        return True
+
+
+def redacted_traceback(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str:
+    """A crash's traceback as Python prints it, with keys redacted (the CLI's `sys.excepthook`)."""
+    return redact("".join(traceback.format_exception(kind, exc, tb)))

@@ -1,0 +1,45 @@
+"""The report's "Cost and batch" section, from `meta.json`'s `cost` and `batch` blocks (values only)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..batch.cost import BatchStats, Cost
+from ..redact import redact
+from .fmt import table
+
+
+def _usd(x: float | None) -> str:
+    return "unknown" if x is None else f"${x:,.4f}"
+
+
+def cost_section_md(cost: Mapping[str, Cost], batch: Mapping[str, BatchStats] | None = None) -> str | None:
+    """Markdown for tokens and cost per model (online, batch, total, all-online equivalent); None if empty."""
+    if not cost:
+        return None
+    rows = []
+    for name, c in cost.items():
+        on, b = c.online, c.batch
+        rows.append([name, f"{on.prompt_tokens:,} / {on.completion_tokens:,}",
+                     f"{b.prompt_tokens:,} / {b.completion_tokens:,}", _usd(on.usd),
+                     _usd(b.usd), _usd(c.total_usd), _usd(c.all_online_usd)])
+    lines = [
+        "## Cost and batch",
+        "",
+        "Tokens billed in this invocation (cached replies cost nothing), priced with the profile's "
+        "`price_input_per_mtok` / `price_output_per_mtok` and, for batch requests, `batch_discount` "
+        "(unknown when the profile gives no price).",
+        "",
+        table(["model", "online tokens (in / out)", "batch tokens (in / out)", "online USD", "batch USD",
+               "total USD", "same tokens all online"], rows),
+    ]
+    if batch:
+        rows = [[name, str(s.batches), f"{s.submitted:,}", f"{s.stored:,}", f"{s.failed:,}", f"{s.not_run:,}",
+                 f"{s.resubmitted:,}", f"{s.waited_s:.0f} s"] for name, s in batch.items()]
+        lines += ["", table(["model", "batches", "requests submitted", "stored", "failed",
+                             "not run (expired/cancelled)", "re-submitted", "waited"], rows)]
+        # Redacted again: a meta.json written before errors were redacted at the source may hold a key.
+        errs = [redact(f"{n}: {e}") for n, s in batch.items() for e in s.errors]
+        if errs:
+            lines += ["", "First batch errors: " + "; ".join(errs[:5])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,353 @@
+// The results viewer: overview, query explorer, query page and comparison of evaluator output folders.
+// Plain ES module, no dependency; the data is the inline JSON of <script id="data"> (see evaluator/render/view.py).
+"use strict";
+
+const D = JSON.parse(document.getElementById("data").textContent);
+const app = document.getElementById("app");
+const GOLDS = D.golds;
+const OUTCOME = {ptr: "PtR wins", rtp: "RtP wins", tie: "tie", miss: "both miss", na: "not paired"};
+const FLAGS = {truncated: "truncated", parse_error: "parse error", llm_error: "LLM error", refused: "refusal",
+               fallback: "fallback", excluded: "PtR excluded"};
+
+// ------------------------------------------------------------------ helpers
+
+const ESC = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"};
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ESC[c]);
+const num = (x, d = 3) => (x === null || x === undefined || Number.isNaN(x) ? "–" : Number(x).toFixed(d));
+const api = (i) => (typeof i === "number" ? D.apis[i] : String(i));
+const list = (i) => D.lists[i] || [[], []];
+const side = (i) => D.sides[i];
+const ds = (r) => D.datasets[side(r.side).ds];
+const table = (head, rows, attrs = "") =>
+  `<table ${attrs}><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join("")}</tr></thead>` +
+  `<tbody>${rows.map((r) => `<tr>${r.map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`).join("")}</tbody></table>`;
+const goldSets = (q) => q.gold.map((g) => new Set(g));
+function goldBadges(id, gsets) {
+  return gsets.map((g, i) => (g.has(id) ? `<span class="gold g${i}" title="in gold ${GOLDS[i]}">${GOLDS[i]}</span>` : "")).join("");
+}
+function recsOf(qi) { return D.records.map((r, i) => [r, i]).filter(([r]) => r.q === qi); }
+
+// ------------------------------------------------------------------ navigation
+
+const state = {page: 0, pageSize: 100, search: "", subset: "", side: "", run: "", outcome: "", flag: "", gold: 0, sort: "diff-desc", cmpGold: 0};
+
+function nav() {
+  const tabs = [["overview", "Overview"], ["queries", "Queries"]];
+  if (D.compare) tabs.push(["compare", "Comparison"]);
+  const cur = location.hash.replace(/^#/, "").split(/[=&]/)[0] || "overview";
+  return `<nav>${tabs.map(([h, t]) => `<a href="#${h}" class="${cur === h || (h === "queries" && cur === "q") ? "on" : ""}">${t}</a>`).join("")}` +
+    `<span class="title">${esc(document.title)}</span></nav>`;
+}
+
+function route() {
+  const h = location.hash.replace(/^#/, "");
+  const params = new URLSearchParams(h);
+  let body;
+  if (params.has("q")) body = queryPage(Number(params.get("q")), params.has("r") ? Number(params.get("r")) : null);
+  else if (h === "queries") body = explorer();
+  else if (h === "compare" && D.compare) body = compare();
+  else body = overview();
+  app.innerHTML = nav() + `<main>${body}</main>`;
+  if (h === "queries") bindExplorer();
+  if (h === "compare") bindCompare();
+  window.scrollTo(0, 0);
+}
+
+// ------------------------------------------------------------------ overview
+
+function overview() {
+  return D.datasets.map((d) => {
+    const warn = d.warnings.length ? `<ul class="warnings">${d.warnings.map((w) => `<li>${esc(w)}</li>`).join("")}</ul>` : "<p>No warnings.</p>";
+    const tables = d.tables.length ? d.tables.map((t) => `<h3>${esc(t.title)}</h3>${table(t.head, t.rows, 'class="num"')}` +
+      (t.note ? `<p class="note">${esc(t.note)}</p>` : "")).join("") : "<p>No tables: summary.json is missing.</p>";
+    const figs = d.figures.map((f) => `<figure><img alt="${esc(f.name)}" src="data:image/png;base64,${f.png}"><figcaption>${esc(f.name)}</figcaption></figure>`).join("");
+    const acc = d.accounting;
+    return `<section class="dataset"><h2>${esc(d.name)}</h2>` +
+      `<h3>Settings</h3>${table(["setting", "value"], d.settings, 'class="kv"')}` +
+      `<h3>Warnings</h3>${warn}<h3>Main tables</h3>${tables}` +
+      `<h3>Accounting</h3>${acc.calls.rows.length ? table(acc.calls.head, acc.calls.rows, 'class="num"') : "<p>No LLM calls.</p>"}` +
+      (acc.cost.rows.length ? table(acc.cost.head, acc.cost.rows, 'class="num"') : "") +
+      `<h3>Figures</h3><div class="figs">${figs || "<p>No figures.</p>"}</div></section>`;
+  }).join("");
+}
+
+// ------------------------------------------------------------------ explorer
+
+function diffOf(r, g) {
+  const a = r.recall.rtp[g], b = r.recall.ptr[g];
+  return a === null || b === null ? null : b - a;
+}
+
+function matches(r) {
+  const q = D.queries[r.q];
+  if (state.subset && q.subset !== state.subset) return false;
+  if (state.side !== "" && r.side !== Number(state.side)) return false;
+  if (state.run !== "" && r.run !== Number(state.run)) return false;
+  if (state.outcome && r.outcome[state.gold] !== state.outcome) return false;
+  if (state.flag && !r.flags.includes(state.flag)) return false;
+  if (state.search) {
+    const s = state.search.toLowerCase();
+    const stubs = r.ptr ? r.ptr.stubs.map((x) => x[0]).join(" ") : "";
+    if (!(q.text.toLowerCase().includes(s) || String(q.id).toLowerCase() === s || stubs.toLowerCase().includes(s))) return false;
+  }
+  return true;
+}
+
+function filtered() {
+  const g = state.gold;
+  const rows = D.records.map((r, i) => [r, i]).filter(([r]) => matches(r));
+  const key = ([r]) => diffOf(r, g);
+  if (state.sort === "diff-desc" || state.sort === "diff-asc") {
+    const sign = state.sort === "diff-desc" ? -1 : 1;
+    rows.sort((a, b) => {
+      const x = key(a), y = key(b);
+      if (x === null || y === null) return (x === null) - (y === null);
+      return sign * (x - y) || a[1] - b[1];
+    });
+  }
+  return rows;
+}
+
+function options(values, current, all) {
+  return `<option value="">${all}</option>` +
+    values.map(([v, t]) => `<option value="${esc(v)}"${String(current) === String(v) ? " selected" : ""}>${esc(t)}</option>`).join("");
+}
+
+function explorer() {
+  const subsets = [...new Set(D.queries.map((q) => q.subset))].sort().map((s) => [s, s]);
+  const runs = [...new Set(D.records.map((r) => r.run))].sort((a, b) => a - b).map((r) => [r, `run ${r}`]);
+  const sides = D.sides.map((s, i) => [i, s.label || "retrieval only"]);
+  return `<h2>Queries</h2><div class="filters">` +
+    `<input id="f-search" type="search" placeholder="search query text, id or stub" value="${esc(state.search)}">` +
+    `<select id="f-subset">${options(subsets, state.subset, "every subset")}</select>` +
+    `<select id="f-side">${options(sides, state.side, "every model")}</select>` +
+    `<select id="f-run">${options(runs, state.run, "every run")}</select>` +
+    `<select id="f-outcome">${options(Object.entries(OUTCOME), state.outcome, "every outcome")}</select>` +
+    `<select id="f-flag">${options(Object.entries(FLAGS), state.flag, "any flags")}</select>` +
+    `<label>gold <select id="f-gold">${GOLDS.map((g, i) => `<option value="${i}"${state.gold === i ? " selected" : ""}>${g}</option>`).join("")}</select></label>` +
+    `<label>sort <select id="f-sort">${[["diff-desc", "recall difference PtR−RtP, largest first"], ["diff-asc", "recall difference, smallest first"], ["query", "subset and query id"]]
+      .map(([v, t]) => `<option value="${v}"${state.sort === v ? " selected" : ""}>${t}</option>`).join("")}</select></label>` +
+    `</div><p id="count"></p><div class="pager"><button id="p-prev">◀ previous</button><span id="p-info"></span>` +
+    `<button id="p-next">next ▶</button><label>rows per page <select id="p-size">${PAGE_SIZES.map((n) =>
+      `<option value="${n}"${String(state.pageSize) === String(n) ? " selected" : ""}>${n}</option>`).join("")}</select></label></div>` +
+    `<table class="rows explorer"><thead><tr><th>subset</th><th>id</th><th>query</th><th>model</th><th>run</th>` +
+    `<th>RtP R@k</th><th>PtR R@k</th><th>Δ</th><th>outcome</th><th>flags</th></tr></thead><tbody id="rows"></tbody></table>`;
+}
+
+// The list shows one page of rows: a filter over thousands of records then only swaps a page in the DOM
+// (laying out, or dropping, thousands of table rows is what takes a browser long). "all" shows every row.
+const PAGE_SIZES = [50, 100, 200, 500, "all"];
+
+function rowHtml([r, i]) {
+  const g = state.gold;
+  const q = D.queries[r.q];
+  const d = diffOf(r, g);
+  return `<tr data-href="#q=${r.q}&r=${i}" class="o-${r.outcome[g]}"><td>${esc(q.subset)}</td><td>${esc(q.id)}</td>` +
+    `<td class="qtext">${esc(q.text.length > 140 ? q.text.slice(0, 140) + "…" : q.text)}</td><td>${esc(side(r.side).label)}</td>` +
+    `<td>${r.run}</td><td>${num(r.recall.rtp[g])}</td><td>${num(r.recall.ptr[g])}</td><td>${d === null ? "–" : (d > 0 ? "+" : "") + d.toFixed(3)}</td>` +
+    `<td>${OUTCOME[r.outcome[g]]}</td><td>${r.flags.map((f) => `<span class="flag">${FLAGS[f] || f}</span>`).join("")}</td></tr>`;
+}
+
+function renderRows() {
+  const rows = filtered();
+  const nq = new Set(rows.map(([r]) => r.q)).size;
+  document.getElementById("count").textContent =
+    `${rows.length} of ${D.records.length} records match (${nq} of ${D.queries.length} queries); recall at each run's k, gold ${GOLDS[state.gold]}`;
+  const size = state.pageSize === "all" ? Math.max(rows.length, 1) : Number(state.pageSize);
+  const pages = Math.max(1, Math.ceil(rows.length / size));
+  state.page = Math.min(state.page, pages - 1);
+  const from = state.page * size;
+  document.getElementById("rows").innerHTML = rows.slice(from, from + size).map(rowHtml).join("");
+  document.getElementById("p-info").textContent =
+    rows.length ? `rows ${from + 1}–${Math.min(from + size, rows.length)} of ${rows.length}` : "no row";
+  document.getElementById("p-prev").disabled = state.page === 0;
+  document.getElementById("p-next").disabled = state.page >= pages - 1;
+}
+
+function bindExplorer() {
+  const ids = {"f-subset": "subset", "f-side": "side", "f-run": "run", "f-outcome": "outcome", "f-flag": "flag", "f-sort": "sort"};
+  for (const [id, key] of Object.entries(ids)) {
+    document.getElementById(id).addEventListener("change", (e) => { state[key] = e.target.value; state.page = 0; renderRows(); });
+  }
+  document.getElementById("f-gold").addEventListener("change", (e) => { state.gold = Number(e.target.value); renderRows(); });
+  document.getElementById("p-size").addEventListener("change", (e) => { state.pageSize = e.target.value; state.page = 0; renderRows(); });
+  document.getElementById("p-prev").addEventListener("click", () => { state.page -= 1; renderRows(); });
+  document.getElementById("p-next").addEventListener("click", () => { state.page += 1; renderRows(); });
+  let timer = null;
+  document.getElementById("f-search").addEventListener("input", (e) => {
+    clearTimeout(timer);
+    timer = setTimeout(() => { state.search = e.target.value.trim(); state.page = 0; renderRows(); }, 120);
+  });
+  document.querySelector("table.explorer").addEventListener("click", (e) => {
+    const tr = e.target.closest("tr[data-href]");
+    if (tr) location.hash = tr.dataset.href;
+  });
+  renderRows();
+}
+
+// ------------------------------------------------------------------ query page
+
+function topList(entry, gsets, k, extra) {
+  const [ids, scores] = list(entry);
+  if (!ids.length) return "<p>Nothing retrieved.</p>";
+  return `<table class="top"><thead><tr><th>#</th><th>API</th><th>score</th><th>gold</th>${extra ? "<th>found by stub</th>" : ""}</tr></thead><tbody>` +
+    ids.map((id, i) => `<tr class="${i === k - 1 ? "cut" : ""}${i >= k ? " beyond" : ""}"><td>${i + 1}</td><td class="api">${esc(api(id))}</td>` +
+      `<td>${num(scores[i])}</td><td>${goldBadges(id, gsets)}</td>${extra ? `<td>${extra(id, scores[i])}</td>` : ""}</tr>`).join("") + "</tbody></table>";
+}
+
+function planBlock(plan, gsets, offeredTop) {
+  if (!plan) return "<p>No planner call (retrieval only, or the architecture was not run).</p>";
+  const offered = new Set(plan.off ?? offeredTop);
+  const status = [];
+  if (plan.le) status.push(`LLM error (${plan.lek || "error"}): ${plan.le}`);
+  if (plan.pe) status.push(`parse error: ${plan.pe}`);
+  if (plan.refused) status.push("refusal: the planner chose no API");
+  status.push(`finish reason: ${plan.fr ?? "–"}`);
+  const sel = plan.sel.length ? `<ul class="sel">${plan.sel.map((s) => {
+    const tag = offered.has(s) ? `<span class="tag ok">offered</span>` : `<span class="tag bad">not offered (made up)</span>`;
+    return `<li><span class="api">${esc(api(s))}</span> ${tag}${goldBadges(s, gsets)}</li>`;
+  }).join("")}</ul>` : "<p>Nothing selected.</p>";
+  return `<p class="status">${status.map(esc).join(" · ")}</p><h5>Steps</h5>` +
+    (plan.steps.length ? `<ol>${plan.steps.map((s) => `<li>${esc(s)}</li>`).join("")}</ol>` : "<p>No steps.</p>") +
+    `<h5>Selected APIs</h5>${sel}${auditBlock(plan.audit)}`;
+}
+
+function auditBlock(audit) {
+  if (!audit) return "";
+  const rows = Object.entries(audit).filter(([k]) => k !== "names").map(([k, v]) => [k, typeof v === "string" ? v : JSON.stringify(v)]);
+  const names = (audit.names || []).map((n) => Array.isArray(n) ? n.map((x) => (x === null ? "–" : String(x))) : [JSON.stringify(n)]);
+  return `<h5>Parse rule</h5>${table(["field", "rule"], rows, 'class="kv"')}` +
+    (names.length ? table(["name in reply", "resolved to", "rule", "offered"], names, 'class="kv"') : "");
+}
+
+function tokensLine(tokens) {
+  const parts = Object.entries(tokens || {}).map(([call, [p, c]]) => `${call}: ${p} in / ${c} out`);
+  return `<p class="tokens">Tokens — ${parts.length ? esc(parts.join("; ")) : "none recorded"}</p>`;
+}
+
+function stubOf(ptr) {
+  // For each API of the union: the stubs whose own top list holds it, with its rank there and the stub's score.
+  const found = new Map();
+  ptr.hits.forEach((h, s) => {
+    const [ids, scores] = list(h);
+    ids.forEach((id, rank) => {
+      if (!found.has(id)) found.set(id, []);
+      found.get(id).push([s, rank, scores[rank]]);
+    });
+  });
+  return (id, score) => (found.get(id) || []).map(([s, rank, sc]) => {
+    const best = sc !== undefined && score !== undefined && Math.abs(sc - score) < 1e-4;
+    return `<span class="by${best ? " best" : ""}" title="${best ? "its max-sim score comes from this stub" : ""}">#${s + 1} ${esc(ptr.stubs[s]?.[0] ?? "")} (rank ${rank + 1})</span>`;
+  }).join(" ") || "–";
+}
+
+function ptrBlock(p, gsets, k) {
+  const status = [`discovery finish reason: ${p.dfr ?? "–"}`];
+  if (p.dle) status.push(`discovery LLM error (${p.dlek || "error"}): ${p.dle} — PtR is excluded for this query`);
+  if (p.dpe) status.push(`discovery parse error: ${p.dpe}`);
+  if (p.fallback) status.push("no stub: the raw query was searched instead (fallback)");
+  const stubs = p.stubs.length ? p.stubs.map(([name, reasoning, rule, copy], i) =>
+    `<div class="stub"><h5>Stub #${i + 1}: <span class="api">${esc(name)}</span>${copy ? ' <span class="tag bad">copy of the prompt example</span>' : ""}</h5>` +
+    `<p>${esc(reasoning)}</p><p class="note">parse rule: ${esc(rule || "–")}</p>` +
+    (p.hits[i] !== undefined ? `<details${i < 3 ? " open" : ""}><summary>its own top hits</summary>${topList(p.hits[i], gsets, k)}</details>` : "") + "</div>").join("")
+    : "<p>No stubs.</p>";
+  const width = Object.entries(p.width || {}).map(([kk, w]) => `k=${kk}: ${w}`).join(", ");
+  return `<p class="status">${status.map(esc).join(" · ")}</p><h4>Stubs</h4><div class="stubs">${stubs}</div>` +
+    `<h4>Re-ranked union (max-sim over stubs)</h4><p class="note">Search width |union of per-stub top-k|: ${esc(width || "–")}</p>` +
+    topList(p.top, gsets, k, stubOf(p)) + `<h4>Planner</h4>${planBlock(p.plan, gsets, list(p.top)[0].slice(0, k))}${tokensLine(p.tokens)}`;
+}
+
+function runsTable(qi) {
+  const rows = recsOf(qi);
+  const prev = new Map();
+  const body = rows.map(([r, i]) => {
+    const stubs = r.ptr ? r.ptr.stubs.map((s) => s[0]).join(", ") : "–";
+    const psel = r.ptr?.plan ? r.ptr.plan.sel.map(api).join(", ") || "(none)" : "–";
+    const rsel = r.rtp?.plan ? r.rtp.plan.sel.map(api).join(", ") || "(none)" : "–";
+    const cells = [num(r.recall.rtp[0]), num(r.recall.ptr[0]), num(r.recall.ptr[1]), OUTCOME[r.outcome[0]], stubs, psel, rsel];
+    const before = prev.get(r.side);
+    prev.set(r.side, cells);
+    return `<tr data-href="#q=${qi}&r=${i}"><td>${esc(side(r.side).label)}</td><td>${r.run}</td>` +
+      cells.map((c, j) => `<td class="${before && before[j] !== c ? "changed" : ""}">${esc(c)}</td>`).join("") + "</tr>";
+  }).join("");
+  return `<table class="runs"><thead><tr><th>model</th><th>run</th><th>RtP R@k (${GOLDS[0]})</th><th>PtR R@k (${GOLDS[0]})</th>` +
+    `<th>PtR R@k (${GOLDS[1]})</th><th>outcome</th><th>stubs</th><th>PtR selected</th><th>RtP selected</th></tr></thead><tbody>${body}</tbody></table>` +
+    `<p class="note">Highlighted: changed since the previous run of the same model.</p>`;
+}
+
+function queryPage(qi, ri) {
+  const q = D.queries[qi];
+  if (!q) return "<p>No such query.</p>";
+  const recs = recsOf(qi);
+  const [r, idx] = recs.find(([, i]) => i === ri) || recs[0];
+  const gsets = goldSets(q);
+  const d = ds(r);
+  const k = d.k;
+  const gold = GOLDS.map((g, i) => `<div><h4>Gold ${g}</h4><ul>${q.gold[i].map((id) => `<li class="api">${esc(api(id))}</li>`).join("") || "<li>none</li>"}</ul></div>`).join("");
+  const picker = recs.map(([x, i]) => `<a class="pick${i === idx ? " on" : ""}" href="#q=${qi}&r=${i}">${esc(side(x.side).label)} · run ${x.run}</a>`).join("");
+  const rtp = r.rtp ? `<h4>Top ${list(r.rtp.top)[0].length} retrieved (k = ${k} marked)</h4>${topList(r.rtp.top, gsets, k)}` +
+    `<h4>Planner</h4>${planBlock(r.rtp.plan, gsets, list(r.rtp.top)[0].slice(0, k))}${tokensLine(r.rtp.tokens)}` : "<p>Not run.</p>";
+  const ptr = r.ptr ? ptrBlock(r.ptr, gsets, k) : "<p>Not run (retrieval only).</p>";
+  return `<p><a href="#queries">← all queries</a></p><h2>${esc(q.subset)} · query ${esc(q.id)}</h2>` +
+    `<blockquote class="query">${esc(q.text)}</blockquote><div class="golds">${gold}</div>` +
+    `<h3>Across runs</h3>${runsTable(qi)}<h3>Record</h3><div class="picker">${picker}</div>` +
+    `<p class="status">R@${k}: RtP ${GOLDS.map((g, i) => `${g} ${num(r.recall.rtp[i])}`).join(", ")}; PtR ${GOLDS.map((g, i) => `${g} ${num(r.recall.ptr[i])}`).join(", ")} · ` +
+    `${r.flags.length ? "flags: " + r.flags.map((f) => FLAGS[f] || f).join(", ") : "no flags"}</p>` +
+    `<div class="archs"><section class="arch" id="rtp"><h3>RtP (retrieve, then plan)</h3>${rtp}</section>` +
+    `<section class="arch" id="ptr"><h3>PtR (plan, then retrieve)</h3>${ptr}</section></div>` +
+    `<h3>Raw replies, latency, cache</h3><p class="note">${esc(d.raw_replies)} Latency and cache hits are recorded per model, not per call: see the accounting on the overview.</p>`;
+}
+
+// ------------------------------------------------------------------ comparison
+
+function compare() {
+  const C = D.compare;
+  const labels = D.sides.map((s) => s.label || "retrieval only");
+  const differ = C.differ.length ? table(["setting", ...labels], C.differ, 'class="kv"') : "<p>No setting differs.</p>";
+  const g = state.cmpGold;
+  const pairs = C.pairs.map((p, pi) => {
+    const A = labels[p.a], B = labels[p.b];
+    const restrict = p.only_a || p.only_b
+      ? `<p class="restrict">Restricted to the ${p.shared} queries both have: ${p.only_a} only in ${esc(A)}, ${p.only_b} only in ${esc(B)} — left out of this comparison.</p>`
+      : `<p class="note">Both have the same ${p.shared} queries.</p>`;
+    const ks = p.k[0] === p.k[1] ? `Values at k = ${p.k[0]}.` : `Values at each run's own k: A ${p.k[0]}, B ${p.k[1]}.`;
+    const metrics = table(["subset", "arch", "metric", "gold", "n", A, B, "Δ (B−A)", "p (Wilcoxon)"], p.metrics.map((m) =>
+      [m.subset, m.arch, m.metric, m.gold ?? "–", m.n, num(m.a), num(m.b), (m.delta > 0 ? "+" : "") + num(m.delta), m.p === null ? "–" : `${m.p < 0.001 ? "<0.001" : m.p.toFixed(3)} ${m.stars}`]), 'class="num"');
+    const flips = p.queries.filter((x) => x.a.outcome[g] !== x.b.outcome[g]);
+    const row = (x) => {
+      const q = D.queries[x.q];
+      const dp = x.a.ptr[g] === null || x.b.ptr[g] === null ? null : x.b.ptr[g] - x.a.ptr[g];
+      return `<tr data-href="#q=${x.q}"><td>${esc(q.subset)}</td><td>${esc(q.id)}</td><td class="qtext">${esc(q.text.slice(0, 120))}</td>` +
+        `<td>${OUTCOME[x.a.outcome[g]]}</td><td>${OUTCOME[x.b.outcome[g]]}</td><td>${num(x.a.ptr[g])}</td><td>${num(x.b.ptr[g])}</td>` +
+        `<td>${dp === null ? "–" : (dp > 0 ? "+" : "") + dp.toFixed(3)}</td></tr>`;
+    };
+    const head = `<thead><tr><th>subset</th><th>id</th><th>query</th><th>outcome ${esc(A)}</th><th>outcome ${esc(B)}</th><th>PtR R@k ${esc(A)}</th><th>PtR R@k ${esc(B)}</th><th>Δ PtR</th></tr></thead>`;
+    const sorted = [...p.queries].sort((x, y) => Math.abs((y.b.ptr[g] ?? 0) - (y.a.ptr[g] ?? 0)) - Math.abs((x.b.ptr[g] ?? 0) - (x.a.ptr[g] ?? 0)));
+    return `<section class="pair"><h3>${esc(A)} (A) vs ${esc(B)} (B)</h3>${restrict}<h4>Flipped queries (${flips.length})</h4><p class="note">The run-averaged outcome at k (gold ${GOLDS[g]}) changed between A and B. ${ks}</p>` +
+      (flips.length ? `<table class="rows flipped" id="flipped-${pi}">${head}<tbody>${flips.map(row).join("")}</tbody></table>` : "<p>No query flipped.</p>") +
+      `<h4>Metric deltas (run-averaged per query, paired Wilcoxon)</h4>${metrics}` +
+      `<h4>Per-query deltas (largest |Δ PtR| first)</h4><table class="rows deltas">${head}<tbody>${sorted.map(row).join("")}</tbody></table></section>`;
+  }).join("");
+  return `<h2>Comparison</h2><label>gold <select id="c-gold">${GOLDS.map((x, i) => `<option value="${i}"${g === i ? " selected" : ""}>${x}</option>`).join("")}</select></label>` +
+    `<h3>Settings that differ</h3>${differ}${pairs}`;
+}
+
+function bindCompare() {
+  document.getElementById("c-gold").addEventListener("change", (e) => { state.cmpGold = Number(e.target.value); route(); });
+  for (const t of document.querySelectorAll("table.rows")) {
+    t.addEventListener("click", (e) => {
+      const tr = e.target.closest("tr[data-href]");
+      if (tr) location.hash = tr.dataset.href;
+    });
+  }
+}
+
+// queryPage's run table rows link to records as well
+app.addEventListener("click", (e) => {
+  const tr = e.target.closest("table.runs tr[data-href]");
+  if (tr) location.hash = tr.dataset.href;
+});
+window.addEventListener("hashchange", route);
+route();
+window.viewReadyMs = performance.now();  // read by bench/view.py: script start to first view in the DOM
+document.body.dataset.ready = "1";

@@ -1,0 +1,95 @@
+"""SIGTERM and SIGHUP end a run as Ctrl-C does (issue 18): one line, exit code 130, and the calls on the
+wire at that moment get a short grace period to arrive and be cached, so the rerun does not buy them
+again (the simulator counts bodies answered twice)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import llm_fixtures as F
+import pytest
+from data_fixtures import make_data_dir
+
+sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="POSIX signals")
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("EVALUATOR_DATA", None)
+    return subprocess.Popen([sys.executable, "-m", "evaluator", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    p = _start(args, cwd)
+    out, err = p.communicate(timeout=600)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def _stop_mid_flight(p: subprocess.Popen[str], sim, sig: int, at_least: int) -> tuple[int, str]:
+    """Send `sig` once `at_least` requests are on the wire; (requests in flight then, stderr)."""
+    deadline = time.monotonic() + 500
+    while sim.stats()["in_flight"] < at_least:
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    in_flight = sim.stats()["in_flight"]
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    return in_flight, err
+
+
+def _one_line(err: str, name: str) -> None:
+    lines = [x for x in err.splitlines() if x.strip() and not x.startswith(("note:", "Loading weights"))]
+    assert lines == [f"interrupted by {name}: finished LLM calls are cached; rerun the same command to resume."], err
+    assert "Traceback" not in err
+
+
+def test_sigterm_mid_study_stores_the_calls_in_flight(sim, tmp_path):
+    # Replies take 1 s, well inside the grace period: what is on the wire at the kill arrives and is cached.
+    sim.configure(latency_s=1.0)
+    data = make_data_dir(tmp_path / "data")
+    prof = tmp_path / "slow.toml"
+    prof.write_text(f'model = "sim-1"\nbase_url = "{sim.base_url}"\nsimulated = true\nconcurrency = 8\n')
+    args = ["--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--model", str(prof), "--runs", "2",
+            "--out", str(tmp_path / "out"), "--no-progress"]
+    in_flight, err = _stop_mid_flight(_start(args, tmp_path), sim, signal.SIGTERM, at_least=4)
+    _one_line(err, "SIGTERM")
+    at_stop = sim.stats()
+    assert at_stop["ok"] >= in_flight  # the calls on the wire were answered, not abandoned
+    sim.configure(latency_s=0.0)
+    r = _run(args, tmp_path)
+    assert r.returncode == 0, r.stderr
+    st = sim.stats()
+    print(f"in flight at SIGTERM: {in_flight}; answered twice after the rerun: {st['repeated_ok']}")
+    # Without the grace period, every call in flight at the kill is bought again by the rerun.
+    assert st["repeated_ok"] < in_flight and st["repeated_ok"] == 0
+    assert st["ok"] == st["distinct_ok"]
+
+
+def test_sighup_ends_requests_run_with_one_line_and_keeps_the_calls_in_flight(sim, tmp_path):
+    sim.configure(latency_s=1.0)
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"messages": [{"role": "user", "content": f"Question number {i}: what is {i} + {i}?"}],
+                       "max_tokens": 64}} for i in range(40)]
+    req = tmp_path / "req.jsonl"
+    req.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    args = ["requests", "run", str(req), "--out", str(tmp_path / "out.jsonl"), "--model", "sim",
+            "--base-url", sim.base_url, "--cache-dir", str(tmp_path / "cache"), "--no-progress"]
+    in_flight, err = _stop_mid_flight(_start(args, tmp_path), sim, signal.SIGHUP, at_least=4)
+    _one_line(err, "SIGHUP")
+    sim.configure(latency_s=0.0)
+    r = _run(args, tmp_path)
+    assert r.returncode == 0, r.stderr
+    st = sim.stats()
+    assert st["repeated_ok"] < in_flight and st["distinct_ok"] == 40
