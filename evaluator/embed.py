@@ -20,6 +20,7 @@ import errno
 import hashlib
 import os
 import shutil
+import tempfile
 import time
 import uuid
 import weakref
@@ -357,8 +358,6 @@ class Embedder:
 
     def _runtime_runner(self) -> eb.Runner:
         if self._runner is None:
-            import tempfile
-
             root = self.cache_dir
             if root is None:  # no cache: export into a folder that lives as long as this embedder
                 root = Path(tempfile.mkdtemp(prefix="evaluator-exports-"))

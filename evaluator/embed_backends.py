@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import shutil
 import threading
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,8 +111,6 @@ def _export_onnx(st, out: Path, input_names: list[str]) -> None:
     args = tuple(feats[n] for n in input_names)
     axes = {n: {0: "batch", 1: "tokens"} for n in input_names}
     axes["embedding"] = {0: "batch"}
-    import warnings
-
     with warnings.catch_warnings(), torch.no_grad():
         # The tracer warns about Python branches on shapes; the export is checked against torch
         # in tests/test_embed_backends.py across batch sizes and lengths.
@@ -162,8 +162,6 @@ def _build(st, load_path: str, cache_name: str, kind: str, root: Path, final: Pa
 
 
 def _quantize(src: Path, dst: Path) -> None:
-    import logging
-
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = logging.getLogger()

@@ -27,7 +27,8 @@ class VectorIndex:
     """An index over some rows of the registry's embedding matrix; results are registry rows."""
 
     def __init__(self, vectors: np.ndarray, rows: Sequence[int] | None = None) -> None:
-        threads.configure_faiss()  # in case faiss was loaded before this module set the environment
+        # In case faiss was loaded before this module set the environment: size its pool here.
+        faiss.omp_set_num_threads(threads.available_cpus())
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         self.vectors = vectors  # the whole registry matrix: rows below index into it
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)

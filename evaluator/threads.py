@@ -104,9 +104,3 @@ def configure_torch(n: int | None = None) -> None:
         torch.set_num_threads(n)
     with contextlib.suppress(RuntimeError):  # only possible before torch's first parallel work
         torch.set_num_interop_threads(1)
-
-
-def configure_faiss(n: int | None = None) -> None:
-    import faiss
-
-    faiss.omp_set_num_threads(n or available_cpus())
