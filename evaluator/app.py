@@ -307,27 +307,27 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     if with_figures:
         figs = F.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
                                 simulated=RP.labels_of(meta, result.summary.models).simulated, store=figure_store)
-    if scaling is not None:
-        sres = SC.ScalingResult.from_dict(scaling)
-        sections.append(RS.section_md(sres))
-        if with_figures:
-            F.drawn(od.figures, "scaling", F.figure_inputs(scaling), lambda: [RS.figure(sres, od.figures / "scaling.png")],
-                    figure_store)
-    elif not meta.retrieval_only:
-        skipped.append(f"Scaling study (Table 10): {meta.analysis_notes.get('scaling', 'not run')}; "
-                       "`python -m evaluator scaling OUT` runs it from the saved data.")
-    if routing is not None:
-        rres = R.RoutingResult.from_dict(routing)
-        sections.append(RR.section_md(rres))
-        if not rres.meta.has_split:
+    # The two analyses that follow the main study: (name, saved data, its typed result, section, figure, command)
+    analyses = (
+        ("scaling", scaling, SC.ScalingResult.from_dict, RS.section_md, RS.figure,
+         "Scaling study (Table 10)"),
+        ("routing", routing, R.RoutingResult.from_dict, RR.section_md, RR.figure, "Routing study"),
+    )
+    for name, data, typed, section_md, draw, title in analyses:
+        if data is None:
+            if not meta.retrieval_only:
+                skipped.append(f"{title}: {meta.analysis_notes.get(name, 'not run')}; "
+                               f"`python -m evaluator {name} OUT` runs it from the saved data.")
+            continue
+        res = typed(data)
+        sections.append(section_md(res))
+        if name == "routing" and not res.meta.has_split:
             skipped.append("Routing held-out subset split: it needs two subsets, one to tune τ on and one to "
                            "report on; cross-validation is shown instead.")
         if with_figures:
-            F.drawn(od.figures, "routing", F.figure_inputs(routing), lambda: [RR.figure(rres, od.figures / "routing.png")],
+            png = od.figures / f"{name}.png"
+            F.drawn(od.figures, name, F.figure_inputs(data), lambda res=res, draw=draw, png=png: [draw(res, png)],
                     figure_store)
-    elif not meta.retrieval_only:
-        skipped.append(f"Routing study: {meta.analysis_notes.get('routing', 'not run')}; "
-                       "`python -m evaluator routing OUT` runs it from the saved data.")
     od.write_text(REPORT_FILE, RP.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
     VW.write(od, meta, records)  # view.html: every query browsable (evaluator.render.view)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One model export for the whole session: every test (and every CLI it starts, which inherits the
+    environment) has a fresh cache folder, and exporting the embedder again for each costs 10-20 s of CPU."""
+    os.environ.setdefault("EVALUATOR_SHARED_EXPORTS", tempfile.mkdtemp(prefix="evaluator-exports-"))
 
 
 @pytest.fixture
