@@ -49,6 +49,7 @@ from .schema import (
     Meta,
     ModelInfo,
     OutputDir,
+    OutputError,
     Record,
     RegistryInfo,
     check_writable,
@@ -138,6 +139,8 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
     if s.batch and profiles:
         batch_study.check(profiles)  # a profile without a batch API: one line, before any work
         if s.batch == "cancel":
+            if s.dry_run:  # a dry run sends nothing, and cancelling is a request
+                raise ConfigError("--dry-run and --batch-cancel do not go together: drop one of them.")
             stats = batch_study.cancel(profiles, cache_root, reporter.info)
             return Outcome(out, message=batch_study.cancel_message(stats))
     inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
@@ -303,10 +306,11 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     routing = od.read_json(ROUTING_FILE)
     sections: list[str] = []
     skipped: list[str] = []
-    figs: list[Path] = []
+    figs: list[Path] = []  # the main study's figures (report.md lists them); the analyses' sit in their sections
     if with_figures:
         figs = F.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
                                 simulated=RP.labels_of(meta, result.summary.models).simulated, store=figure_store)
+    drawn = list(figs)  # every figure this render drew: the view shows these, not a stale PNG of an earlier run
     # The two analyses that follow the main study: (name, saved data, its typed result, section, figure, command)
     analyses = (
         ("scaling", scaling, SC.ScalingResult.from_dict, RS.section_md, RS.figure,
@@ -319,18 +323,22 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
                 skipped.append(f"{title}: {meta.analysis_notes.get(name, 'not run')}; "
                                f"`python -m evaluator {name} OUT` runs it from the saved data.")
             continue
-        res = typed(data)
+        try:
+            res = typed(data)
+        except (KeyError, TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+            raise OutputError(f"{od.path / f'{name}.json'}: not a {name} result ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:160]}); rerun `python -m evaluator {name} OUT`.") from None
         sections.append(section_md(res))
         if name == "routing" and not res.meta.has_split:
             skipped.append("Routing held-out subset split: it needs two subsets, one to tune τ on and one to "
                            "report on; cross-validation is shown instead.")
         if with_figures:
             png = od.figures / f"{name}.png"
-            F.drawn(od.figures, name, F.figure_inputs(data), lambda res=res, draw=draw, png=png: [draw(res, png)],
-                    figure_store)
+            drawn += F.drawn(od.figures, name, F.figure_inputs(data),
+                            lambda res=res, draw=draw, png=png: [draw(res, png)], figure_store)
     od.write_text(REPORT_FILE, RP.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
-    VW.write(od, meta, records)  # view.html: every query browsable (evaluator.render.view)
+    VW.write(od, meta, records, [p.name for p in drawn] if with_figures else None)  # view.html: every query browsable (evaluator.render.view)
 
 
 # ---------------------------------------------------------------- the analyses alone, on a finished run

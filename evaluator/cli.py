@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         print(redact(f"error: {e}"), file=sys.stderr)
         return EXIT_USAGE
     except BudgetExhausted as e:
-        print(str(e), file=sys.stderr)
+        print(redact(str(e)), file=sys.stderr)
         return EXIT_BUDGET
     except FatalLLMError as e:
         print(redact(f"error: {e} Every call finished before the stop is cached: rerun the same command to resume."),

@@ -474,6 +474,12 @@ class OutputDir:
     def write_text(self, name: str, text: str) -> None:
         atomic_write(self.path / name, text)
 
+    def read_figures(self, names: Iterable[str] | None = None) -> dict[str, bytes]:
+        """PNG bytes by file name: the named figures (those a render drew), else every one in `figures/`."""
+        if names is None:
+            names = sorted(p.name for p in self.figures.glob("*.png")) if self.figures.is_dir() else []
+        return {n: (self.figures / n).read_bytes() for n in names if (self.figures / n).is_file()}
+
     def read_json(self, name: str) -> Any:
         p = self.path / name
         if not p.is_file():

@@ -52,5 +52,12 @@ class BudgetedBatches:
         self._budget.settle(self._reserved.pop(batch_id), self._share * cost_usd(self._profile, pt, ct))
         return results
 
-    def __getattr__(self, name: str) -> Any:  # line_size, find, state, cancel, close
+    async def state(self, batch_id: str) -> Any:
+        st = await self._api.state(batch_id)
+        if st.done and (st.queue_full or st.too_large) and batch_id in self._reserved:
+            # Refused, not run: the runner submits its requests again (whole or split), which reserves anew.
+            self._budget.settle(self._reserved.pop(batch_id), 0.0)
+        return st
+
+    def __getattr__(self, name: str) -> Any:  # line_size, find, cancel, close
         return getattr(self._api, name)

@@ -91,7 +91,8 @@ def error_dict(error: Any) -> dict[str, Any] | None:
         error = inner
     out = dict(error)
     out["message"] = str(out.get("message") or "")
-    out.setdefault("code", error.get("type"))
+    if out.get("code") in (None, ""):
+        out["code"] = error.get("type")
     return out
 
 

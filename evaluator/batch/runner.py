@@ -212,8 +212,9 @@ class BatchRunner:
                     self.stats.split += 1
                     self.log(f"{self.profile.name}: batch {job.batch_id} too large for the provider; split in two")
                     for part in (reqs[:half], reqs[half:]):
-                        new = await self._submit(part, job.attempt)
-                        open_jobs[new.token] = new
+                        new = await self._submit_or_defer(part, job.attempt)
+                        if new is not None:
+                            open_jobs[new.token] = new
                     continue
                 if st.status == "failed" and st.errors:
                     self._error(f"batch {job.batch_id} failed: {st.errors[0].get('message', st.errors[0])}")

@@ -220,7 +220,7 @@ class ResponseCache:
     def get(self, key: str) -> CacheEntry | None:
         """The stored entry; None when absent or damaged (then counted in `damaged`)."""
         try:
-            raw = self._db.get(key)
+            raw = self._db.get(key, retry=True)  # another process writing: wait, it is not damage
         except sqlite3.Error as e:
             raise self._fail(e, "read a reply") from None
         except Exception:  # noqa: BLE001 - a row diskcache cannot decode (other mode, lost file): damaged
@@ -279,11 +279,14 @@ class ResponseCache:
                     log.warning("cannot import the replies kept in %s (%s); they will be requested again", path, e)
                     continue
                 for row in rows:
-                    value = str(row.get("value", "")).encode() if isinstance(row, dict) else b""
+                    if not isinstance(row, dict) or not isinstance(row.get("key"), str):
+                        continue  # not a row this code wrote: the call is simply requested again
+                    value = str(row.get("value", "")).encode()
                     if decode_entry(value) is not None and self._db.get(row["key"]) is None:
-                        self.set_raw(str(row["key"]), value, str(row.get("tag") or ""))
+                        self.set_raw(row["key"], value, str(row.get("tag") or ""))
                         self.imported += 1
-                path.unlink()
+                with contextlib.suppress(OSError):  # imported; a file left behind is imported again harmlessly
+                    path.unlink()
 
     # -- claims ----------------------------------------------------------------------------------
     def claim(self, key: str, owner: str, lease_s: float) -> bool:

@@ -41,7 +41,7 @@ import orjson
 
 from ..redact import redact
 from .accounting import ModelStats
-from .budget import cost_usd, worst_case_usd
+from .budget import cost_usd, prompt_tokens, worst_case_usd
 from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner
 from .decide import (
     CallState,
@@ -397,7 +397,8 @@ class LLMEngine:
             raise RuntimeError("LLMEngine used outside `async with`")
         logical = prepared.logical or prepared.body
         # Only a TPM budget needs the estimate: no extra JSON encoding per call otherwise.
-        est = len(orjson.dumps(logical)) // 4 + (self.profile.max_tokens or 0) if self._tpm is not None else 0
+        prof = self.profile  # the one token rule (dry run, budget, TPM pacing): llm.budget.prompt_tokens
+        est = prompt_tokens(logical, prof.chars_per_token) + (prof.max_tokens or 0) if self._tpm is not None else 0
         call = _Call(prepared.key, logical, keep_raw, est, time.perf_counter())
         while True:
             if self._fatal is not None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.stats import Row, Summary
+from ..schema import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -260,10 +261,8 @@ def drawn(fig_dir: Path, group: str, inputs: Any, draw: Callable[[], list[Path]]
         if store is not None:
             _to_store(paths, store / digest)
     stamps[group] = {"inputs": digest, "files": {p.name: _file_digest(p) for p in paths}}
-    tmp = stamps_file.with_name(f"{STAMPS}.{os.getpid()}.tmp")
     with contextlib.suppress(OSError):  # a read-only folder: the figures are there, only the next skip is lost
-        tmp.write_text(json.dumps(stamps, indent=1, sort_keys=True))
-        os.replace(tmp, stamps_file)
+        atomic_write(stamps_file, json.dumps(stamps, indent=1, sort_keys=True))
     return sorted(paths)
 
 
@@ -281,7 +280,7 @@ def _from_store(folder: Path, fig_dir: Path) -> list[Path] | None:
         return None
     fig_dir.mkdir(parents=True, exist_ok=True)
     for name, b in blobs.items():
-        (fig_dir / name).write_bytes(b)
+        atomic_write(fig_dir / name, b)  # a kill mid-copy leaves the old PNG, never half of one
     return [fig_dir / name for name in blobs]
 
 

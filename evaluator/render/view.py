@@ -57,19 +57,20 @@ class Source:
 
 
 def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
-           records: list[Record] | None = None) -> Source:
-    """One output folder's values (the ones already read may be passed in)."""
+           records: list[Record] | None = None, summary: Mapping[str, Any] | None = None,
+           figures: Sequence[str] | None = None) -> Source:
+    """One output folder's values (the ones already read or just drawn may be passed in; `figures`: the
+    names a render drew, so a stale PNG left in the folder is not shown)."""
     od.require()
     meta = meta if meta is not None else od.read_meta()
     records = records if records is not None else od.read_records()
-    summary = od.read_json(SUMMARY_FILE)
-    figs = {p.name: p.read_bytes() for p in sorted(od.figures.glob("*.png"))} if od.figures.is_dir() else {}
-    return Source(name or od.path.name or str(od.path), meta, records, summary, figs)
+    summary = summary if summary is not None else od.read_json(SUMMARY_FILE)
+    return Source(name or od.path.name or str(od.path), meta, records, summary, od.read_figures(figures))
 
 
-def write(od: OutputDir, meta: Meta | None = None, records: list[Record] | None = None) -> None:
+def write(od: OutputDir, meta: Meta, records: list[Record], figures: Sequence[str] | None) -> None:
     """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run)."""
-    od.write_text(VIEW_FILE, page([source(od, meta=meta, records=records)]))
+    od.write_text(VIEW_FILE, page([source(od, meta=meta, records=records, figures=figures)]))
 
 
 def write_page(folders: Sequence[OutputDir], out: Path | None = None) -> tuple[Path, str]:
