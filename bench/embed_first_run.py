@@ -5,7 +5,11 @@ from scratch): the code as it was before the embedding backends (`--before`, def
 unpacked with `git archive` into a temporary folder and run there with the same virtualenv; its
 default on a CPU was torch fp32) and the working tree's default (`--backend auto`).
 Reported: wall time of each and their ratio, and the largest difference between their RtP figures
-(every RtP row of summary.json: recall, precision, miss per subset, gold set and k). Not part of `python -m bench` (about 2 x 5
+(every RtP row of summary.json: recall, precision, miss per subset, gold set and k). Beside them, the
+compute floor of any fp32 path on this machine: the forward passes' multiply-adds over the texts'
+real tokens (no padding), from the model's config, at the rate this machine's BLAS reaches on the
+model's own matrix shape (numpy float32, every CPU) — so the best ratio any exact path could reach
+here is the old run's wall over that floor. Not part of `python -m bench` (about 2 x 5
 minutes on 2 quiet cores).
 
     python -m bench.embed_first_run [--order auto-first]
@@ -47,6 +51,55 @@ def _run(code: Path, work: Path) -> tuple[float, dict[str, Any]]:
     return wall, {"summary": summary, "meta": meta}
 
 
+def _texts() -> list[str]:
+    """What a first run embeds: the registry's texts and the test queries."""
+    from evaluator.data import load_registry
+    from evaluator.data.queries import find_query_files, read_query_file
+
+    texts = load_registry(data_dir()).texts()
+    for f in find_query_files(Path(data_dir())):
+        texts += [q.text for q in read_query_file(f)]
+    return list(dict.fromkeys(texts))
+
+
+def compute_floor() -> dict[str, float]:
+    """Seconds of fp32 arithmetic a first run cannot avoid here: 2 x multiply-adds per real token
+    (the 6 layers' projections and feed-forward, and attention over the text's own length), at the
+    best sgemm rate numpy reaches here on the model's shapes (4,096 tokens through the feed-forward and
+    the projections) or on a square 2,048 product (BLAS's best case)."""
+    import json
+
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from evaluator import threads
+    from evaluator.embed import DEFAULT_MODEL, resolve_model
+
+    threads.configure_env()
+    root = Path(resolve_model(DEFAULT_MODEL)[0])
+    cfg = json.loads((root / "config.json").read_text())
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    tk = Tokenizer.from_file(str(root / "tokenizer.json"))
+    tk.no_padding()
+    tk.enable_truncation(256)  # the model's max_seq_length (sentence_bert_config.json)
+    lens = np.array([len(e.ids) for e in tk.encode_batch(_texts())], dtype=np.float64)
+    per_token = 2 * layers * (4 * h * h + 2 * h * inter)  # Q, K, V, output; feed-forward up and down
+    attention = 2 * layers * 2 * h * lens  # scores and weighted values, per token, over its own text
+    flops = float(np.sum(lens * per_token + lens * attention))
+    rates = {}
+    for m, kk, n in ((4096, h, inter), (4096, inter, h), (4096, h, h), (2048, 2048, 2048)):
+        a = np.random.default_rng(0).standard_normal((m, kk)).astype(np.float32)
+        b = np.random.default_rng(1).standard_normal((kk, n)).astype(np.float32)
+        a @ b  # warm the BLAS threads
+        t0, reps = time.perf_counter(), max(3, int(2e10 // (2 * m * kk * n)))
+        for _ in range(reps):
+            a @ b
+        rates[f"{m}x{kk}@{kk}x{n}"] = reps * 2 * m * kk * n / (time.perf_counter() - t0) / 1e9
+    rate = max(rates.values()) * 1e9
+    return {"texts": float(len(lens)), "tokens": float(lens.sum()), "tflop": flops / 1e12,
+            "sgemm_gflops": rate / 1e9, "sgemm_gflops_by_shape": rates, "floor_s": flops / rate}
+
+
 def run(order: list[str] | None = None, before: str = BEFORE) -> Result:
     order = order or list(RUNS)
     walls: dict[str, float] = {}
@@ -71,6 +124,9 @@ def run(order: list[str] | None = None, before: str = BEFORE) -> Result:
     diff = max((abs(sums[ref][k] - sums[new][k]) for k in common), default=float("nan"))
     speed = walls[ref] / walls[new]
     rows = [[n, round(walls[n], 1), round(walls[ref] / walls[n], 2)] for n in RUNS]
+    floor = compute_floor()
+    rows.append(["fp32 compute floor on this machine (no run)", round(floor["floor_s"], 1),
+                 round(walls[ref] / floor["floor_s"], 2)])
     return Result(
         extra_tables=[_breakdown(walls, metas)],
         name=NAME, title=TITLE, columns=["run", "wall s", "speed vs before"], rows=rows,
@@ -78,9 +134,13 @@ def run(order: list[str] | None = None, before: str = BEFORE) -> Result:
                Goal("max |RtP figure difference| vs before", diff, "<= 0.005", diff <= 0.005)],
         notes=[f"order: {', '.join(order)}; each with its own empty --cache-dir; 'before' = commit {before}; "
                f"{len(common)} RtP figures of summary.json compared",
+               f"floor: {floor['texts']:,.0f} texts, {floor['tokens']:,.0f} real tokens, {floor['tflop']:.1f} TFLOP "
+               f"of fp32 forward passes at {floor['sgemm_gflops']:.0f} GFLOP/s (the best numpy sgemm rate of the "
+               f"model's shapes and a square 2,048 product, measured after the runs): no exact path can embed faster here, so 'before' / floor is "
+               f"the largest speed-up any fp32-equivalent path could show on this machine",
                "the machine is shared: see loadavg at start and end"],
         data={"wall_s": walls, "max_rtp_diff": diff, "figures_compared": len(common), "meta": metas,
-              "before": before},
+              "before": before, "floor": floor},
     )
 
 

@@ -107,3 +107,57 @@ def test_an_export_that_fails_falls_back_to_torch_under_auto_and_is_one_line_whe
     with pytest.raises(EmbedderError, match="use --backend torch") as err:
         chosen.encode(TEXTS[:2])
     assert "\n" not in str(err.value)
+
+
+def test_an_exported_path_embeds_new_texts_without_importing_torch(cache, tmp_path):
+    """A run whose export exists (every run after the first) tokenises with the export's own
+    tokenizer: new texts are embedded without torch or sentence-transformers, to the same vectors.
+    (The fresh cache folder links the export this session already built: EVALUATOR_SHARED_EXPORTS.)"""
+    import json
+    import os
+    import subprocess
+
+    pytest.importorskip("openvino")
+    Embedder(backend="openvino", precision="fp32", cache_dir=cache, progress=False).encode(TEXTS[:1])
+    texts = ["  Leading spaces: Café NAÏVE  ", "", "tab\tnew\nline", "word " * 400, *TEXTS[1:]]
+    script = (
+        "import json, sys\n"
+        "from evaluator.embed import Embedder\n"
+        "from pathlib import Path\n"
+        f"e = Embedder(backend='openvino', precision='fp32', cache_dir=Path({str(tmp_path)!r}), progress=False)\n"
+        f"v = e.encode({texts!r})\n"
+        "print(json.dumps({'vecs': v.tolist(), 'embedded': e.stats.embedded, 'load': e.stats.model_load_s,\n"
+        "                  'torch': 'torch' in sys.modules,\n"
+        "                  'st': 'sentence_transformers' in sys.modules}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env=os.environ | {"PYTHONPATH": os.getcwd()})
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["embedded"] == len(texts) and not got["torch"] and not got["st"] and got["load"] == 0
+    ref = Embedder(backend="torch", precision="fp32", cache_dir=None, progress=False).encode(texts)
+    assert np.abs(np.array(got["vecs"]) - ref).max() < 1e-5
+
+
+def test_a_tokenizer_that_does_not_match_is_not_kept(monkeypatch, tmp_path):
+    """An export whose `tokenizers` form gives other ids than sentence-transformers on the probes
+    keeps no tokenizer: runs tokenise through sentence-transformers, with the same vectors."""
+    from evaluator import embed_backends as eb
+
+    pytest.importorskip("onnxruntime")
+    monkeypatch.delenv(eb.SHARED_EXPORTS_ENV, raising=False)
+    monkeypatch.setattr(eb, "_BUILT", {})
+    real = eb.TextTokenizer.features
+
+    def off_by_one(self, ids):
+        feats = real(self, ids)
+        feats["input_ids"] = feats["input_ids"] + 1
+        return feats
+
+    monkeypatch.setattr(eb.TextTokenizer, "features", off_by_one)
+    e = Embedder(backend="onnx", precision="fp32", cache_dir=tmp_path, progress=False)
+    vecs = e.encode(TEXTS)
+    folder = next((tmp_path / "exports").glob("*/onnx-fp32-*"))
+    assert (folder / "model.onnx").is_file() and not (folder / eb.TOKENIZER_FILE).exists()
+    assert e._tokenizer is None
+    ref = Embedder(backend="torch", precision="fp32", cache_dir=None, progress=False).encode(TEXTS)
+    assert np.abs(vecs - ref).max() < 1e-5

@@ -47,3 +47,34 @@ def test_another_matrix_or_a_damaged_shard_is_searched_anew(tmp_path: Path) -> N
     memo = SearchMemo(index, 5, tmp_path)
     assert not memo.found
     assert np.array_equal(memo.search(q)[1], index.exact_search(q, 5)[1])
+
+
+def test_subset_searches_are_kept_and_an_unchanged_rerun_makes_no_pass(tmp_path: Path) -> None:
+    """The scaling study's sub-registry searches: a second SubsetSearch over the same matrix and
+    queries reads every result back (no full pass), equal to a fresh search; other queries, another
+    k or a damaged file search again."""
+    from evaluator.index import SubsetSearch
+
+    api, q = _data()
+    rng = np.random.default_rng(4)
+    subsets = [np.sort(rng.choice(300, size, replace=False)) for size in (30, 90, 300)]
+    fresh = SubsetSearch(api, q, 5, 30)
+    expect = [fresh.search(rows, 5) for rows in subsets]
+    first = SubsetSearch(api, q, 5, 30, folder=tmp_path)
+    for rows, (s, r) in zip(subsets, expect, strict=True):
+        got = first.search(rows, 5)
+        assert np.array_equal(got[0], s) and np.array_equal(got[1], r)
+    first.save()
+    again = SubsetSearch(api, q, 5, 30, folder=tmp_path)
+    for rows, (s, r) in zip(subsets, expect, strict=True):
+        got = again.search(rows, 5)
+        assert np.array_equal(got[0], s) and np.array_equal(got[1], r)
+    assert not again._built  # every result read back: the pass over the registry was not made
+    assert not SubsetSearch(api, q[:20], 5, 30, folder=tmp_path)._memo  # other queries: another file
+    other_k = SubsetSearch(api, q, 5, 30, folder=tmp_path)
+    other_k.search(subsets[0], 3)
+    assert other_k._built
+    for f in tmp_path.glob("subsets-*.npz"):
+        f.write_bytes(b"damaged")
+    damaged = SubsetSearch(api, q, 5, 30, folder=tmp_path)
+    assert np.array_equal(damaged.search(subsets[1], 5)[1], expect[1][1]) and damaged._built

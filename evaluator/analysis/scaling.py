@@ -14,11 +14,13 @@ numbers. Where the gold union alone reaches n, the point is gold-only (no distra
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +29,7 @@ import pydantic.dataclasses
 
 from .. import retrieve
 from ..data import Registry
-from ..index import SubsetSearch
+from ..index import SubsetSearch, digest
 from ..parse import stub_text
 from ..schema import GOLDS, About, PtrBlock, Record, about_fields, plain, qid_key
 from .metrics import recall
@@ -215,11 +217,13 @@ class Searched:
 
 
 def searcher(api_vecs: np.ndarray, si: SubsetInput, k: int, smallest: int,
-             api64: np.ndarray | None = None) -> SubsetSearch:
+             api64: Callable[[], np.ndarray] | None = None, memo: Path | None = None,
+             matrix_digest: str | None = None) -> SubsetSearch:
     """One float32 pass of the subset's queries and stubs over the full registry, which every
-    sub-registry's search then reads."""
+    sub-registry's search then reads (with `memo`, a folder where an unchanged study's results are
+    kept: the pass is then not made)."""
     vecs = si.query_vecs if si.stub_vecs is None else np.concatenate([si.query_vecs, si.stub_vecs])
-    return SubsetSearch(api_vecs, vecs, k, smallest, api64)
+    return SubsetSearch(api_vecs, vecs, k, smallest, api64, memo, matrix_digest)
 
 
 def search(found: SubsetSearch, si: SubsetInput, rows: np.ndarray, k: int) -> Searched:
@@ -291,16 +295,17 @@ class Point:
 
 def run_points(
     registry: Registry, api_vecs: np.ndarray, inputs: Sequence[SubsetInput], sizes: Sequence[int],
-    seeds: int, k: int, log: Callable[[str], None] = lambda _: None,
+    seeds: int, k: int, log: Callable[[str], None] = lambda _: None, memo: Path | None = None,
 ) -> tuple[list[Point], dict[str, Any]]:
     cats = [a.category for a in registry.apis]
     points: list[Point] = []
     checks: dict[str, Any] = {}
     all_rows = np.arange(len(registry))
-    api64 = np.asarray(api_vecs, dtype=np.float64)  # the float64 re-scoring's copy, made once
+    api64 = functools.cache(lambda: np.asarray(api_vecs, dtype=np.float64))  # the re-scoring's copy, made once
+    matrix = digest(api_vecs) if memo is not None else None
     for si in inputs:
         pool = strata(cats, si.gold_rows)
-        found = searcher(api_vecs, si, k, min([*sizes, len(registry)]), api64)
+        found = searcher(api_vecs, si, k, min([*sizes, len(registry)]), api64, memo, matrix)
         for size in sizes:
             if size >= len(registry):
                 log(f"{si.name}: size {size:,} is not below the registry's {len(registry):,}; the full point covers it")
@@ -323,6 +328,7 @@ def run_points(
         full = search(found, si, all_rows, k)
         points.append(Point(si.name, FULL, [len(registry)], False, [], {key: [v] for key, v in score(si, full).items()}))
         checks[si.name] = full_check(registry, si, full)
+        found.save()
     return points, checks
 
 
@@ -409,12 +415,14 @@ def scaling_study(
     records: Sequence[Record], registry: Registry, api_vecs: np.ndarray, encode: Encode, *, subsets: Sequence[str],
     divergence_subset: str, k: int, sizes: Sequence[int] = DEFAULT_SIZES, seeds: int = DEFAULT_SEEDS,
     about: About | Mapping[str, Any] | None = None, log: Callable[[str], None] = lambda _: None,
+    memo: Path | None = None,
 ) -> ScalingResult:
     """`subsets` are full subset names present in `records`; `about` is copied into the result's meta
-    (embedder, registry choice, simulated models: what the section states)."""
+    (embedder, registry choice, simulated models: what the section states). `memo`: a folder where
+    the sub-registry searches are kept (index.SubsetSearch), so an unchanged rerun reads them."""
     t0 = time.perf_counter()
     inputs = build_inputs(records, registry, subsets, encode, k)
-    points, checks = run_points(registry, api_vecs, inputs, sorted(set(sizes)), seeds, k, log)
+    points, checks = run_points(registry, api_vecs, inputs, sorted(set(sizes)), seeds, k, log, memo)
     models = sorted({m for si in inputs for m, _ in si.units})
     runs = sorted({r for si in inputs for _, r in si.units})
     meta = ScalingMeta(
