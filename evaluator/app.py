@@ -53,8 +53,9 @@ from .schema import (
     Record,
     RegistryInfo,
     check_writable,
+    record_key,
 )
-from .sim.harness import start_simulator
+from .sim.harness import SimHandle, start_simulator
 from .study import Inputs, Study, load_inputs, make_embedder, prepare
 
 Log = Callable[[str], None]
@@ -143,6 +144,14 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
                 raise ConfigError("--dry-run and --batch-cancel do not go together: drop one of them.")
             stats = batch_study.cancel(profiles, cache_root, reporter.info)
             return Outcome(out, message=batch_study.cancel_message(stats))
+    with contextlib.ExitStack() as stack:
+        # Simulated models' servers start now and get ready beside the loading and embedding below.
+        sims = _start_simulators(stack, profiles) if profiles and not s.dry_run else {}
+        return _run_study(s, out, cache_root, profiles, sims, reporter, retrieval_only)
+
+
+def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
+               sims: dict[str, SimHandle], reporter: Reporter, retrieval_only: bool) -> Outcome:
     inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
     study = prepare(s, reporter.progress, inputs, reporter=reporter)
     if s.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
@@ -156,7 +165,7 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
         budget = Budget(s.budget_usd) if s.budget_usd is not None else None
         try:
             records, llm_stats, sim_stats, batch_stats = run_models(study, dict(profiles), cache_root, reporter,
-                                                                    budget=budget)
+                                                                    budget=budget, sims=sims)
         except BudgetExhausted:  # what remains, priced from the cache now holding every reply received
             assert budget is not None
             rest = plan_study(study, profiles, cache_root)
@@ -173,7 +182,7 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
         meta.analysis_notes = notes
         od.write_meta(meta)
     t = time.perf_counter()
-    render_outputs(od, figure_store=cache_root / "figures")
+    render_outputs(od, figure_store=cache_root / "figures", meta=meta, records=records)
     study.timings["render_s"] = time.perf_counter() - t
     meta.runtime["timings"] = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
@@ -181,24 +190,29 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
     return Outcome(out, failed)
 
 
-def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, Any]:
-    """A local simulator for each simulated profile without an endpoint (`profiles` updated in place);
-    they stop with `stack`."""
-    sims = {}
-    for name, p in list(profiles.items()):
-        if p.simulated and not p.base_url:
-            sims[name] = stack.enter_context(start_simulator())
-            profiles[name] = dataclasses.replace(p, base_url=sims[name].base_url)
-    return sims
+def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, SimHandle]:
+    """A local simulator for each simulated profile without an endpoint, started without waiting for
+    it (`_use_simulators` waits); they stop with `stack`."""
+    return {name: stack.enter_context(start_simulator(wait=False))
+            for name, p in profiles.items() if p.simulated and not p.base_url}
+
+
+def _use_simulators(profiles: dict[str, ModelProfile], sims: dict[str, SimHandle]) -> None:
+    """Each simulated profile pointed at its simulator (`profiles` updated in place), once it listens."""
+    for name, sim in sims.items():
+        profiles[name] = dataclasses.replace(profiles[name], base_url=sim.base_url)
 
 
 def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
-               budget: Budget | None = None) -> tuple[list[Record], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator.
-    With `--batch`, the calls first go through the batch APIs; the run then answers them from the cache."""
+               budget: Budget | None = None, sims: dict[str, SimHandle] | None = None,
+               ) -> tuple[list[Record], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator
+    (`sims`: ones already started for them). With `--batch`, the calls first go through the batch
+    APIs; the run then answers them from the cache."""
     s = study.settings
     with contextlib.ExitStack() as stack:
-        sims = _start_simulators(stack, profiles)
+        sims = sims if sims is not None else _start_simulators(stack, profiles)
+        _use_simulators(profiles, sims)
         batch_stats: dict[str, Any] = {}
         if s.batch == "submit":
             batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget)
@@ -210,6 +224,8 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered: a rerun from the cache shows zero requests.
         sim_stats = {n: sim.stats() for n, sim in sims.items()}
+        for sim in sims.values():
+            sim.stop()  # idle from here on: the analyses and the render need none
     return records, llm_stats, sim_stats, batch_stats
 
 
@@ -301,11 +317,13 @@ def _about(meta: Meta, s: Settings, setting: str) -> About:
 # ---------------------------------------------------------------- render
 
 
-def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None) -> None:
+def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None,
+                   meta: Meta | None = None, records: list[Record] | None = None) -> None:
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
-    `figure_store`: a folder of figures already drawn, by their data (render.figures.drawn)."""
-    meta = od.read_meta()
-    records = od.read_records()
+    `figure_store`: a folder of figures already drawn, by their data (render.figures.drawn). `meta`,
+    `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study)."""
+    meta = od.read_meta() if meta is None else meta
+    records = od.read_records() if records is None else sorted(records, key=record_key)
     result = main_study(records, meta)
     od.write_json(SUMMARY_FILE, S.summary_dict(result.summary, meta.study_view()), indent=1)
     scaling = od.read_json(SCALING_FILE)
@@ -465,7 +483,7 @@ def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, rep
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         profiles = {profile.name: profile}
-        _start_simulators(stack, profiles)
+        _use_simulators(profiles, _start_simulators(stack, profiles))
         results, stats = asyncio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter))
     write_lines(out, results)
     return RanFile(results, stats, time.perf_counter() - t0)

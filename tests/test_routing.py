@@ -171,3 +171,19 @@ def test_retrieval_only_output_is_a_clear_error(tmp_path: Path, capsys: pytest.C
     out = write_output(tmp_path, recs)
     assert cli(["routing", str(out)]) == 2
     assert "no PtR records" in capsys.readouterr().err
+
+
+def test_a_sweep_scores_each_threshold_exactly_as_one_policy_alone() -> None:
+    """The sweep scores every threshold in one array operation; each value must equal, bit for bit,
+    the per-run mean of the chosen architecture's values (numpy's own 1-D mean), so routing.json does
+    not change with how the sweep is computed."""
+    d = R.model_data(as_records(make_records()), "sim", K)
+    sel = d.subsets != "G3_instruction"
+    for signal in ("score", "words"):
+        for tau, outcome in R.sweep(d, signal, sel):
+            to_rtp = R.route(d.signals[signal], tau, R.SIGNALS[signal][1])
+            for name in d.rtp:
+                expect = [float(np.where(to_rtp, d.rtp[name][j], d.ptr[name][j])[sel & d.valid[j]].mean())
+                          for j in range(len(d.runs)) if (sel & d.valid[j]).any()]
+                assert outcome.values[name] == expect, (signal, tau, name)
+            assert outcome.to_rtp == float(to_rtp[sel].mean())

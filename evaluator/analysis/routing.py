@@ -150,17 +150,31 @@ class Outcome:
 
 
 def score_policy(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> Outcome:
+    return score_policies(d, to_rtp[None, :], sel)[0]
+
+
+def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> list[Outcome]:
+    """`score_policy` of each row of `to_rtp` (policies x queries) at once: a threshold sweep scores
+    every candidate in one array operation per run and metric instead of one small mean each (4,733
+    calls and 112,720 means took 1.9 s of a warm study). Each row's mean is numpy's own reduction
+    over that row's selected values, so every value equals the one-policy computation bit for bit."""
     sel = np.ones(len(d.keys), dtype=bool) if sel is None else sel
-    values: dict[str, list[float]] = {name: [] for name in d.rtp}
+    m = len(to_rtp)
+    values: dict[str, list[list[float]]] = {name: [[] for _ in range(m)] for name in d.rtp}
     for j in range(len(d.runs)):
         use = sel & d.valid[j]
         if not use.any():
             continue
+        chosen = to_rtp[:, use]
         for name in d.rtp:
-            v = np.where(to_rtp, d.rtp[name][j], d.ptr[name][j])
-            values[name].append(float(v[use].mean()))
-    share = float(to_rtp[sel].mean()) if sel.any() else float("nan")
-    return Outcome(values, share, int(sel.sum()))
+            # C order: numpy then sums each row as it sums a 1-D array (an F-ordered array sums column
+            # by column, and the last bits of the means differ from the one-policy computation's)
+            means = np.ascontiguousarray(np.where(chosen, d.rtp[name][j][use], d.ptr[name][j][use])).mean(axis=1)
+            for i, v in enumerate(means.tolist()):
+                values[name][i].append(v)
+    shares = np.ascontiguousarray(to_rtp[:, sel]).mean(axis=1).tolist() if sel.any() else [float("nan")] * m
+    n = int(sel.sum())
+    return [Outcome({name: values[name][i] for name in d.rtp}, float(shares[i]), n) for i in range(m)]
 
 
 def candidates(values: np.ndarray) -> np.ndarray:
@@ -175,7 +189,8 @@ def sweep(d: ModelData, signal: str, sel: np.ndarray | None = None,
     direction = SIGNALS[signal][1]
     s = d.signals[signal]
     taus = candidates(s[sel]) if taus is None else taus
-    return [(float(t), score_policy(d, route(s, float(t), direction), sel)) for t in taus]
+    policies = np.stack([route(s, float(t), direction) for t in taus]) if len(taus) else np.zeros((0, len(s)), bool)
+    return [(float(t), o) for t, o in zip(taus, score_policies(d, policies, sel), strict=True)]
 
 
 def choose(points: Sequence[tuple[float, Outcome]], gold: str) -> tuple[float, Outcome]:

@@ -65,9 +65,11 @@ class Api:
     description: str | None
     parameters: tuple[Param, ...] = ()
 
-    @property
-    def id(self) -> str:
-        return api_id(self.tool_name, self.api_name)
+    # asked ~3x per API on every load: computed once (a cached_property's lock cost more than the join)
+    id: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", api_id(self.tool_name, self.api_name))
 
     @property
     def display(self) -> str:

@@ -57,13 +57,49 @@ def reset_batch_stats(base_url: str) -> dict[str, Any]:
 
 
 class SimHandle:
-    def __init__(self, proc: subprocess.Popen[bytes], base_url: str) -> None:
+    """A simulator process; its address is known once it listens (`base_url` waits for that)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
         self.proc = proc
-        self.base_url = base_url  # ends in /v1, like a provider's OpenAI-compatible base
-        self.root = base_url.removesuffix("/v1")
+        self.timeout_s = timeout_s
+        self._base_url: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        """Ends in /v1, like a provider's OpenAI-compatible base; waits until `/v1/models` answers."""
+        if self._base_url is None:
+            self._base_url = self._wait_ready()
+        return self._base_url
+
+    @property
+    def root(self) -> str:
+        return self.base_url.removesuffix("/v1")
+
+    def _wait_ready(self) -> str:
+        assert self.proc.stdout is not None
+        # The server prints its address once it is listening; don't block forever if it never does.
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            ready = sel.select(self.timeout_s)
+        line = self.proc.stdout.readline() if ready else b""
+        if not line:
+            self.proc.kill()
+            self.proc.wait()
+            raise RuntimeError(f"simulator exited with code {self.proc.returncode} before listening")
+        base_url = orjson.loads(line)["base_url"]
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                with _OPENER.open(base_url + "/models", timeout=2):
+                    return base_url
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"simulator at {base_url} did not answer /v1/models") from None
+                time.sleep(0.05)
 
     def __repr__(self) -> str:
-        return f"SimHandle(base_url={self.base_url!r}, pid={self.proc.pid})"
+        return f"SimHandle(base_url={self._base_url or '(starting)'!r}, pid={self.proc.pid})"
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         return admin_call(self.root, method, path, body)
@@ -96,8 +132,11 @@ class SimHandle:
         self.stop()
 
 
-def start_simulator(config: SimConfig | None = None, *, host: str = "127.0.0.1", timeout_s: float = 20.0, **knobs: Any) -> SimHandle:
-    """Launch `python -m evaluator.sim` on a free port of `host`; returns once `/v1/models` answers."""
+def start_simulator(config: SimConfig | None = None, *, host: str = "127.0.0.1", timeout_s: float = 20.0,
+                    wait: bool = True, **knobs: Any) -> SimHandle:
+    """Launch `python -m evaluator.sim` on a free port of `host`; returns once `/v1/models` answers, or
+    at once with `wait=False` (the first use of `base_url` waits: the simulator's ~0.5 s start then
+    overlaps the caller's own work)."""
     cfg = config_from(config, **knobs)
     cmd = [
         sys.executable, "-m", "evaluator.sim", "--host", host, "--port", "0", "--exit-with-parent",
@@ -105,25 +144,7 @@ def start_simulator(config: SimConfig | None = None, *, host: str = "127.0.0.1",
     ]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
-    assert proc.stdout is not None
-    # The server prints its address once it is listening; don't block forever if it never does.
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        ready = sel.select(timeout_s)
-    line = proc.stdout.readline() if ready else b""
-    if not line:
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"simulator exited with code {proc.returncode} before listening")
-    handle = SimHandle(proc, orjson.loads(line)["base_url"])
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with _OPENER.open(handle.base_url + "/models", timeout=2):
-                return handle
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                handle.stop()
-                raise RuntimeError(f"simulator at {handle.base_url} did not answer /v1/models") from None
-            time.sleep(0.05)
+    handle = SimHandle(subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env), timeout_s)
+    if wait:
+        handle.base_url  # noqa: B018 - waits until it answers
+    return handle
