@@ -23,7 +23,8 @@ def render(res: dict[str, Any]) -> list[str]:
     m = res["machine"]
     pk = m.get("packages", {})
     lines = [f"### {res['title']}", "",
-             f"`{res['command']}` — {res['seconds']:.0f} s; {m['cores']} cores ({m['cpu']}), {m['ram_gib']} GiB RAM, "
+             f"`{res['command']}` — {res['seconds']:.0f} s; {m['cores']} cores ({m['cpu']}"
+             f"{', ' + ' '.join(m['cpu_vector']) if m.get('cpu_vector') else ''}), {m['ram_gib']} GiB RAM, "
              f"Python {m['python']}, torch {pk.get('torch')}, sentence-transformers {pk.get('sentence-transformers')}, "
              f"faiss-cpu {pk.get('faiss-cpu')}, openai {pk.get('openai')}, aiohttp {pk.get('aiohttp')}; "
              f"load average {m.get('loadavg_1m')} at start, {m.get('loadavg_1m_end')} at end.", ""]

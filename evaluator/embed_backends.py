@@ -315,8 +315,8 @@ def openvino_runner(model_file: Path, precision: str, threads: int) -> tuple[Run
     """One single-threaded stream per CPU, each batch split between them. Measured on the 2-core
     machine (AVX2), 5,120 token-sorted registry texts in windows across the length range: one
     2-thread stream (LATENCY) 92 texts/s at batch 128 and 93 at 64; two 1-thread streams
-    (THROUGHPUT) 115/s at 64 and 100/s at 128, identical vectors to 1e-7: one thread per GEMM wastes
-    less on synchronisation than two sharing each small product."""
+    (THROUGHPUT) 115/s at 64 and 100/s at 128; two later rounds 108 vs 96/s and 99 vs 95/s (vectors
+    equal to 1e-7): one thread per product wastes less on synchronisation than two sharing each."""
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
