@@ -42,13 +42,23 @@ def _rtp_figures(summary: dict[str, Any]) -> dict[str, float]:
             for r in summary.get("rows", []) if r.get("arch") == "rtp" and r.get("mean") is not None}
 
 
+def _top5(out: Path) -> dict[str, list[str]]:
+    """(subset, query id) -> the RtP top-5 list the run saved, from queries.jsonl."""
+    tops = {}
+    for line in (out / "queries.jsonl").read_bytes().splitlines():
+        r = orjson.loads(line)
+        if r.get("rtp"):
+            tops[f"{r['subset']}|{r['query_id']}"] = list(r["rtp"]["retrieved"][:5])
+    return tops
+
+
 def _run(code: Path, work: Path) -> tuple[float, dict[str, Any]]:
     cache, out = work / "cache", work / "out"
     wall, _ = run_cli(code, ["--retrieval-only", "--no-progress", "--data", data_dir(), "--cache-dir", str(cache),
                              "--out", str(out)])
     summary = orjson.loads((out / "summary.json").read_bytes())
     meta = orjson.loads((out / "meta.json").read_bytes()) if (out / "meta.json").exists() else {}
-    return wall, {"summary": summary, "meta": meta}
+    return wall, {"summary": summary, "meta": meta, "top5": _top5(out)}
 
 
 def _texts() -> list[str]:
@@ -105,6 +115,7 @@ def run(order: list[str] | None = None, before: str = BEFORE) -> Result:
     walls: dict[str, float] = {}
     sums: dict[str, dict[str, float]] = {}
     metas: dict[str, Any] = {}
+    tops: dict[str, dict[str, list[str]]] = {}
     for name in order:
         work = Path(tempfile.mkdtemp(prefix="bench-first-run-"))
         try:
@@ -116,12 +127,16 @@ def run(order: list[str] | None = None, before: str = BEFORE) -> Result:
         finally:
             shutil.rmtree(work, ignore_errors=True)
         sums[name] = _rtp_figures(got["summary"])
+        tops[name] = got["top5"]
         metas[name] = {k: got["meta"].get(k) for k in ("embedder", "backend", "precision")}
         metas[name]["timings"] = got["meta"].get("runtime", {}).get("timings") or got["meta"].get("timings")
         metas[name]["embed"] = got["meta"].get("runtime", {}).get("embed")
     ref, new = RUNS
     common = sorted(set(sums[ref]) & set(sums[new]))
     diff = max((abs(sums[ref][k] - sums[new][k]) for k in common), default=float("nan"))
+    shared = sorted(set(tops[ref]) & set(tops[new]))
+    same_list = sum(tops[ref][q] == tops[new][q] for q in shared) / max(len(shared), 1)
+    same_set = sum(set(tops[ref][q]) == set(tops[new][q]) for q in shared) / max(len(shared), 1)
     speed = walls[ref] / walls[new]
     rows = [[n, round(walls[n], 1), round(walls[ref] / walls[n], 2)] for n in RUNS]
     floor = compute_floor()
@@ -135,15 +150,19 @@ def run(order: list[str] | None = None, before: str = BEFORE) -> Result:
         extra_tables=[_breakdown(walls, metas)],
         name=NAME, title=TITLE, columns=["run", "wall s", "speed vs before"], rows=rows,
         goals=[Goal("first run: before's wall / now's wall", speed, ">= 2.5", speed >= 2.5),
-               Goal("max |RtP figure difference| vs before", diff, "<= 0.005", diff <= 0.005)],
+               Goal("max |RtP figure difference| vs before", diff, "<= 0.005", diff <= 0.005),
+               Goal("queries whose RtP top-5 list (order included) equals before's", same_list, ">= 0.98",
+                    same_list >= 0.98)],
         notes=[f"order: {', '.join(order)}; each with its own empty --cache-dir; 'before' = commit {before}; "
-               f"{len(common)} RtP figures of summary.json compared",
+               f"{len(common)} RtP figures of summary.json compared; top-5 of {len(shared)} queries compared "
+               f"(identical lists {same_list:.4f}, identical sets {same_set:.4f})",
                f"floor: {floor['texts']:,.0f} texts, {floor['tokens']:,.0f} real tokens, {floor['tflop']:.1f} TFLOP of "
                f"fp32 forward passes, at numpy sgemm's rate on the model's feed-forward shape ({ffn:.0f} GFLOP/s) and on "
                f"a square 2,048 product ({floor['sgemm_gflops']:.0f} GFLOP/s), measured after the runs; the whole "
                f"command at 2.5x would have to finish in {walls[ref] / 2.5:.0f} s, tokenising, export and writes included",
                "the machine is shared: see loadavg at start and end"],
         data={"wall_s": walls, "max_rtp_diff": diff, "figures_compared": len(common), "meta": metas,
+              "top5_identical_lists": same_list, "top5_identical_sets": same_set, "top5_queries": len(shared),
               "before": before, "floor": floor},
     )
 
