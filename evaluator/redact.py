@@ -16,6 +16,7 @@ import os
 import re
 import tomllib
 import traceback
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -93,3 +94,25 @@ class RedactFilter(logging.Filter):
 def redacted_traceback(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> str:
     """A crash's traceback as Python prints it, with keys redacted (the CLI's `sys.excepthook`)."""
     return redact("".join(traceback.format_exception(kind, exc, tb)))
+
+
+# Query parameters that carry credentials in a base URL (Gemini's `?key=`, signed URLs, proxies' tokens).
+_SECRET_PARAM = re.compile(r"key|token|secret|sig|signature|password|passwd|auth|credential", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """A URL fit for meta.json: a password or user in it and the values of credential-like query
+    parameters become `[REDACTED]`, then `redact` runs on the rest (a configured key anywhere in it)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return redact(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "[REDACTED]@" + netloc.rsplit("@", 1)[1]
+    query = "&".join(
+        f"{k}=[REDACTED]" if _SECRET_PARAM.search(k) else (f"{k}={v}" if v or "=" in raw else k)
+        for raw in parts.query.split("&") if raw
+        for k, _, v in [raw.partition("=")]
+    )
+    return redact(urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)))

@@ -147,3 +147,19 @@ def test_no_canary_key_in_anything_written(tmp_path, monkeypatch, capfd):
         assert rc == 1, err
     assert len(logs) == 16
     assert _leaks(tmp_path, logs, secrets) == []
+
+
+def test_a_key_written_into_the_base_url_never_reaches_meta():
+    """A user who puts the key in the URL itself (userinfo, `?key=`) gets meta.json's profile echo masked;
+    the rest of the URL (host, path, other parameters) stays as written."""
+    from evaluator.llm.profiles import load_profile
+    from evaluator.redact import redact_url
+
+    secret = "AIzaSyD-not-a-real-key-0123456789abcdef"
+    for url in (f"https://me:{secret}@proxy.example/v1", f"https://host.example/v1beta/openai?key={secret}",
+                f"https://host.example/v1?api-version=2024-10-21&sig={secret}"):
+        shown = load_profile("local", base_url=url).request_settings()["base_url"]
+        assert secret not in shown and "[REDACTED]" in shown, shown
+        assert "host.example" in shown or "proxy.example" in shown
+    assert redact_url("https://host.example/v1?api-version=2024-10-21") == "https://host.example/v1?api-version=2024-10-21"
+    assert redact_url("http://127.0.0.1:8080/v1") == "http://127.0.0.1:8080/v1"

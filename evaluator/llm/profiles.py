@@ -22,7 +22,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator
 from pydantic.dataclasses import dataclass
 from pydantic.fields import FieldInfo
 
-from ..redact import watch_env
+from ..redact import redact_url, watch_env
 from .errors import ConfigError
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
@@ -80,9 +80,12 @@ class ModelProfile:
         """Every setting that shapes requests or their pacing, for `meta.json`.
 
         That is every field: the profile holds only the *name* of the key's environment variable,
-        never the key, so nothing here is secret.
+        never the key. A key a user wrote into the base URL itself (`https://user:KEY@host`, `?key=...`)
+        is masked (`redact_url`).
         """
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["base_url"] = redact_url(self.base_url) if self.base_url else self.base_url
+        return out
 
     @field_validator("base_url")
     @classmethod
