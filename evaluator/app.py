@@ -28,6 +28,7 @@ from .batch.requests import offline_profile, run_requests
 from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
 from .data import DataError, Registry, load_registry
+from .index import searches_folder
 from .llm import LLMEngine, ModelProfile, load_profile
 from .llm.budget import Budget, check_priced
 from .llm.errors import BudgetExhausted
@@ -283,7 +284,7 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
             subsets=subs.scaling, divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes,
             seeds=s.scaling_seeds, about=_about(meta, s, "scaling_subsets"), log=quiet,
-            memo=_searches(study.embedder.cache_dir))
+            memo=searches_folder(study.embedder.cache_dir))
         od.write_json(SCALING_FILE, res.to_dict())
     else:
         notes["scaling"] = "no subset to run it on"
@@ -293,11 +294,6 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
     od.write_json(ROUTING_FILE, R.routing_study(records, opt, _about(meta, s, "routing_test")).to_dict())
     study.timings["routing_s"] = time.perf_counter() - t
     return notes
-
-
-def _searches(cache: Path | None) -> Path | None:
-    """Where searches are kept between runs (the scaling study's, beside the stubs' in pipeline.py)."""
-    return cache / "searches" if cache is not None else None
 
 
 def _routing_options(s: Settings, subs: AnalysisSubsets) -> R.Options:
@@ -399,7 +395,7 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     res = SC.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
                            divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
                            about=_about(meta, s, "scaling_subsets"), log=reporter.info,
-                           memo=_searches(embedder.cache_dir))
+                           memo=searches_folder(embedder.cache_dir))
     res.meta.embed = dataclasses.asdict(embedder.stats)
     if embedder.stats.embedded:
         reporter.info(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")

@@ -208,6 +208,11 @@ class SubsetSearch:
         return scores[self.inverse], best[self.inverse]
 
 
+def searches_folder(cache: Path | None) -> Path | None:
+    """Where a cache folder keeps searches between runs (`SearchMemo`'s and `SubsetSearch`'s)."""
+    return cache / "searches" if cache is not None else None
+
+
 def digest(vectors: np.ndarray) -> str:
     """A key for a matrix's content (blake2b of its bytes: ~0.1 s for the 47k registry's)."""
     return hashlib.blake2b(np.ascontiguousarray(vectors).view(np.uint8).reshape(-1), digest_size=16).hexdigest()

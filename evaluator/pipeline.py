@@ -18,7 +18,7 @@ import numpy as np
 from . import prompts, retrieve
 from .aio import cancel_all
 from .data import Query, Registry
-from .index import SearchMemo
+from .index import SearchMemo, searches_folder
 from .llm import ChatResult
 from .parse import Plan, parse_plan, parse_stubs, stub_text
 from .retrieve import Retrieved
@@ -110,7 +110,7 @@ class StubBatcher:
         vecs = self.study.embedder.encode(texts, progress=False) if texts else np.zeros((0, self.study.api_vecs.shape[1]), np.float32)
         if self.memo is None:
             cache = self.study.embedder.cache_dir
-            self.memo = SearchMemo(self.study.index, s.k_max, cache / "searches" if cache is not None else None)
+            self.memo = SearchMemo(self.study.index, s.k_max, searches_folder(cache))
         scores, rows = self.memo.search(vecs)
         return retrieve.ptr_from_hits(scores, rows, owners, len(per_query), s.k_max, sorted(set(s.ks)))
 

@@ -97,22 +97,17 @@ def redacted_traceback(kind: type[BaseException], exc: BaseException, tb: Traceb
 
 
 # Query parameters that carry credentials in a base URL (Gemini's `?key=`, signed URLs, proxies' tokens).
-_SECRET_PARAM = re.compile(r"key|token|secret|sig|signature|password|passwd|auth|credential", re.IGNORECASE)
+_SECRET_PARAM = re.compile(r"key|token|secret|sig|pass|auth|credential", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
-    """A URL fit for meta.json: a password or user in it and the values of credential-like query
+    """A URL fit for meta.json: the user and password in it and the values of credential-like query
     parameters become `[REDACTED]`, then `redact` runs on the rest (a configured key anywhere in it)."""
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
         return redact(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = "[REDACTED]@" + netloc.rsplit("@", 1)[1]
-    query = "&".join(
-        f"{k}=[REDACTED]" if _SECRET_PARAM.search(k) else (f"{k}={v}" if v or "=" in raw else k)
-        for raw in parts.query.split("&") if raw
-        for k, _, v in [raw.partition("=")]
-    )
-    return redact(urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment)))
+    netloc = parts.netloc if "@" not in parts.netloc else "[REDACTED]@" + parts.netloc.rsplit("@", 1)[1]
+    query = "&".join(f"{name}=[REDACTED]" if _SECRET_PARAM.search(name := raw.partition("=")[0]) else raw
+                     for raw in parts.query.split("&"))
+    return redact(urllib.parse.urlunsplit(parts._replace(netloc=netloc, query=query)))

@@ -122,19 +122,22 @@ def parse_jsonl(path: Path, text: str) -> list[tuple[str, dict]]:
             # words the error for the third.
             rec = orjson.loads(line)
         except orjson.JSONDecodeError:
-            rec = None
-        try:
-            rec = json.loads(line) if rec is None else rec
-        except json.JSONDecodeError as e:
-            raise DataError(
-                f"{where}: malformed JSON ({e.msg} at column {e.colno}); each line must be one JSON object."
-            ) from None
-        except RecursionError:
-            raise DataError(f"{where}: JSON nested too deeply to read.") from None
+            rec = _json_line(line, where)
         if not isinstance(rec, dict):
             raise DataError(f"{where}: expected a JSON object, got {json_type(rec)}.")
         out.append((where, rec))
     return out
+
+
+def _json_line(line: str, where: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"{where}: malformed JSON ({e.msg} at column {e.colno}); each line must be one JSON object."
+        ) from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested too deeply to read.") from None
 
 
 def parse_csv(path: Path, text: str, required: tuple[str, ...]) -> list[tuple[str, dict[str, str]]]:

@@ -67,9 +67,13 @@ class SimHandle:
     @property
     def base_url(self) -> str:
         """Ends in /v1, like a provider's OpenAI-compatible base; waits until `/v1/models` answers."""
+        return self.wait()._base_url or ""
+
+    def wait(self) -> SimHandle:
+        """Returns once the simulator answers `/v1/models`."""
         if self._base_url is None:
             self._base_url = self._wait_ready()
-        return self._base_url
+        return self
 
     @property
     def root(self) -> str:
@@ -145,6 +149,4 @@ def start_simulator(config: SimConfig | None = None, *, host: str = "127.0.0.1",
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
     handle = SimHandle(subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env), timeout_s)
-    if wait:
-        handle.base_url  # noqa: B018 - waits until it answers
-    return handle
+    return handle.wait() if wait else handle
