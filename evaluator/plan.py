@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from . import prompts
-from .batch.cost import price
+from .batch.cost import price, usd
 from .batch.files import Request
 from .batch.study import collect, offline
 from .llm import ChatResult, LLMEngine, ModelProfile, Prepared
@@ -73,9 +73,9 @@ class Plan:
         """What is left to send, in a few words (the budget's stop line)."""
         parts = []
         for m in self.models:
-            usd = "" if m.usd_online is None else f" (about ${m.usd_online:.4f} online)"
+            cost = "" if m.usd_online is None else f" (about {usd(m.usd_online, '')} online)"
             ub = f", up to {m.ptr_planners_upper_bound:,} of them PtR planners" if m.ptr_planners_upper_bound else ""
-            parts.append(f"{m.model} {m.to_send:,} requests{ub}{usd}")
+            parts.append(f"{m.model} {m.to_send:,} requests{ub}{cost}")
         return "Still to send: " + "; ".join(parts) + "."
 
     def text(self) -> str:
@@ -97,7 +97,7 @@ class Plan:
 
 
 def _usd(x: float | None) -> str:
-    return "unknown (no price in the profile)" if x is None else f"${x:,.4f}"
+    return usd(x, "unknown (no price in the profile)")
 
 
 def _dur(s: float) -> str:

@@ -70,6 +70,12 @@ class Cost:
     all_online_usd: float | None = None  # what the same tokens would have cost online
 
 
+def usd(x: float | None, missing: str) -> str:
+    """The one dollar format of the report, the viewer and the dry run: four decimals (a study's
+    calls cost fractions of a cent); `missing` where the price is unknown."""
+    return missing if x is None else f"${x:,.4f}"
+
+
 def price(profile: ModelProfile, prompt_tokens: int, completion_tokens: int, *, batch: bool = False) -> float | None:
     """USD for these tokens, or None when the profile gives no price (or no discount for batch)."""
     pin, pout = profile.price_input_per_mtok, profile.price_output_per_mtok

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..batch.cost import BatchStats, Cost
+from ..batch.cost import BatchStats, Cost, usd
 from ..redact import redact
 from .fmt import table
 
 
 def _usd(x: float | None) -> str:
-    return "unknown" if x is None else f"${x:,.4f}"
+    return usd(x, "unknown")
 
 
 def cost_section_md(cost: Mapping[str, Cost], batch: Mapping[str, BatchStats] | None = None) -> str | None:

@@ -30,6 +30,7 @@ import orjson
 
 from ..analysis.metrics import Obs, record_obs
 from ..analysis.stats import exact, stars, wilcoxon_paired
+from ..batch.cost import usd
 from ..schema import GOLDS, SUMMARY_FILE, Meta, OutputDir, OutputError, Record, atomic_write, plain, qid_key
 from .fmt import DASH, fnum, format_p, mean_pm
 
@@ -289,7 +290,7 @@ def _accounting(meta: Meta) -> dict[str, Any]:
 
 
 def _usd(x: Any) -> str:
-    return DASH if x is None else f"${float(x):.4f}"
+    return usd(None if x is None else float(x), DASH)
 
 
 def _warnings(src: Source) -> list[str]:
