@@ -24,6 +24,8 @@ from .analysis.main import main_study
 from .batch import study as batch_study
 from .batch.cost import accounting
 from .batch.files import Result, read_requests, write_lines
+from .batch.ray_engine import RayOptions, run_requests_ray
+from .batch.ray_engine import check as check_ray
 from .batch.requests import offline_profile, run_requests
 from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
@@ -468,18 +470,24 @@ def plan_request_file(path: Path, model: str, out: Path, cache_root: Path, **ove
 
 
 def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, reporter: Reporter = SILENT,
-                     **overrides: Any) -> RanFile:
+                     ray: RayOptions | None = None, **overrides: Any) -> RanFile:
     """`requests run`: any request file through the online engine (limits, retries, cache, resume) into a
-    results file. The whole file is checked, and `out` writable, before anything is sent."""
+    results file, or with `ray` through Ray Data LLM (`batch.ray_engine`: the same cache, the same
+    results). The whole file is checked, and `out` writable, before anything is sent."""
     if out.resolve() == path.resolve():
         raise ConfigError("requests run: --out must not be the input file")
     requests = read_requests(path)
     check_writable(out.parent, "--out")  # one line now, not a traceback after every request was sent
     profile = load_profile(model, **overrides)
+    if ray is not None:
+        check_ray(profile, ray)  # Ray missing, vLLM missing, a pace Ray cannot keep: one line, before any start
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         profiles = {profile.name: profile}
         _use_simulators(profiles, _start_simulators(stack, profiles))
-        results, stats = asyncio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter))
+        if ray is not None:
+            results, stats = run_requests_ray(requests, profiles[profile.name], cache_root, ray, reporter=reporter)
+        else:
+            results, stats = asyncio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter))
     write_lines(out, results)
     return RanFile(results, stats, time.perf_counter() - t0)

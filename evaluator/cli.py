@@ -25,6 +25,7 @@ from . import app
 from .aio import interrupt_on_stop_signals, stop_signal
 from .analysis.routing import RoutingMeta
 from .analysis.scaling import ScalingMeta
+from .batch.ray_engine import RayOptions
 from .batch.requests import import_files
 from .config import (
     BACKEND_CHOICES,
@@ -291,6 +292,7 @@ REQUESTS_USAGE = """\
     requests export OUT.jsonl [study flags]     every chat request the study would send that is not cached
     requests import RESULTS.jsonl               store the successful results in the response cache
     requests run IN.jsonl --model P --out R.jsonl   any request file through the online engine (resumable)
+    requests run IN.jsonl --model P --out R.jsonl --engine ray [--address ADDR]   the same through Ray Data LLM
 
 Export works in rounds: the PtR planners need the discovery replies, so a second export after the first
 results were imported holds them. `custom_id` is the engine's cache key, so imported results are found by
@@ -361,17 +363,37 @@ def _requests_run(argv: list[str]) -> int:
     ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--dry-run", action="store_true", help="print (and write OUT's stem + .plan.json) the requests, tokens, USD and time the file would take; send nothing")
+    ray = ap.add_argument_group("Ray (--engine ray; pip install 'evaluator[ray]')")
+    ray.add_argument("--engine", choices=["evaluator", "ray"], default="evaluator",
+                     help="who sends: the evaluator's engine (default) or Ray Data LLM; both use and fill the same cache")
+    ray.add_argument("--address", help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a small local Ray")
+    ray.add_argument("--processor", choices=["http", "vllm"], default="http",
+                     help="http: Ray's HTTP processor against the profile's endpoint (default); vllm: the model inside Ray (needs vLLM)")
+    ray.add_argument("--actors", type=int, default=1, help="Ray actors sending (or running vLLM); default 1")
+    ray.add_argument("--batch-size", type=int, help="rows per Ray batch = requests in flight per actor (default: the profile's concurrency, at most 64)")
+    ray.add_argument("--qps", type=int, help="Ray's pace, requests per second per actor (default: the profile's rpm / 60 / actors)")
+    ray.add_argument("--vllm-model", help="--processor vllm: the model to load (default: the profile's model id)")
     args = ap.parse_args(argv)
+    ray_flags = [f for f, v in (("--address", args.address), ("--processor", args.processor != "http"),
+                                ("--actors", args.actors != 1), ("--batch-size", args.batch_size), ("--qps", args.qps),
+                                ("--vllm-model", args.vllm_model)) if v]
+    if args.engine != "ray" and ray_flags:
+        ap.error(f"{ray_flags[0]} is an option of --engine ray; add --engine ray")
+    ray_opts = (RayOptions(address=args.address, processor=args.processor, batch_size=args.batch_size,
+                           actors=args.actors, qps=args.qps, vllm_model=args.vllm_model)
+                if args.engine == "ray" else None)
     overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
     if args.dry_run:
         print(app.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
                                     **overrides.as_kwargs()))
         return 0
     done = app.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
-                                reporter=make_reporter(not args.no_progress), **overrides.as_kwargs())
+                                reporter=make_reporter(not args.no_progress), ray=ray_opts, **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
     print(f"Wrote {n:,} results to {args.out} in {done.seconds:.1f} s: {n - bad:,} ok, {bad:,} errors; "
-          f"{done.stats['requests']:,} HTTP requests sent, {done.stats['cache_hits']:,} answered from the cache.")
+          + (f"{done.stats['requests']:,} requests sent through Ray ({done.stats['ray']['address']}; its retries not "
+             "counted), " if "ray" in done.stats else f"{done.stats['requests']:,} HTTP requests sent, ")
+          + f"{done.stats['cache_hits']:,} answered from the cache.")
     return 0
 
 

