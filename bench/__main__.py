@@ -26,6 +26,7 @@ BENCHMARKS = {  # name -> module; run in this order (cheapest prerequisites firs
     "memory": "bench.memory",
     "batch": "bench.batch",
     "shared_rate": "bench.shared_rate",  # two processes on one key: shared RPM pacing
+    "ray_engine": "bench.ray_engine",  # requests run --engine ray vs the evaluator engine (needs the ray extra)
 }
 
 

@@ -12,6 +12,7 @@ shipped (without `ray_worker.KeyedSession`) on a smaller file, which sends a bat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import threading
@@ -56,10 +57,8 @@ class RayPSS:
             for p in psutil.Process().children(recursive=True):
                 if p.pid == self.skip:
                     continue
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                     total += p.memory_full_info().pss
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    pass
             self.peak = max(self.peak, total)
             self._stop.wait(0.5)
 
