@@ -27,6 +27,7 @@ from .batch.files import Result, read_requests, write_lines
 from .batch.requests import offline_profile, run_requests
 from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
+from .core.progress import SILENT, Progress, Reporter
 from .data import DataError, Registry, load_registry
 from .index import searches_folder
 from .llm import LLMEngine, ModelProfile, load_profile
@@ -35,7 +36,6 @@ from .llm.errors import BudgetExhausted
 from .llm.limits import SharedRates, rate_folder
 from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
 from .plan import PLAN_FILE, plan_requests, plan_study, write_plan
-from .progress import SILENT, Progress, Reporter
 from .render import figures as F
 from .render import report as RP
 from .render import routing as RR

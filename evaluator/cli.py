@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 from . import app
-from .aio import interrupt_on_stop_signals, stop_signal
 from .analysis.routing import RoutingMeta
 from .analysis.scaling import ScalingMeta
 from .batch.requests import import_files
@@ -37,12 +36,13 @@ from .config import (
     load_settings,
     validate,
 )
+from .core.aio import interrupt_on_stop_signals, stop_signal
+from .core.progress import Reporter
+from .core.redact import RedactFilter, redact, redacted_traceback
 from .data import DataError
 from .embed import EmbedderError
 from .llm import FatalLLMError, cache_clear, cache_stats
 from .llm.errors import BudgetExhausted
-from .progress import Reporter
-from .redact import RedactFilter, redact, redacted_traceback
 from .render import view as view_page
 from .schema import OutputDir, OutputError
 
@@ -433,7 +433,7 @@ def _log_to_stderr() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _log_to_stderr()
-    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (aio.py)
+    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (core/aio.py)
     command = argv[0] if argv and argv[0] in HANDLERS else "run"
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
     sys.excepthook = lambda *exc: sys.stderr.write(redacted_traceback(*exc))  # even a crash's traceback carries no key

@@ -29,14 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import threads
+from .core import threads
 
 threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread pools
 
 import numpy as np  # noqa: E402
 
 from . import embed_backends as eb  # noqa: E402
-from .progress import SILENT, Reporter  # noqa: E402
+from .core.progress import SILENT, Reporter  # noqa: E402
 
 DEFAULT_MODEL = "bundled:all-MiniLM-L6-v2"
 BACKENDS = ("auto", *eb.BACKENDS)

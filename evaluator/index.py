@@ -2,7 +2,7 @@
 
 Every stage hands all its query vectors to one `search` call; FAISS then parallelises over queries
 and uses BLAS, which per-query calls cannot. Its OpenMP pool is sized to the CPUs this process may
-use and waits passively (threads.py), set before faiss loads.
+use and waits passively (core/threads.py), set before faiss loads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import threads
+from .core import threads
 
 threads.configure_env()
 

@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
+from evaluator.core.progress import Reporter
 from evaluator.embed import Embedder, EmbedderError, resolve_path
-from evaluator.progress import Reporter
 
 TEXTS = [
     "Flight Search/search flights: find flights between two airports on a date",

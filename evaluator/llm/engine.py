@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from ..redact import redact
+from ..core.redact import redact
 from .accounting import ModelStats
 from .budget import cost_usd, prompt_tokens, worst_case_usd
 from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner

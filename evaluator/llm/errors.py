@@ -1,4 +1,4 @@
-"""Errors of the LLM layer (their text is redacted by `evaluator.redact` before it leaves it)."""
+"""Errors of the LLM layer (their text is redacted by `evaluator.core.redact` before it leaves it)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator
 from pydantic.dataclasses import dataclass
 from pydantic.fields import FieldInfo
 
-from ..redact import redact_url, watch_env
+from ..core.redact import redact_url, watch_env
 from .errors import ConfigError
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
