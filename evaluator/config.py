@@ -15,10 +15,11 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
+from .core.errors import ConfigError  # one ConfigError for settings and model profiles
+from .core.validation import check_values, checked
 from .data import TOOLS_FORMATS
 from .embed_backends import BACKENDS, PRECISIONS
-from .llm.errors import ConfigError  # one ConfigError for settings and model profiles
-from .llm.profiles import ModelProfile, check_values, checked
+from .llm.profiles import ModelProfile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"

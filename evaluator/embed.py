@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .core import threads
+from .core.errors import EmbedderError as EmbedderError  # defined with its exit code in core.errors
 
 threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread pools
 
@@ -45,10 +46,6 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 # (bench/README.md). The bf16 and int8 paths are faster still but change 9-85% of the top-5 lists.
 AUTO_CPU: tuple[tuple[str, str], ...] = (("openvino", "fp32"), ("onnx", "fp32"))
 _SHARD_ROWS = 4096  # vectors per write: bounds the work a crash can lose
-
-
-class EmbedderError(Exception):
-    """The embedding model or its cache cannot be used; the message says what to do instead."""
 
 
 def _key(text: str) -> bytes:

@@ -34,9 +34,10 @@ from pydantic.dataclasses import dataclass
 
 from .batch.cost import BatchStats, Cost
 from .config import Settings
+from .core.errors import ConfigError
+from .core.errors import OutputError as OutputError  # defined with its exit code in core.errors
 from .data import qid_key
 from .llm.accounting import CallStats
-from .llm.errors import ConfigError
 from .llm.profiles import ModelProfile
 from .parse import Stub
 
@@ -56,10 +57,6 @@ ROUTING_FILE = "routing.json"
 # meta.json's `format_version`. A folder without one (format 0) was written by release 0.1.0 or before;
 # `Meta` reads it through `_migrate_meta`. Bump it, and add a step there, when a saved shape changes.
 FORMAT_VERSION = 1
-
-
-class OutputError(Exception):
-    """An output folder cannot be read or written; the message names it and says what to do."""
 
 
 # ---------------------------------------------------------------- records

@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.errors import DataError as DataError  # defined with its exit code in core.errors
+
 GOLD_SETS = ("api_list", "relevant")
 REGISTRY_CHOICES = ("full", "described")
 
@@ -34,10 +36,6 @@ def prompt_description(description: str | None) -> tuple[str, bool]:
     if len(text) <= DESCRIPTION_CAP_CHARS:
         return text, False
     return text[:DESCRIPTION_CAP_CHARS].rstrip() + " [...]", True
-
-
-class DataError(Exception):
-    """Bad or missing input data; the message is one line saying where and what to do."""
 
 
 def api_id(tool_name: str, api_name: str) -> str:
