@@ -8,7 +8,7 @@ bound (no planner is called when the reply yields no stub). Their prompt tokens 
 same query's RtP planner prompt (same instructions, query and number of APIs; other APIs).
 
 Per model: calls in total, already cached, to send; prompt tokens by the profile's token rule
-(`llm.budget.prompt_tokens`); completion tokens as the mean of this study's cached replies of the
+(`core.tokens.prompt_tokens`); completion tokens as the mean of this study's cached replies of the
 same prompt version, else `max_tokens` (an upper bound; the plan says which); USD online and through
 the batch API from the profile's prices; and the time floor the RPM/TPM pacing and concurrency set.
 """
@@ -26,8 +26,8 @@ from . import prompts
 from .batch.cost import price, usd
 from .batch.files import Request
 from .batch.study import collect, offline
+from .core.tokens import MESSAGE_TOKENS, prompt_tokens
 from .llm import ChatResult, LLMEngine, ModelProfile, Prepared
-from .llm.budget import MESSAGE_TOKENS, prompt_tokens
 from .llm.limits import RPM_SAFETY
 from .schema import OutputDir
 from .study import Study

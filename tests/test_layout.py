@@ -43,7 +43,7 @@ ENTRY = {"cli": {"__main__"}, "app": {"cli"}}  # the only importers of the top t
 # stands for a provider and shares nothing with the engine but the prompt markers and the one token rule;
 # render computes nothing.
 ONLY: dict[str, set[str]] = {
-    "sim": {"prompts", ""},
+    "sim": {"prompts", "core.tokens", ""},
     "render": {"analysis", "schema", "batch.cost", "config", "data", "core.redact", "prompts", ""},
 }
 # Third-party packages that may be imported inside a function: optional or slow to import, needed by few runs.

@@ -40,8 +40,9 @@ import aiohttp
 import orjson
 
 from ..core.redact import redact
+from ..core.tokens import prompt_tokens
 from .accounting import ModelStats
-from .budget import cost_usd, prompt_tokens, worst_case_usd
+from .budget import cost_usd, worst_case_usd
 from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner
 from .decide import (
     CallState,
@@ -397,7 +398,7 @@ class LLMEngine:
             raise RuntimeError("LLMEngine used outside `async with`")
         logical = prepared.logical or prepared.body
         # Only a TPM budget needs the estimate: no extra JSON encoding per call otherwise.
-        prof = self.profile  # the one token rule (dry run, budget, TPM pacing): llm.budget.prompt_tokens
+        prof = self.profile  # the one token rule (dry run, budget, TPM pacing): core.tokens.prompt_tokens
         est = prompt_tokens(logical, prof.chars_per_token) + (prof.max_tokens or 0) if self._tpm is not None else 0
         call = _Call(prepared.key, logical, keep_raw, est, time.perf_counter())
         while True:

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
 
 from ..core.redact import redact_url, watch_env
+from ..core.tokens import CHARS_PER_TOKEN
 from ..core.validation import checked, toml_label
 from .errors import ConfigError
 
@@ -70,8 +71,8 @@ class ModelProfile:
     price_input_per_mtok: float | None = Field(None, ge=0)  # USD per 1M prompt tokens
     price_output_per_mtok: float | None = Field(None, ge=0)  # USD per 1M completion tokens
     batch_discount: float | None = Field(None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
-    # Token rule for estimates (dry run, budget): characters of message text per prompt token (llm/budget.py).
-    chars_per_token: float = Field(4.0, gt=0)
+    # Token rule for estimates (dry run, budget): characters of message text per prompt token (core/tokens.py).
+    chars_per_token: float = Field(CHARS_PER_TOKEN, gt=0)
 
     def request_settings(self) -> dict[str, Any]:
         """Every setting that shapes requests or their pacing, for `meta.json`.
