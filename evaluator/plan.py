@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from . import prompts
-from .batch.cost import price, usd
+from .batch.cost import usd
 from .batch.files import Request
 from .batch.study import collect, offline
+from .core.money import cost_usd
 from .core.tokens import MESSAGE_TOKENS, prompt_tokens
 from .llm import ChatResult, LLMEngine, ModelProfile, Prepared
 from .llm.limits import RPM_SAFETY
@@ -147,8 +148,8 @@ def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[str, d
             est = sum(int(c) for c in caps if c is not None)
         ct = None if ct is None else ct + est
     n = len(todo)
-    usd = price(p, pt, ct) if ct is not None else None
-    usd_b = price(p, pt, ct, batch=True) if ct is not None else None
+    usd = cost_usd(p, pt, ct) if ct is not None else None
+    usd_b = cost_usd(p, pt, ct, batch=True) if ct is not None else None
     # The engine's pacing: one second's worth may go at once, then RPM (x RPM_SAFETY) and TPM (each call
     # holds its prompt estimate + max_tokens) set the pace.
     floors = {"none": 0.0}

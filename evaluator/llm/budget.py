@@ -15,22 +15,17 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.money import capped_usd
 from ..core.tokens import prompt_tokens
 from .errors import ConfigError
 from .profiles import ModelProfile
 
 
-def cost_usd(profile: ModelProfile, prompt: int, completion: int) -> float:
-    """Online USD for these tokens; 0 when the profile has no prices (`check_priced` rules that out)."""
-    pin = profile.price_input_per_mtok or 0.0
-    pout = profile.price_output_per_mtok or 0.0
-    return (prompt * pin + completion * pout) / 1e6
-
-
-def worst_case_usd(profile: ModelProfile, body: dict[str, Any]) -> float:
-    """What one attempt of `body` can cost at most: its prompt, and every completion token it may use."""
+def worst_case_usd(profile: ModelProfile, body: dict[str, Any], *, batch: bool = False) -> float:
+    """What one attempt of `body` can cost at most: its prompt, and every completion token it may use
+    (online, or as one request of a batch: `core.money.capped_usd`)."""
     max_tokens = body.get("max_tokens") or profile.max_tokens or 0
-    return cost_usd(profile, prompt_tokens(body, profile.chars_per_token), int(max_tokens))
+    return capped_usd(profile, prompt_tokens(body, profile.chars_per_token), int(max_tokens), batch=batch)
 
 
 def check_priced(profiles: dict[str, ModelProfile], where: str = "--budget") -> None:

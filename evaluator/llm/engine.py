@@ -39,10 +39,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from ..core.money import capped_usd
 from ..core.redact import redact
 from ..core.tokens import prompt_tokens
 from .accounting import ModelStats
-from .budget import cost_usd, worst_case_usd
+from .budget import worst_case_usd
 from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner
 from .decide import (
     CallState,
@@ -561,7 +562,7 @@ class LLMEngine:
 
     def _settle(self, reserved: float, reply: ChatResult | None) -> None:
         if self._budget is not None:
-            spent = cost_usd(self.profile, reply.prompt_tokens, reply.completion_tokens) if reply is not None else 0.0
+            spent = capped_usd(self.profile, reply.prompt_tokens, reply.completion_tokens) if reply is not None else 0.0
             self._budget.settle(reserved, spent)
 
     # -- step 3: apply a decision --------------------------------------------------------------------
