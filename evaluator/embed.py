@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .core import threads
 from .core.errors import EmbedderError as EmbedderError  # defined with its exit code in core.errors
+from .core.files import atomic_write
 
 threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread pools
 
@@ -121,17 +122,10 @@ class EmbeddingStore:
 
     def add(self, keys: list[bytes], vecs: np.ndarray) -> None:
         name = f"shard-{uuid.uuid4().hex}.npz"
-        tmp = self.root / f".{name}.tmp"
+        arrays = _seal(np.array(keys, dtype="S16"), vecs.astype(np.float32))
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **_seal(np.array(keys, dtype="S16"), vecs.astype(np.float32)))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.root / name)
+            atomic_write(self.root / name, lambda fh: np.savez(fh, **arrays), durable=True)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise EmbedderError(f"cache dir {self.cache_dir} is not writable; use --cache-dir") from None
             fix = "free space on that disk or use --cache-dir on another" if e.errno in (errno.ENOSPC, errno.EDQUOT) \

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-import os
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .core import threads
+from .core.files import atomic_write
 
 threads.configure_env()
 
@@ -234,16 +234,9 @@ def _read_memo(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _write_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Written to a temporary name and renamed; an unwritable folder is silently skipped."""
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    """Written atomically; an unwritable folder is silently skipped (the next run searches again)."""
+    with contextlib.suppress(OSError):
+        atomic_write(path, lambda fh: np.savez(fh, **arrays))
 
 
 class SearchMemo:

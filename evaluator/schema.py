@@ -1,6 +1,6 @@
 """The output folder's contracts: typed `Record` (one line of `queries.jsonl`) and `Meta` (`meta.json`),
 the folder's file names and `FORMAT_VERSION`, the one JSON writer (`dumps`), and the one reader and
-writer of an output folder (every write atomic, in `atomic_write`).
+writer of an output folder (every write atomic, `core.files.atomic_write`).
 
 The types are pydantic dataclasses: their fields are the JSON shape (docs/DESIGN.md), read and written by
 pydantic; an older folder is read through the one migration step in `Meta`. Facts derived from a record
@@ -36,6 +36,9 @@ from .batch.cost import BatchStats, Cost
 from .config import Settings
 from .core.errors import ConfigError
 from .core.errors import OutputError as OutputError  # defined with its exit code in core.errors
+from .core.files import (
+    atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
+)
 from .data import qid_key
 from .llm.accounting import CallStats
 from .llm.profiles import ModelProfile
@@ -360,24 +363,6 @@ _META = TypeAdapter(Meta)
 
 
 # ---------------------------------------------------------------- the output folder
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write via a temporary sibling and rename: a reader never sees half a file, a kill leaves the old one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(path)
-    except OSError as e:
-        # A full disk or an I/O error: no half-written temporary file is left, and the error names the
-        # file the user knows (the CLI prints it as one line saying what to free).
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
 
 
 def dumps(obj: Any, *, indent: int | None = 2) -> str:

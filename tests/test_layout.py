@@ -44,7 +44,7 @@ ENTRY = {"cli": {"__main__"}, "app": {"cli"}}  # the only importers of the top t
 # render computes nothing.
 ONLY: dict[str, set[str]] = {
     "sim": {"prompts", "core.tokens", ""},
-    "render": {"analysis", "schema", "batch.cost", "config", "data", "core.redact", "prompts", ""},
+    "render": {"analysis", "schema", "batch.cost", "config", "data", "core.redact", "core.files", "prompts", ""},
 }
 # Third-party packages that may be imported inside a function: optional or slow to import, needed by few runs.
 HEAVY = {"torch", "matplotlib", "openvino", "onnx", "onnxruntime", "optimum", "sentence_transformers",

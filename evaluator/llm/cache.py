@@ -43,6 +43,7 @@ import diskcache
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..core.files import atomic_write
 from .errors import ConfigError, FatalLLMError
 
 KEY_SCHEMA = 1  # bump if the key recipe changes, so old entries are never misread
@@ -260,14 +261,11 @@ class ResponseCache:
         )
         for folder in self._spill_dirs():
             path = folder / f"{self._spill_name()}-{uuid.uuid4().hex[:8]}.jsonl"
-            tmp = path.with_suffix(".tmp")
             try:
-                tmp.write_bytes(lines)
-                os.replace(tmp, path)
+                atomic_write(path, lines)
                 return path
             except OSError:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
+                continue  # the next folder
         return None
 
     def _import_spills(self) -> None:
