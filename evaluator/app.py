@@ -27,6 +27,7 @@ from .batch.files import Result, read_requests, write_lines
 from .batch.requests import offline_profile, run_requests
 from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
+from .core.cache_layout import CacheLayout
 from .core.progress import SILENT, Progress, Reporter
 from .data import DataError, Registry, load_registry
 from .index import searches_folder
@@ -183,7 +184,7 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
         meta.analysis_notes = notes
         od.write_meta(meta)
     t = time.perf_counter()
-    render_outputs(od, figure_store=cache_root / "figures", meta=meta, records=records)
+    render_outputs(od, figure_store=CacheLayout(cache_root).figures, meta=meta, records=records)
     study.timings["render_s"] = time.perf_counter() - t
     meta.runtime["timings"] = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .core import threads
+from .core.cache_layout import CacheLayout
 from .core.errors import EmbedderError as EmbedderError  # defined with its exit code in core.errors
 from .core.files import atomic_write
 
@@ -285,7 +286,7 @@ class Embedder:
         self.stats = EmbedStats()
 
     def _store_root(self, cache_dir: Path) -> Path:
-        return cache_dir / "embeddings" / _slug(self.cache_name) / self.path_key
+        return CacheLayout(cache_dir).embeddings / _slug(self.cache_name) / self.path_key
 
     @property
     def path_key(self) -> str:

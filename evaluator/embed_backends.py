@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from .core.cache_layout import CacheLayout
 from .core.files import atomic_folder
 
 EXPORT_VERSION = 2  # bump when the export procedure changes: old exports are then ignored (2: tokenizer kept)
@@ -142,7 +143,7 @@ def export(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
     gives the SentenceTransformer, called only when the export must be built."""
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in cache_name)[-120:]
     name = f"{kind}-{_fingerprint(load_path, kind)}"
-    final = root / "exports" / slug / name
+    final = CacheLayout(root).exports / slug / name
     if not final.is_dir() and name in _BUILT and _BUILT[name].is_dir():
         atomic_folder(final, lambda d: _link_tree(_BUILT[name], d))
     shared = os.environ.get(SHARED_EXPORTS_ENV)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .core import threads
+from .core.cache_layout import CacheLayout
 from .core.files import atomic_write
 
 threads.configure_env()
@@ -210,7 +211,7 @@ class SubsetSearch:
 
 def searches_folder(cache: Path | None) -> Path | None:
     """Where a cache folder keeps searches between runs (`SearchMemo`'s and `SubsetSearch`'s)."""
-    return cache / "searches" if cache is not None else None
+    return CacheLayout(cache).searches if cache is not None else None
 
 
 def digest(vectors: np.ndarray) -> str:

@@ -43,6 +43,7 @@ import diskcache
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..core.cache_layout import CacheLayout
 from ..core.files import atomic_write
 from .errors import ConfigError, FatalLLMError
 
@@ -99,7 +100,7 @@ class StoreError(FatalLLMError):
 
 
 def cache_dir(root: Path | str) -> Path:
-    return Path(root) / "llm"
+    return CacheLayout(Path(root)).llm
 
 
 def key_prefix(base_url: str, model: str, sampling: dict[str, Any]) -> hashlib._Hash:
@@ -193,10 +194,11 @@ class ResponseCache:
             if check != [("ok",)]:
                 self._db.close()
                 raise ConfigError(damaged_message(self.db_file, "; ".join(str(r[0]) for r in check[:2])))
-            opening = self.path / "claims" / "cache.db"
+            claims = CacheLayout(Path(root)).claims
+            opening = claims / "cache.db"
             # Claims need not survive a power cut (a lost claim only costs a duplicate), so no fsync.
             self._claims = diskcache.Cache(
-                str(self.path / "claims"), eviction_policy="none", statistics=0, sqlite_synchronous=0
+                str(claims), eviction_policy="none", statistics=0, sqlite_synchronous=0
             )
             with self._db.transact(retry=True):  # BEGIN IMMEDIATE: fails now on a read-only database
                 pass
