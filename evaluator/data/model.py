@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..core.errors import DataError as DataError  # defined with its exit code in core.errors
 
 GOLD_SETS = ("api_list", "relevant")
 REGISTRY_CHOICES = ("full", "described")
+
+T = TypeVar("T")
+
+
+def match_subsets(items: Sequence[T], wanted: Iterable[str], missing: Callable[[str], Exception],
+                  name: Callable[[T], str] = str) -> list[T]:
+    """The one rule for a subset named on the command line or in the config: each of `wanted` picks the
+    items `name`d exactly so, else every item whose name starts with it (`G1` matches `G1_instruction`);
+    the picks in `wanted`'s order, each once. A name that picks nothing raises `missing(name)`."""
+    out: list[T] = []
+    for w in wanted:
+        hit = [x for x in items if name(x) == w] or [x for x in items if name(x).startswith(w)]
+        if not hit:
+            raise missing(w)
+        out += [x for x in hit if x not in out]
+    return out
 
 # The one rule for the text that is embedded for an API, whatever file it came from (see Api.text).
 EMBED_TEXT_RULE = (
