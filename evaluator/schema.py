@@ -39,7 +39,7 @@ from .core.errors import OutputError as OutputError  # defined with its exit cod
 from .core.files import (
     atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
 )
-from .data import qid_key
+from .data import GOLD_SETS, qid_key
 from .llm.accounting import CallStats
 from .llm.profiles import ModelProfile
 from .parse import Stub
@@ -47,7 +47,7 @@ from .parse import Stub
 # re-exported: the sort key for query ids of mixed types, a PtR stub, a model's call counters
 __all__ = ["qid_key", "Stub", "CallStats"]
 
-GOLDS: tuple[str, ...] = ("api_list", "relevant")
+GOLDS = GOLD_SETS  # the data's gold sets (data.model), the ones every record carries
 TRUNCATED = "length"  # the OpenAI-compatible finish_reason of a reply cut off at max_tokens
 
 # The output folder's files. meta.json + queries.jsonl are the saved data; the rest is derived from them.

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from ..core.errors import DataError as DataError  # defined with its exit code in core.errors
 
-GOLD_SETS = ("api_list", "relevant")
+GOLD_SETS: tuple[str, ...] = ("api_list", "relevant")  # a query's gold sets, in the order tables show them
 REGISTRY_CHOICES = ("full", "described")
 
 T = TypeVar("T")
