@@ -551,7 +551,7 @@ class LLMEngine:
 
     # -- budget --------------------------------------------------------------------------------------
     async def _reserve(self, wire: dict[str, Any]) -> float:
-        """Reserve an attempt's worst case (llm/budget.py's token rule, the whole max_tokens)."""
+        """Reserve an attempt's worst case (core/tokens.py's token rule, the whole max_tokens)."""
         if self._budget is None:
             return 0.0
         usd = worst_case_usd(self.profile, wire)
