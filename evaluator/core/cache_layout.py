@@ -15,42 +15,19 @@ Every folder is safe to delete: what was in it is computed (or, for `llm/` and `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass(frozen=True)
 class CacheLayout:
-    root: Path
+    """The folders under one cache root."""
 
-    @property
-    def embeddings(self) -> Path:
-        return Path(self.root) / "embeddings"
-
-    @property
-    def exports(self) -> Path:
-        return Path(self.root) / "exports"
-
-    @property
-    def searches(self) -> Path:
-        return Path(self.root) / "searches"
-
-    @property
-    def llm(self) -> Path:
-        return Path(self.root) / "llm"
-
-    @property
-    def claims(self) -> Path:
-        return self.llm / "claims"
-
-    @property
-    def rates(self) -> Path:
-        return self.llm / "rate"
-
-    @property
-    def batch(self) -> Path:
-        return Path(self.root) / "batch"
-
-    @property
-    def figures(self) -> Path:
-        return Path(self.root) / "figures"
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        self.embeddings = self.root / "embeddings"
+        self.exports = self.root / "exports"
+        self.searches = self.root / "searches"
+        self.llm = self.root / "llm"
+        self.claims = self.llm / "claims"
+        self.rates = self.llm / "rate"
+        self.batch = self.root / "batch"
+        self.figures = self.root / "figures"

@@ -100,7 +100,7 @@ class StoreError(FatalLLMError):
 
 
 def cache_dir(root: Path | str) -> Path:
-    return CacheLayout(Path(root)).llm
+    return CacheLayout(root).llm
 
 
 def key_prefix(base_url: str, model: str, sampling: dict[str, Any]) -> hashlib._Hash:
@@ -194,7 +194,7 @@ class ResponseCache:
             if check != [("ok",)]:
                 self._db.close()
                 raise ConfigError(damaged_message(self.db_file, "; ".join(str(r[0]) for r in check[:2])))
-            claims = CacheLayout(Path(root)).claims
+            claims = CacheLayout(root).claims
             opening = claims / "cache.db"
             # Claims need not survive a power cut (a lost claim only costs a duplicate), so no fsync.
             self._claims = diskcache.Cache(

@@ -109,7 +109,7 @@ def rate_key(endpoint: str, model: str, api_key: str | None, what: str) -> str:
 
 def rate_folder(rate_dir: str | Path | None, cache_root: Path | str) -> Path:
     """Where shared pacing lives: `--rate-dir`, else beside the response cache (processes on one cache share)."""
-    return Path(rate_dir) if rate_dir else CacheLayout(Path(cache_root)).rates
+    return Path(rate_dir) if rate_dir else CacheLayout(cache_root).rates
 
 
 class SharedRates:
