@@ -61,7 +61,7 @@ class ModelPlan:
 
 
 @dataclass
-class Plan:
+class DryRunPlan:
     models: list[ModelPlan]
     token_rule: str = TOKEN_RULE
     notes: list[str] = field(default_factory=list)
@@ -209,11 +209,11 @@ class _Planner:
         return p.logical or p.body
 
 
-def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path) -> Plan:
+def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path) -> DryRunPlan:
     """The plan of `study` on these models; reads the cache, sends nothing."""
     planner = _Planner(study, profiles)
     asyncio.run(collect(study, profiles, cache_root, on_call=planner))
-    plan = Plan([_model_plan(p, planner.calls[n], planner.planners[n]) for n, p in profiles.items()])
+    plan = DryRunPlan([_model_plan(p, planner.calls[n], planner.planners[n]) for n, p in profiles.items()])
     if any(m.ptr_planners_upper_bound for m in plan.models):
         plan.notes.append("PtR planners behind discovery replies not cached yet are counted once each (an upper "
                           "bound: a reply without stubs calls no planner), priced with the same query's RtP planner "
@@ -221,7 +221,7 @@ def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
     return plan
 
 
-def write_plan(plan: Plan, path: Path) -> str:
+def write_plan(plan: DryRunPlan, path: Path) -> str:
     """The plan as JSON at `path` (a study's `OUT/plan.json`); returns the text the CLI prints."""
     OutputDir(path.parent).write_json(path.name, plan.to_dict())
     return plan.text() + f"\nPlan in {path}."
@@ -237,7 +237,7 @@ def _system_head(body: dict[str, Any]) -> str:
     return "requests without a system prompt"
 
 
-def plan_requests(requests: list[Request], profile: ModelProfile, cache_root: Path) -> Plan:
+def plan_requests(requests: list[Request], profile: ModelProfile, cache_root: Path) -> DryRunPlan:
     """The plan of a request file on one model (as `requests run` sends it); sends nothing."""
     engine = LLMEngine(offline(profile), cache_root=cache_root, api_key="")
     try:
@@ -247,4 +247,4 @@ def plan_requests(requests: list[Request], profile: ModelProfile, cache_root: Pa
             calls.append(_Call(prepared.key, _system_head(r.body), prepared.logical, engine.lookup(prepared.key)))
     finally:
         engine.close_cache()
-    return Plan([_model_plan(profile, calls, [])])
+    return DryRunPlan([_model_plan(profile, calls, [])])
