@@ -65,7 +65,8 @@ from .profiles import ModelProfile, resolve_api_key
 from .reply import ChatResult, read_reply
 from .retry import is_validation_error
 
-__all__ = ["Budget", "ChatResult", "LLMEngine", "Pacer", "Prepared", "TokenPacer", "local_pacer", "local_token_pacer"]
+__all__ = ["ChatResult", "LLMEngine", "Pacer", "Prepared", "SpendingCap", "TokenPacer", "local_pacer",
+           "local_token_pacer"]
 
 log = logging.getLogger("evaluator.llm")
 
@@ -103,8 +104,8 @@ def local_token_pacer(profile: ModelProfile, tpm: float) -> TokenPacer:
     return TokenBucket(tpm)
 
 
-class Budget(Protocol):
-    """A spending cap across calls (llm/budget.py). The engine reserves an attempt's worst case
+class SpendingCap(Protocol):
+    """A spending cap across calls (`llm.budget.Budget` is the one in use). The engine reserves an attempt's worst case
     before sending it and settles it with what the reply cost once it is back (0 without a reply)."""
 
     async def admit(self, usd: float) -> bool:
@@ -168,7 +169,7 @@ class LLMEngine:
         seed: int | None = None,
         claim_lease_s: float = CLAIM_LEASE_S,
         grace_s: float = STOP_GRACE_S,
-        budget: Budget | None = None,
+        budget: SpendingCap | None = None,
         pacer_factory: PacerFactory = local_pacer,
         token_pacer_factory: Callable[[ModelProfile, float], TokenPacer] = local_token_pacer,
     ) -> None:
