@@ -64,7 +64,7 @@ Log = Callable[[str], None]
 
 
 @dataclass
-class Outcome:
+class RunOutcome:
     out: Path
     failed: Counter[str] = field(default_factory=Counter)  # calls that failed for good, per error kind
     message: str = ""  # set when the invocation did something else than a study (--batch-cancel)
@@ -131,7 +131,7 @@ def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
 # ---------------------------------------------------------------- the run
 
 
-def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> Outcome:
+def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> RunOutcome:
     out = output_path(s)
     cache_root = s.resolve_path(s.cache_dir)
     check_writable(cache_root, "--cache-dir")
@@ -145,7 +145,7 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
             if s.dry_run:  # a dry run sends nothing, and cancelling is a request
                 raise ConfigError("--dry-run and --batch-cancel do not go together: drop one of them.")
             stats = batch_study.cancel(profiles, cache_root, reporter.info)
-            return Outcome(out, message=batch_study.cancel_message(stats))
+            return RunOutcome(out, message=batch_study.cancel_message(stats))
     with contextlib.ExitStack() as stack:
         # Simulated models' servers start now and get ready beside the loading and embedding below.
         sims = _start_simulators(stack, profiles) if profiles and not s.dry_run else {}
@@ -153,11 +153,11 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
 
 
 def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
-               sims: dict[str, SimHandle], reporter: Reporter, retrieval_only: bool) -> Outcome:
+               sims: dict[str, SimHandle], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
     inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
     study = prepare(s, reporter.progress, inputs, reporter=reporter)
     if s.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
-        return Outcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
+        return RunOutcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
     od = OutputDir(out)
     if retrieval_only:
         records = retrieval_only_records(study)
@@ -189,7 +189,7 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
     meta.runtime["timings"] = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
     failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
-    return Outcome(out, failed)
+    return RunOutcome(out, failed)
 
 
 def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, SimHandle]:
