@@ -224,7 +224,7 @@ def _slug(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)[-120:]
 
 
-def resolve_path(backend: str, precision: str, device: str) -> tuple[str, str]:
+def choose_runtime(backend: str, precision: str, device: str) -> tuple[str, str]:
     """(backend, precision) that will run, from the settings; raises EmbedderError on a bad pair."""
     if backend not in BACKENDS:
         raise EmbedderError(f"embedding backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -269,7 +269,7 @@ class Embedder:
         self.model_name = model
         self.load_path, self.cache_name = resolve_model(model)
         self.device = device if device != "auto" else _auto_device()
-        self.backend, self.precision = resolve_path(backend, precision, self.device)
+        self.backend, self.precision = choose_runtime(backend, precision, self.device)
         if self.backend != "torch":
             self.device = "cpu"  # ONNX Runtime and OpenVINO run here on the CPU
         self.batch_size = batch_size
