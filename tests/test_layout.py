@@ -265,3 +265,22 @@ def test_checker_sees_relative_imports_circles_and_calls(tmp_path: Path) -> None
     assert ("Import", False) in found and ("Import", True) in found and ("Call", True) in found
     assert ("ImportFrom", False) in found  # `from typing import ...`; the TYPE_CHECKING one is skipped
     assert sum(1 for n, _ in _walk(ast.parse(src)) if isinstance(n, ast.ImportFrom)) == 1
+
+
+BUILTIN_ERRORS = {"BaseException", "Exception", "ValueError", "RuntimeError", "OSError", "KeyError", "TypeError",
+                  "LookupError", "IOError"}
+
+
+def test_every_error_derives_from_the_one_base() -> None:
+    """An error a user can see derives from `core.errors.EvaluatorError` (its exit code and one line); only
+    core/errors.py subclasses a built-in exception, besides private ones caught where they are raised."""
+    bad = []
+    for mod, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                continue
+            bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases}
+            if bases & BUILTIN_ERRORS and mod != "core.errors":
+                bad.append(f"{_where(mod, node.lineno)}: {node.name} derives from {sorted(bases & BUILTIN_ERRORS)}")
+    assert not bad, "errors outside the one base (derive from core.errors.EvaluatorError or a subclass):\n" + \
+        "\n".join(bad)
