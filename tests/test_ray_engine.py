@@ -256,7 +256,7 @@ def test_requests_through_ray(tmp_path, capfd, monkeypatch):
     assert leaks == []
 
 
-def test_ray_mistakes_are_one_line_before_ray_starts(tmp_path, capfd):
+def test_ray_mistakes_are_one_line_before_ray_starts(tmp_path, capfd, monkeypatch):
     _write_requests(tmp_path / "in.jsonl", 3)
     run = ["requests", "run", str(tmp_path / "in.jsonl"), "--model", "sim", "--out", str(tmp_path / "o.jsonl"),
            "--cache-dir", str(tmp_path / "c"), "--no-progress"]
@@ -267,4 +267,8 @@ def test_ray_mistakes_are_one_line_before_ray_starts(tmp_path, capfd):
     for args, needle in cases:
         rc, out, err = _main(args, capfd)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (args, err)
+    with monkeypatch.context() as m:  # Ray not installed: how to install it, in one line
+        m.setitem(sys.modules, "ray.data.llm", None)
+        rc, out, err = _main([*run, "--engine", "ray"], capfd)
+        assert rc == 2 and "pip install 'evaluator[ray]'" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "o.jsonl").exists()

@@ -24,8 +24,9 @@ from typing import Any
 
 import orjson
 
+from ..core.errors import EvaluatorError
+from ..core.progress import SILENT, Reporter
 from ..llm import ConfigError, FatalLLMError, LLMEngine, ModelProfile
-from ..progress import SILENT, Reporter
 from . import ray_worker
 from .files import Result
 from .requests import as_result
@@ -93,8 +94,16 @@ def ray_session(ray: Any, address: str | None) -> Iterator[None]:
         yield
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
-    ray.init(address=address, **quiet) if address else ray.init(**LOCAL_RAY, **quiet)
+    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+    if not address:
+        ray.init(**LOCAL_RAY, **quiet)
+    else:
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, RuntimeError, ValueError) as e:  # nothing was sent yet
+            why = str(e).strip().splitlines()[-1][:200] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"--address {address}: cannot join that Ray cluster ({why}); check the address "
+                              "(`ray status` on the head) and that its Ray version is this one's") from None
     try:
         yield
     finally:
@@ -164,10 +173,10 @@ def run_requests_ray(requests: list[Any], profile: ModelProfile, cache_root: Pat
                 t = time.perf_counter()
                 with ray_session(ray, opts.address):
                     ray_stats["start_s"] = round(time.perf_counter() - t, 2)
+                    logging.getLogger("ray.data").setLevel(logging.ERROR)  # before: it warns of the bars turned off
                     ctx = ray.data.DataContext.get_current()
                     ctx.enable_progress_bars = False  # the evaluator's own bar counts the rows
                     ctx.print_on_execution_start = False
-                    logging.getLogger("ray.data").setLevel(logging.WARNING)
                     # One block per batch: a Ray task hands back its output block when its input block is
                     # done, so the block is the unit that reaches the cache (measured: a 400-row file in Ray's
                     # default blocks had 120 replies at the server and none back at the driver).
@@ -189,6 +198,7 @@ def run_requests_ray(requests: list[Any], profile: ModelProfile, cache_root: Pat
         engine.close_cache()
     missing = [r.custom_id for r in requests if r.custom_id not in results]
     if missing:  # Ray returned fewer rows than it was given: said, never written as if complete
-        raise RuntimeError(f"Ray returned no row for {len(missing)} requests (first: {missing[0]!r})")
+        raise EvaluatorError(f"Ray returned no row for {len(missing)} of the requests (first: {missing[0]!r}); "
+                             "the replies received are cached: rerun the same command")
     stats["ray"] = ray_stats
     return [results[r.custom_id] for r in requests], stats
