@@ -3,7 +3,7 @@ the folder's file names and `FORMAT_VERSION`, the one JSON writer (`dumps`), and
 writer of an output folder (every write atomic, in `atomic_write`).
 
 The types are pydantic dataclasses: their fields are the JSON shape (docs/DESIGN.md), read and written by
-pydantic; an older folder is read through the one migration step in `Meta`. Facts derived from a record
+pydantic; every older saved file is read through its step in `migrate`. Facts derived from a record
 ("refused", "excluded because discovery failed", "truncated") are defined here once, as properties; every
 analysis reads them from here.
 """
@@ -32,6 +32,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from . import migrate
 from .batch.cost import BatchStats, Cost
 from .config import Settings
 from .data import qid_key
@@ -41,7 +42,7 @@ from .llm.profiles import ModelProfile
 from .parse import Stub
 
 # re-exported: the sort key for query ids of mixed types, a PtR stub, a model's call counters
-__all__ = ["qid_key", "Stub", "CallStats"]
+__all__ = ["qid_key", "Stub", "CallStats", "FORMAT_VERSION"]
 
 GOLDS: tuple[str, ...] = ("api_list", "relevant")
 TRUNCATED = "length"  # the OpenAI-compatible finish_reason of a reply cut off at max_tokens
@@ -53,9 +54,9 @@ SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 SCALING_FILE = "scaling.json"
 ROUTING_FILE = "routing.json"
-# meta.json's `format_version`. A folder without one (format 0) was written by release 0.1.0 or before;
-# `Meta` reads it through `_migrate_meta`. Bump it, and add a step there, when a saved shape changes.
-FORMAT_VERSION = 1
+# Every saved file's `format_version` (queries.jsonl: meta.json's); older shapes are read through the one
+# module `migrate`. Bump it, and add a step there, when a saved shape changes.
+FORMAT_VERSION = migrate.FORMAT_VERSION
 
 
 class OutputError(Exception):
@@ -272,27 +273,6 @@ def about_fields(about: About | Mapping[str, Any] | None) -> dict[str, Any]:
 _ABOUT = TypeAdapter(About)
 
 
-def _migrate_meta(d: dict[str, Any]) -> dict[str, Any]:
-    """The one step from an older `meta.json` to FORMAT_VERSION. Format 0 (release 0.1.0 and before, no
-    `format_version`): null stood for "the default", `subsets` may be a list of names (no counts), a model
-    may be its bare name, `ks` unsorted. Every later change of the format adds its step here."""
-    version = d.get("format_version", 0)
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(f"format_version {version!r} is newer than this evaluator's {FORMAT_VERSION}; "
-                         "upgrade the evaluator to read it")
-    if version == 0:
-        d = {k: v for k, v in d.items() if v is not None}
-        if isinstance(d.get("subsets"), list):
-            d["subsets"] = {str(s): 0 for s in d["subsets"]}
-        d["models"] = [{"name": m} if isinstance(m, str) else m for m in d.get("models") or []]
-        if isinstance(d.get("ks"), list):
-            d["ks"] = sorted({int(x) for x in d["ks"]})
-        if not isinstance(d.get("registry"), Mapping):
-            d.pop("registry", None)
-    d["format_version"] = FORMAT_VERSION
-    return d
-
-
 @dataclass(config=ConfigDict(validate_assignment=True))
 class Meta:
     """`meta.json`. Keys under `runtime`, `llm_stats` and the path settings change between otherwise
@@ -324,7 +304,7 @@ class Meta:
     @model_validator(mode="before")
     @classmethod
     def _older_formats(cls, data: Any) -> Any:
-        return _migrate_meta(dict(data)) if isinstance(data, Mapping) else data
+        return migrate.meta(data) if isinstance(data, Mapping) else data
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -438,17 +418,31 @@ class OutputDir:
 
     def read_records(self) -> list[Record]:
         self.require()
+        version = self._saved_version()
         out: list[Record] = []
         with open(self.path / QUERIES_FILE, "rb") as fh:  # bytes: a bad encoding is caught per line below
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
                 try:
-                    out.append(_RECORD.validate_json(line))
-                except ValidationError as e:
-                    raise OutputError(f"{self.path / QUERIES_FILE}: line {n} is not a record ({_first_error(e)}); "
+                    if version == FORMAT_VERSION:  # the common case: pydantic parses the bytes itself
+                        out.append(_RECORD.validate_json(line))
+                    else:
+                        out.append(_RECORD.validate_python(migrate.record(json.loads(line), version)))
+                except ValueError as e:  # pydantic's ValidationError, or json's JSONDecodeError
+                    why = _first_error(e) if isinstance(e, ValidationError) else f"not JSON: {e}"
+                    raise OutputError(f"{self.path / QUERIES_FILE}: line {n} is not a record ({why}); "
                                       "rerun the study to rewrite it.") from None
         return out
+
+    def _saved_version(self) -> int:
+        """The folder's format version (meta.json's; its queries.jsonl lines carry none)."""
+        p = self.path / META_FILE
+        try:
+            d = json.loads(p.read_bytes()) if p.is_file() else {}
+            return migrate.version_of(d if isinstance(d, Mapping) else {}, META_FILE)
+        except ValueError as e:  # no JSON, or a newer version than this evaluator's
+            raise OutputError(f"{p}: {e}") from None
 
     def read_meta(self) -> Meta:
         p = self.path / META_FILE
@@ -480,14 +474,26 @@ class OutputDir:
             names = sorted(p.name for p in self.figures.glob("*.png")) if self.figures.is_dir() else []
         return {n: (self.figures / n).read_bytes() for n in names if (self.figures / n).is_file()}
 
-    def read_json(self, name: str) -> Any:
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        """A derived JSON file (scaling.json, routing.json, summary.json) in the shape of FORMAT_VERSION
+        (migrated by `migrate`, not yet typed); None when the folder has none."""
         p = self.path / name
         if not p.is_file():
             return None
         try:
-            return json.loads(p.read_text(encoding="utf-8"))
+            d = json.loads(p.read_text(encoding="utf-8"))
         except ValueError as e:
             raise OutputError(f"{p}: unreadable JSON ({e}); delete it or rerun the analysis that writes it.") from None
+        if not isinstance(d, dict):
+            raise OutputError(f"{p}: not a JSON object; delete it or rerun the analysis that writes it.")
+        step = _MIGRATIONS.get(name)
+        try:
+            return step(d) if step else d
+        except migrate.FormatError as e:
+            raise OutputError(f"{p}: {e}") from None
+
+
+_MIGRATIONS = {SCALING_FILE: migrate.scaling, ROUTING_FILE: migrate.routing, SUMMARY_FILE: migrate.summary}
 
 
 def check_writable(path: Path, what: str) -> None:

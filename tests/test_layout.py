@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "index": 15,
     "progress": 10, "aio": 10, "threads": 10, "prompts": 10, "embed_backends": 10,
     "redact": 5,  # the one redactor: imports nothing of the package, so every exit (progress too) may use it
+    "migrate": 5,  # format versions and the migrations of every saved file: plain JSON in, plain JSON out
     "data.model": 5,  # the registry's and queries' plain types (prompts read a description cap from it)
     "": 0,  # the package itself (`__version__`)
 }

@@ -29,7 +29,7 @@ import numpy as np
 import pydantic
 import pydantic.dataclasses
 
-from ..schema import GOLDS, About, ArchBlock, Record, about_fields, plain, qid_key
+from ..schema import FORMAT_VERSION, GOLDS, About, ArchBlock, Record, about_fields, plain, qid_key
 from .metrics import retrieval_obs
 
 # name -> (label, direction): "high" sends high values to RtP, "low" sends low values to RtP.
@@ -354,7 +354,7 @@ class RoutingResult:
     models: dict[str, dict[str, Any]]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"meta": plain(self.meta), "models": self.models}
+        return {"format_version": FORMAT_VERSION, "meta": plain(self.meta), "models": self.models}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RoutingResult:

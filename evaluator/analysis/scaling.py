@@ -27,11 +27,11 @@ import numpy as np
 import pydantic
 import pydantic.dataclasses
 
-from .. import retrieve
+from .. import migrate, retrieve
 from ..data import Registry
 from ..index import SubsetSearch, digest
 from ..parse import stub_text
-from ..schema import GOLDS, About, PtrBlock, Record, about_fields, plain, qid_key
+from ..schema import FORMAT_VERSION, GOLDS, About, PtrBlock, Record, about_fields, plain, qid_key
 from .metrics import recall
 from .stats import mean_std
 
@@ -394,6 +394,7 @@ class ScalingResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "format_version": FORMAT_VERSION,
             "meta": plain(self.meta),
             "points": [{"subset": p.subset, "size": p.size, "n_apis": p.n_apis, "gold_only": p.gold_only,
                         "seeds": p.seeds, "distractors_per_stratum": p.distractors_per_stratum} for p in self.points],
@@ -403,6 +404,7 @@ class ScalingResult:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScalingResult:
+        d = migrate.scaling(d)  # any saved version (a no-op on what OutputDir.read_json returns)
         pts = {(p["subset"], p["size"]): Point(p["subset"], p["size"], list(p["n_apis"]), bool(p["gold_only"]),
                                                list(p["seeds"]), {}, dict(p.get("distractors_per_stratum") or {}))
                for p in d.get("points") or []}

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import Record, qid_key, record_key
+from ..schema import FORMAT_VERSION, Record, qid_key, record_key
 from . import metrics as M
 
 
@@ -352,6 +352,7 @@ def _clean(x: Any) -> Any:
 
 def summary_dict(summary: Summary, meta: Mapping[str, Any]) -> dict[str, Any]:
     return _clean({
+        "format_version": FORMAT_VERSION,
         "meta": dict(meta),
         "rows": [asdict(r) for r in summary.rows],
         "tests": [asdict(t) for t in summary.tests],
