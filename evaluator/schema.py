@@ -17,7 +17,6 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import field, is_dataclass
-from functools import cache
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -35,14 +34,14 @@ from pydantic.dataclasses import dataclass
 from . import migrate
 from .batch.cost import BatchStats, Cost
 from .config import Settings
-from .data import qid_key
+from .data import QueryId, qid_key
 from .llm.accounting import CallStats
 from .llm.errors import ConfigError
 from .llm.profiles import ModelProfile
-from .parse import Stub
+from .parse import ParseAudit, Stub
 
-# re-exported: the sort key for query ids of mixed types, a PtR stub, a model's call counters
-__all__ = ["qid_key", "Stub", "CallStats", "FORMAT_VERSION"]
+# re-exported: query ids (int or str) and their sort key, a PtR stub, a model's call counters, the version
+__all__ = ["qid_key", "QueryId", "Stub", "CallStats", "FORMAT_VERSION"]
 
 GOLDS: tuple[str, ...] = ("api_list", "relevant")
 TRUNCATED = "length"  # the OpenAI-compatible finish_reason of a reply cut off at max_tokens
@@ -95,7 +94,7 @@ class PlanBlock:
     llm_error_kind: str | None = None  # with llm_error: http_400, timeout, connection, ...
     # The selected APIs that were offered to the planner (None: a record from before this field).
     selected_offered: list[str] | None = None
-    parse_audit: dict[str, Any] | None = None  # which parse rule produced each field (parse.Plan.audit)
+    parse_audit: ParseAudit | None = None  # which parse rule produced each field (parse.Plan.audit)
 
     @property
     def unique_selected(self) -> list[str]:
@@ -110,7 +109,9 @@ class PlanBlock:
             return self.unique_selected
         return list(dict.fromkeys(self.selected_offered))
 
-    @computed_field  # written for readers of queries.jsonl; recomputed, never read back
+    # written for readers of queries.jsonl; recomputed, never read back. The ignore is pydantic's documented
+    # form (mypy does not support a decorator above @property).
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def refused(self) -> bool:
         """The planner answered, its reply parsed, and it chose no API. A PtR query with no stub (no
@@ -189,7 +190,7 @@ class Record:
     model: str | None
     run: int
     subset: str
-    query_id: Any  # int in ToolBench; any JSON scalar is kept as given
+    query_id: QueryId
     query: str
     gold: dict[str, list[str]]
     rtp: ArchBlock | None = Field(default=None, exclude_if=_absent)
@@ -220,7 +221,7 @@ class Record:
 _RECORD = TypeAdapter(Record)
 
 
-def record_key(r: Record) -> tuple[Any, ...]:
+def record_key(r: Record) -> tuple[str, int, str, tuple[int, int | str]]:
     return (r.model or "", r.run, r.subset, qid_key(r.query_id))
 
 
@@ -273,6 +274,43 @@ def about_fields(about: About | Mapping[str, Any] | None) -> dict[str, Any]:
 _ABOUT = TypeAdapter(About)
 
 
+@dataclass
+class SimulatorStats:
+    """A simulator's own count of what it answered (`GET /stats` of `evaluator.sim`), as meta.json keeps it."""
+
+    requests: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)  # HTTP status -> replies
+    in_flight: int = 0
+    max_in_flight: int = 0
+    ok: int = 0
+    distinct_ok: int = 0  # distinct request bodies answered 200
+    repeated_ok: int = 0  # bodies answered 200 more than once
+    faults: dict[str, int] = field(default_factory=dict)  # injected fault -> times
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    abandoned: int = 0  # requests whose client hung up before the reply
+    max_waiting: int = 0  # serial simulator: most requests waiting for its one worker at once
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SimulatorStats:
+        """From the simulator's JSON (`SimHandle.stats()`); a key this version does not know is left out."""
+        return _adapter(cls).validate_python(d)
+
+
+@dataclass(config=ConfigDict(validate_assignment=True))
+class Runtime:
+    """meta.json's `runtime`: what changes between otherwise identical invocations (never in summary.json)."""
+
+    created: str = ""  # local time the run started, ISO 8601
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (bench/warm_run.py reads them)
+    # The embedding cache's work (embed.EmbedStats's counters and seconds; schema does not import the embedder).
+    embed: dict[str, int | float] = field(default_factory=dict)
+    embed_runtime: str = ""  # which runtime path produced the vectors (Embedder.description)
+    # Per simulated model: the simulator's own count (a rerun from the cache shows zero requests); absent in
+    # a retrieval-only run.
+    simulator_stats: dict[str, SimulatorStats] | None = Field(default=None, exclude_if=_absent)
+
+
 @dataclass(config=ConfigDict(validate_assignment=True))
 class Meta:
     """`meta.json`. Keys under `runtime`, `llm_stats` and the path settings change between otherwise
@@ -280,7 +318,7 @@ class Meta:
 
     format_version: int = FORMAT_VERSION
     version: str = "?"
-    settings: Settings = field(default_factory=Settings)
+    settings: Settings = field(default_factory=lambda: Settings())
     data_dir: str = ""
     embedder: str = "?"
     precision: str = "?"
@@ -294,7 +332,7 @@ class Meta:
     retrieval_only: bool = False
     warnings: dict[str, WarningCount] = field(default_factory=dict)
     llm_stats: dict[str, CallStats] = field(default_factory=dict)
-    runtime: dict[str, Any] = field(default_factory=dict)  # timings, embedding stats, simulator stats
+    runtime: Runtime = field(default_factory=Runtime)
     # Why an analysis that follows the run (scaling, routing) did not run, by analysis.
     analysis_notes: dict[str, str] = field(default_factory=dict)
     # Per model: the batch API's work (--batch) and tokens + USD online/batch (evaluator.batch.cost).
@@ -306,7 +344,7 @@ class Meta:
     def _older_formats(cls, data: Any) -> Any:
         return migrate.meta(data) if isinstance(data, Mapping) else data
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # as PlanBlock.refused
     @property
     def simulated(self) -> bool:
         return any(m.simulated for m in self.models)
@@ -375,9 +413,15 @@ def plain(obj: Any) -> Any:
     return _adapter(type(obj)).dump_python(obj, mode="json")
 
 
-@cache
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {}
+
+
 def _adapter(tp: type) -> TypeAdapter[Any]:
-    return TypeAdapter(tp)
+    """One TypeAdapter per type (building one costs ~1 ms; `plain` runs per record)."""
+    a = _ADAPTERS.get(tp)
+    if a is None:
+        a = _ADAPTERS[tp] = TypeAdapter(tp)
+    return a
 
 
 def _json_default(x: Any) -> Any:

@@ -30,7 +30,7 @@ import pydantic
 import pydantic.dataclasses
 
 from .. import migrate
-from ..schema import FORMAT_VERSION, GOLDS, About, ArchBlock, Record, about_fields, plain, qid_key
+from ..schema import FORMAT_VERSION, GOLDS, About, ArchBlock, QueryId, Record, about_fields, plain, qid_key
 from .metrics import retrieval_obs
 
 # name -> (label, direction): "high" sends high values to RtP, "low" sends low values to RtP.
@@ -68,7 +68,7 @@ class ModelData:
 
     model: str
     runs: list[int]
-    keys: list[tuple[str, Any]]  # (subset, query_id)
+    keys: list[tuple[str, QueryId]]  # (subset, query_id)
     subsets: np.ndarray  # (n,) subset name per query
     signals: dict[str, np.ndarray]  # name -> (n,)
     rtp: dict[str, np.ndarray]  # "recall:api_list", ..., "tokens" -> (R, n)
@@ -161,7 +161,7 @@ class Stat(pydantic.BaseModel):
 
     mean: float | None
     std: float | None
-    values: list[float] | None = pydantic.Field(None, exclude_if=lambda v: v is None)
+    values: list[float] | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
 
 
 class Scored(pydantic.BaseModel):
