@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import threads
 
@@ -128,7 +129,7 @@ class EmbeddingStore:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as fh:
-                np.savez(fh, **_seal(np.array(keys, dtype="S16"), vecs.astype(np.float32)))
+                np.savez(fh, allow_pickle=False, **_seal(np.array(keys, dtype="S16"), vecs.astype(np.float32)))
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.root / name)
@@ -154,8 +155,8 @@ def _checksum(keys: np.ndarray, vecs: np.ndarray) -> str:
     # CRC-32, not a cryptographic hash: it catches damage (the zip's own CRC does not cover a shard rewritten
     # by another tool) and costs ~0.05 s on the 47k registry's vectors where blake2b cost ~0.5 s a warm run.
     crc = zlib.crc32(f"{vecs.shape[1]}:{vecs.dtype.str}:".encode())
-    crc = zlib.crc32(memoryview(np.ascontiguousarray(keys)).cast("B"), crc)
-    return f"{zlib.crc32(memoryview(np.ascontiguousarray(vecs)).cast('B'), crc):08x}"
+    crc = zlib.crc32(np.ascontiguousarray(keys).data.cast("B"), crc)
+    return f"{zlib.crc32(np.ascontiguousarray(vecs).data.cast('B'), crc):08x}"
 
 
 def _seal(keys: np.ndarray, vecs: np.ndarray) -> dict[str, np.ndarray]:
@@ -285,7 +286,7 @@ class Embedder:
         self.reporter = reporter  # where bars and warnings go (silent unless the CLI hands one)
         self.cache_dir = cache_dir
         self.threads = threads.available_cpus()
-        self._model = None
+        self._model: Any = None  # a SentenceTransformer, imported (heavy) only for torch or an export
         self._runner: eb.Runner | None = None
         self._tokenizer: eb.TextTokenizer | None = None  # the export's own: the runtime paths need no torch
         self._runtime = ""
