@@ -9,7 +9,8 @@ every reader (schema, analysis) may call it.
 Versions:
 - 0: release 0.1.0 and before (e.g. commits 2acddc3, 9ca467f): no file carries `format_version`. Null
   stood for "the default" in meta.json; `subsets` could be a bare list of names, a model its bare
-  name, `ks` unsorted; scaling.json's `meta.timing_s` was a dict of stage seconds.
+  name, `ks` unsorted; scaling.json's `meta.timing_s` was a dict of stage seconds; a file without
+  `backend` was written before the embedding runtimes existed: by torch.
 - 1: meta.json carries `format_version`; scaling.json, routing.json and summary.json carry none.
 - 2: scaling.json, routing.json and summary.json carry `format_version` too.
 
@@ -56,6 +57,7 @@ def meta(d: Mapping[str, Any]) -> JSON:
             out["ks"] = sorted({int(x) for x in out["ks"]})
         if not isinstance(out.get("registry"), Mapping):
             out.pop("registry", None)
+        out = _torch_if_unsaid(out)
     # 1 -> 2: meta.json's shape did not change.
     out["format_version"] = FORMAT_VERSION
     return out
@@ -73,6 +75,16 @@ def _stamped(d: Mapping[str, Any]) -> JSON:
     return {**d, "format_version": FORMAT_VERSION}
 
 
+def _torch_if_unsaid(meta: JSON) -> JSON:
+    """Before the ONNX / OpenVINO runtimes (and the `backend` field), every vector came from torch."""
+    return meta if "backend" in meta or "embedder" not in meta else {**meta, "backend": "torch"}
+
+
+def _analysis_meta(d: Mapping[str, Any]) -> JSON:
+    """scaling.json / routing.json of version 0: what their `meta` states about the run, filled in."""
+    return {**d, "meta": _torch_if_unsaid(dict(d["meta"]))} if isinstance(d.get("meta"), Mapping) else dict(d)
+
+
 def scaling(d: Mapping[str, Any]) -> JSON:
     """`scaling.json` of any version -> FORMAT_VERSION."""
     version = version_of(d, "scaling.json")
@@ -84,13 +96,14 @@ def scaling(d: Mapping[str, Any]) -> JSON:
         embed = m.get("embed")
         if isinstance(embed, Mapping):  # it also held "injected_encoder": the stage counters are kept
             m["embed"] = {k: v for k, v in embed.items() if k != "injected_encoder"}
-        d = {**d, "meta": m}
+        d = _analysis_meta({**d, "meta": m})
     return _stamped(d)
 
 
 def routing(d: Mapping[str, Any]) -> JSON:
     """`routing.json` of any version -> FORMAT_VERSION (its shape has not changed since 0.1.0)."""
-    version_of(d, "routing.json")
+    if version_of(d, "routing.json") == 0:
+        d = _analysis_meta(d)
     return _stamped(d)
 
 

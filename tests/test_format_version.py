@@ -116,6 +116,8 @@ def test_commit_2acddc3_folder_re_renders_with_report(tmp_path: Path, capsys: py
     assert "## Scaling study (Table 10)" in report and "## Complexity-adaptive routing" in report
     # what the sections state about that run comes from its files
     assert "2,594 APIs" in report and "(simulated LLM)" in report
+    # written before the embedding runtimes: torch, as the migration says (not "?")
+    assert "(torch fp32)" in report and OutputDir(out).read_meta().backend == "torch"
 
 
 def test_every_older_analysis_file_is_read_through_migrate(tmp_path: Path) -> None:
