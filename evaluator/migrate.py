@@ -3,8 +3,8 @@
 Every saved file is read through one function here (`meta`, `record`, `scaling`, `routing`, `summary`)
 before pydantic validates it, so a change of a saved shape is one new step in this module and nowhere
 else (as inspect_ai migrates its old logs in one `model_validator(mode="before")`). Each function takes
-the JSON shape as read and returns the shape of FORMAT_VERSION; none imports a type of the package, so
-every reader (schema, analysis) may call it.
+the JSON shape as read and returns the shape of FORMAT_VERSION; the module imports nothing of the package
+but its error's base (`core.errors`), so every reader (schema, analysis) may call it.
 
 Versions:
 - 0: release 0.1.0 and before (e.g. commits 2acddc3, 9ca467f): no file carries `format_version`. Null
@@ -26,13 +26,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .core.errors import OutputError
+
 FORMAT_VERSION = 2
 
 JSON = dict[str, Any]  # a saved file's JSON object, as read: its shape is what this module checks
 
 
-class FormatError(ValueError):
-    """A saved file's `format_version` is not one this evaluator reads (a ValueError: pydantic reports it)."""
+class FormatError(OutputError):
+    """A saved file's `format_version` is not one this evaluator reads. Not a ValueError: raised inside a
+    pydantic validator it passes through as itself (the readers add the file's path), not as a
+    ValidationError."""
 
 
 def version_of(d: Mapping[str, Any], file: str) -> int:

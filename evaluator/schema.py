@@ -1,6 +1,6 @@
 """The output folder's contracts: typed `Record` (one line of `queries.jsonl`) and `Meta` (`meta.json`),
 the folder's file names and `FORMAT_VERSION`, the one JSON writer (`dumps`), and the one reader and
-writer of an output folder (every write atomic, in `atomic_write`).
+writer of an output folder (every write atomic, `core.files.atomic_write`).
 
 The types are pydantic dataclasses: their fields are the JSON shape (docs/DESIGN.md), read and written by
 pydantic; every older saved file is read through its step in `migrate`. Facts derived from a record
@@ -34,16 +34,20 @@ from pydantic.dataclasses import dataclass
 from . import migrate
 from .batch.cost import BatchStats, Cost
 from .config import Settings
-from .data import QueryId, qid_key
+from .core.errors import ConfigError
+from .core.errors import OutputError as OutputError  # defined with its exit code in core.errors
+from .core.files import (
+    atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
+)
+from .data import GOLD_SETS, QueryId, qid_key
 from .llm.accounting import CallStats
-from .llm.errors import ConfigError
 from .llm.profiles import ModelProfile
 from .parse import ParseAudit, Stub
 
 # re-exported: query ids (int or str) and their sort key, a PtR stub, a model's call counters, the version
 __all__ = ["qid_key", "QueryId", "Stub", "CallStats", "FORMAT_VERSION"]
 
-GOLDS: tuple[str, ...] = ("api_list", "relevant")
+GOLDS = GOLD_SETS  # the data's gold sets (data.model), the ones every record carries
 TRUNCATED = "length"  # the OpenAI-compatible finish_reason of a reply cut off at max_tokens
 
 # The output folder's files. meta.json + queries.jsonl are the saved data; the rest is derived from them.
@@ -56,10 +60,6 @@ ROUTING_FILE = "routing.json"
 # Every saved file's `format_version` (queries.jsonl: meta.json's); older shapes are read through the one
 # module `migrate`. Bump it, and add a step there, when a saved shape changes.
 FORMAT_VERSION = migrate.FORMAT_VERSION
-
-
-class OutputError(Exception):
-    """An output folder cannot be read or written; the message names it and says what to do."""
 
 
 # ---------------------------------------------------------------- records
@@ -383,24 +383,6 @@ _META = TypeAdapter(Meta)
 # ---------------------------------------------------------------- the output folder
 
 
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write via a temporary sibling and rename: a reader never sees half a file, a kill leaves the old one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(path)
-    except OSError as e:
-        # A full disk or an I/O error: no half-written temporary file is left, and the error names the
-        # file the user knows (the CLI prints it as one line saying what to free).
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
-
-
 def dumps(obj: Any, *, indent: int | None = 2) -> str:
     """The one JSON writer of the output folder: sorted keys, so a rerun reproduces a file byte for byte.
     `indent=None` gives one line (a queries.jsonl record). Typed values (records, meta, results) are
@@ -485,7 +467,7 @@ class OutputDir:
         try:
             d = json.loads(p.read_bytes()) if p.is_file() else {}
             return migrate.version_of(d if isinstance(d, Mapping) else {}, META_FILE)
-        except ValueError as e:  # no JSON, or a newer version than this evaluator's
+        except (ValueError, migrate.FormatError) as e:  # no JSON, or a newer version than this evaluator's
             raise OutputError(f"{p}: {e}") from None
 
     def read_meta(self) -> Meta:
@@ -496,6 +478,8 @@ class OutputDir:
             return _META.validate_json(p.read_bytes())
         except ValidationError as e:
             raise OutputError(f"{p}: unreadable meta.json ({_first_error(e)}); rerun the study to rewrite it.") from None
+        except migrate.FormatError as e:
+            raise OutputError(f"{p}: {e}") from None
 
     def write_records(self, records: Iterable[Record]) -> int:
         recs = sorted(records, key=record_key)
