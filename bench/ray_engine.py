@@ -107,8 +107,8 @@ def run() -> Result:
                         if engine == "evaluator":
                             results, _ = asyncio.run(run_requests(reqs, profile, Path(root) / f"e{rep}"))
                         else:
-                            results, _ = run_requests_ray(reqs, profile, Path(root) / f"r{rep}",
-                                                          RayOptions(batch_size=IN_FLIGHT))
+                            results, _, _ = run_requests_ray(reqs, profile, Path(root) / f"r{rep}",
+                                                             RayOptions(batch_size=IN_FLIGHT))
                         walls[engine].append(time.perf_counter() - t)
                         assert len(results) == N and all(r.ok for r in results), engine
                 shipped_s = _shipped(ray, sim.base_url, SHIPPED_N)

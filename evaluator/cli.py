@@ -394,9 +394,9 @@ def _requests_run(argv: list[str]) -> int:
                                 reporter=make_reporter(not args.no_progress), ray=ray_opts, **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
     print(f"Wrote {n:,} results to {args.out} in {done.seconds:.1f} s: {n - bad:,} ok, {bad:,} errors; "
-          + (f"{done.stats['requests']:,} requests sent through Ray ({done.stats['ray']['address']}; its retries not "
-             "counted), " if "ray" in done.stats else f"{done.stats['requests']:,} HTTP requests sent, ")
-          + f"{done.stats['cache_hits']:,} answered from the cache.")
+          + (f"{done.stats.requests:,} requests sent through Ray ({done.ray.address}; its retries not counted), "
+             if done.ray is not None else f"{done.stats.requests:,} HTTP requests sent, ")
+          + f"{done.stats.cache_hits:,} answered from the cache.")
     return 0
 
 
@@ -434,7 +434,7 @@ HANDLERS: dict[str, Callable[[list[str]], int]] = {
 class _StderrHandler(logging.StreamHandler):
     """Writes to the `sys.stderr` of the moment (a test's capture, a redirected stream), not the one at start."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         return sys.stderr
 

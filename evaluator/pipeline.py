@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -163,7 +163,7 @@ def retrieval_only_records(study: Study) -> list[Record]:
 
 
 class StudyRunner:
-    def __init__(self, study: Study, clients: dict[str, ChatClient], progress: Ticker | None = None,
+    def __init__(self, study: Study, clients: Mapping[str, ChatClient], progress: Ticker | None = None,
                  batcher: StubSearch | None = None) -> None:
         self.study = study
         self.clients = clients

@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "llm": 20, "data": 20, "embed": 20, "retrieve": 20, "parse": 20, "sim": 20,
     "index": 15,
     "prompts": 10, "embed_backends": 10,
+    "migrate": 5,  # format versions and the migrations of every saved file: plain JSON in, plain JSON out
     "data.model": 5,  # the registry's and queries' plain types (prompts read a description cap from it)
     # infrastructure every stage may use (errors, tokens, money, atomic files, the cache layout, redaction,
     # progress, threads, asyncio): it imports nothing of the stages, so every exit may use the redactor

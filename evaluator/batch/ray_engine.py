@@ -27,8 +27,9 @@ import orjson
 from ..core.errors import EvaluatorError
 from ..core.progress import SILENT, Reporter
 from ..llm import ConfigError, FatalLLMError, LLMEngine, ModelProfile
+from ..llm.accounting import CallStats
 from . import ray_worker
-from .files import Result
+from .files import BatchError, Request, Result
 from .requests import as_result
 
 INSTALL = "pip install 'evaluator[ray]'"
@@ -37,6 +38,18 @@ PROCESSORS = ("http", "vllm")
 # for the head's processes, one HTTP actor and Ray Data's helper actors; bench/README.md "Ray engine").
 LOCAL_RAY = {"num_cpus": 2, "object_store_memory": 128 << 20, "include_dashboard": False,
              "_node_ip_address": "127.0.0.1"}  # a local Ray listens on loopback only
+
+
+@dataclass
+class RayRun:
+    """How Ray ran the file (the CLI's summary line): where, with what, and the cost of starting it."""
+
+    address: str  # "local" for the embedded local Ray
+    processor: str
+    actors: int
+    batch_size: int
+    qps: int | None
+    start_s: float | None = None  # starting (or joining) Ray; None when nothing had to be sent
 
 
 @dataclass(frozen=True)
@@ -129,21 +142,21 @@ def row_result(row: dict[str, Any], engine: LLMEngine) -> Result:
     """One output row as a results line; a usable reply is stored in the cache now (that is the resume)."""
     cid = str(row["custom_id"])
     if row["error"]:  # the last attempt never got an answer
-        return Result(cid, None, None, {"code": str(row["error"]), "message": str(row["message"])})
+        return Result(cid, None, None, BatchError(str(row["error"]), str(row["message"])))
     status, text = int(row["status"]), str(row["text"])
     try:
         body = orjson.loads(text)
     except orjson.JSONDecodeError:
         body = None
     if not isinstance(body, dict):
-        return Result(cid, status, None, {"code": "not_json", "message": text[:300]})
+        return Result(cid, status, None, BatchError("not_json", text[:300]))
     if status == 200:
         engine.store_reply(str(row["key"]), body)  # an unusable reply is not stored: `requests import` counts it
     return Result(cid, status, body)
 
 
-def run_requests_ray(requests: list[Any], profile: ModelProfile, cache_root: Path, opts: RayOptions, *,
-                     reporter: Reporter = SILENT) -> tuple[list[Result], dict[str, Any]]:
+def run_requests_ray(requests: list[Request], profile: ModelProfile, cache_root: Path, opts: RayOptions, *,
+                     reporter: Reporter = SILENT) -> tuple[list[Result], CallStats, RayRun]:
     """Every request through Ray Data LLM, results in input order; cached ones are not sent."""
     check(profile, opts)
     ray, ray_llm = _ray()
@@ -151,9 +164,8 @@ def run_requests_ray(requests: list[Any], profile: ModelProfile, cache_root: Pat
     engine = LLMEngine(profile, cache_root=cache_root, api_key="")  # keys and the cache only: it sends nothing
     results: dict[str, Result] = {}
     todo: list[dict[str, str]] = []
-    ray_stats: dict[str, Any] = {"address": opts.address or "local", "processor": opts.processor,
-                                 "actors": opts.actors, "batch_size": opts.batch_size or min(profile.concurrency, 64),
-                                 "qps": qps_of(profile, opts) if opts.processor == "http" else None}
+    info = RayRun(opts.address or "local", opts.processor, opts.actors, opts.batch_size or min(profile.concurrency, 64),
+                  qps_of(profile, opts) if opts.processor == "http" else None)
     try:
         bar = reporter.calls({profile.name: len(requests)})
         bar.attach(profile.name, engine.stats)
@@ -172,7 +184,7 @@ def run_requests_ray(requests: list[Any], profile: ModelProfile, cache_root: Pat
             if todo:
                 t = time.perf_counter()
                 with ray_session(ray, opts.address):
-                    ray_stats["start_s"] = round(time.perf_counter() - t, 2)
+                    info.start_s = round(time.perf_counter() - t, 2)
                     logging.getLogger("ray.data").setLevel(logging.ERROR)  # before: it warns of the bars turned off
                     ctx = ray.data.DataContext.get_current()
                     ctx.enable_progress_bars = False  # the evaluator's own bar counts the rows
@@ -180,7 +192,7 @@ def run_requests_ray(requests: list[Any], profile: ModelProfile, cache_root: Pat
                     # One block per batch: a Ray task hands back its output block when its input block is
                     # done, so the block is the unit that reaches the cache (measured: a 400-row file in Ray's
                     # default blocks had 120 replies at the server and none back at the driver).
-                    blocks = -(-len(todo) // ray_stats["batch_size"])
+                    blocks = -(-len(todo) // info.batch_size)
                     ds = ray.data.from_items(todo, override_num_blocks=blocks)
                     out = _processor(ray_llm, profile, opts)(ds)
                     for row in out.iter_rows():  # streamed: rows arrive as their blocks finish
@@ -193,12 +205,11 @@ def run_requests_ray(requests: list[Any], profile: ModelProfile, cache_root: Pat
                             raise FatalLLMError(f"model {profile.name!r}: the endpoint answered HTTP {res.status_code} "
                                                 f"(key or permission): check {profile.api_key_env or 'its API key'}.")
                         bar.advance(profile.name)
-        stats = engine.stats.as_dict()
+        stats = engine.stats.summary()
     finally:
         engine.close_cache()
     missing = [r.custom_id for r in requests if r.custom_id not in results]
     if missing:  # Ray returned fewer rows than it was given: said, never written as if complete
         raise EvaluatorError(f"Ray returned no row for {len(missing)} of the requests (first: {missing[0]!r}); "
                              "the replies received are cached: rerun the same command")
-    stats["ray"] = ray_stats
-    return [results[r.custom_id] for r in requests], stats
+    return [results[r.custom_id] for r in requests], stats, info

@@ -63,7 +63,7 @@ class Ctx:
         return text
 
     def n(self, subset: str) -> str:
-        return f"{subset} (n={self.s.checks.get('queries_per_subset', {}).get(subset, '?')})"
+        return f"{subset} (n={self.s.checks.queries_per_subset.get(subset, '?')})"
 
     def count(self, model: str | None, subset: str, arch: str, metric: str) -> str:
         r = self.s.row(model, subset, arch, metric)
@@ -207,11 +207,11 @@ def trajectories(c: Ctx, model: str) -> str:
         ]
     header = ["Metric", "Arch."] + c.s.subsets
     body = []
-    for name, arch, metric, gold, f in spec:
+    for name, arch, metric, gold_of, f in spec:
         # RtP's complete-miss rate is pure retrieval: deterministic, stored under model = null.
         m = None if arch == "rtp" and metric in RETRIEVAL_METRICS else model
         body.append([name, {"ptr": "PtR", "rtp": "RtP", "both": "both"}[arch]]
-                    + [f(c.s.row(m, sub, arch, metric, k, gold)) for sub in c.s.subsets])
+                    + [f(c.s.row(m, sub, arch, metric, k, gold_of)) for sub in c.s.subsets])
     return section("Table 6: Trajectories", f"{c.label(model)}. Selection rate = |selected∩R|/|R|; fidelity = "
                     "|selected∩R|/|selected| (queries with a selection); Jaccard of planner-selected sets "
                     "(both empty = 1.0).", table(header, body))
@@ -223,7 +223,7 @@ def selection_divergence(c: Ctx, model: str) -> str:
     body = []
     for sub in c.s.subsets:
         d = c.s.row(model, sub, "both", "divergent", k)
-        n = c.s.checks.get("queries_per_subset", {}).get(sub, "?")
+        n = c.s.checks.queries_per_subset.get(sub, "?")
         body.append([sub, str(n), fpct(1 - d.mean if d and d.mean is not None else None), fms(d, 1, True)]
                     + [fms(c.s.row(model, sub, "both", "divergent", kk), 1, True) for kk in c.r.ks])
     return section("Table 7: Tool selection divergence", f"{c.label(model)}. Fraction of queries whose RtP and "
