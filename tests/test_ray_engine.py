@@ -134,12 +134,13 @@ def _profile(path: Path, base_url: str) -> Path:
     return path
 
 
-def test_requests_through_ray(tmp_path, capfd, monkeypatch):
+def test_requests_through_ray(tmp_path, capfd, monkeypatch, request):
     monkeypatch.delenv("EVALUATOR_DATA", raising=False)
     monkeypatch.setenv(KEY_ENV, KEY)  # every Ray process started below inherits it: the workers read it there
     temps = [Path(f"/tmp/evr-{os.getpid()}-{n}") for n in ("embedded", "head")]  # short: Ray's socket paths
     for t in temps:
         shutil.rmtree(t, ignore_errors=True)
+        request.addfinalizer(lambda t=t: shutil.rmtree(t, ignore_errors=True))  # pass or fail
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_TMPDIR": str(temps[0])}
     # The test's head and the commands joining it skip Ray's token check: the token file (~/.ray) is shared
     # by everyone on this machine, the head listens for this test only.
@@ -251,8 +252,6 @@ def test_requests_through_ray(tmp_path, capfd, monkeypatch):
     assert any(p.name.startswith("raylet") for p in ray_files)  # Ray's own logs are among what is searched
     leaks = [str(p) for p in [*ray_files, *tmp_path.rglob("*")] if p.is_file() and KEY.encode() in p.read_bytes()]
     leaks += [f"output {i}" for i, text in enumerate(logs) if KEY in text]
-    for t in temps:
-        shutil.rmtree(t, ignore_errors=True)
     assert leaks == []
 
 
