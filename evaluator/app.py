@@ -40,6 +40,7 @@ from .render import figures as F
 from .render import report as RP
 from .render import routing as RR
 from .render import scaling as RS
+from .render import trec as TREC
 from .render import view as VW
 from .schema import (
     REPORT_FILE,
@@ -416,6 +417,21 @@ def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT)
     od.write_json(ROUTING_FILE, res.to_dict())
     render_outputs(od)
     return res
+
+
+# ---------------------------------------------------------------- `export trec`
+
+
+def export_trec(od: OutputDir, to: Path) -> list[Path]:
+    """`export trec OUT --to DIR`: the run's ranked lists and gold sets as TREC run and qrels files."""
+    records = od.read_records()
+    check_writable(to, "--to")
+    target = OutputDir(to)
+    written = []
+    for name, text in TREC.export(records).items():
+        target.write_text(name, text)
+        written.append(to / name)
+    return written
 
 
 # ---------------------------------------------------------------- request files (`requests export|run`)

@@ -107,6 +107,10 @@ class StubBatcher:
         s = self.study.settings
         texts = [t for ts in per_query for t in ts]
         owners = [q for q, ts in enumerate(per_query) for _ in ts]
+        if self.study.retriever is not None and self.study.retriever.name != "dense":
+            # bm25 / hybrid: each stub searched by the retriever, merged by its own score (max over stubs)
+            scores, rows = self.study.retriever.search(texts, s.k_max)
+            return retrieve.ptr_from_hits(scores, rows, owners, len(per_query), s.k_max, sorted(set(s.ks)))
         vecs = self.study.embedder.encode(texts, progress=False) if texts else np.zeros((0, self.study.api_vecs.shape[1]), np.float32)
         if self.memo is None:
             cache = self.study.embedder.cache_dir
@@ -118,9 +122,10 @@ class StubBatcher:
 # ---------------------------------------------------------------- record blocks
 
 
-def base_record(q: Query, model: str | None, run: int) -> Record:
+def base_record(q: Query, model: str | None, run: int, retriever: str = "dense") -> Record:
     return Record(model=model, run=run, subset=q.subset, query_id=q.query_id, query=q.text,
-                  gold={g: list(ids) for g, ids in q.gold.items()})
+                  gold={g: list(ids) for g, ids in q.gold.items()},
+                  retriever=None if retriever == "dense" else retriever)
 
 
 def retrieval_block(r: Retrieved, registry: Registry) -> ArchBlock:
@@ -153,7 +158,7 @@ def _tokens(result: ChatResult | None) -> Tokens:
 def retrieval_only_records(study: Study) -> list[Record]:
     out = []
     for q, r in zip(study.queries, study.rtp, strict=True):
-        rec = base_record(q, None, 0)
+        rec = base_record(q, None, 0, study.settings.retriever)
         rec.rtp = retrieval_block(r, study.registry)
         out.append(rec)
     return out
@@ -228,7 +233,7 @@ class StudyRunner:
             self._rtp(unit, qi) if "rtp" in archs else _none(),
             self._ptr(unit, qi) if "ptr" in archs else _none(),
         )
-        rec = base_record(self.study.queries[qi], unit.model, unit.run)
+        rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.settings.retriever)
         rec.rtp = rtp if rtp is not None else retrieval_block(self.study.rtp[qi], self.reg)
         rec.ptr = ptr
         self.records.append(rec)

@@ -193,6 +193,12 @@ class Record:
     gold: dict[str, list[str]]
     rtp: ArchBlock | None = Field(default=None, exclude_if=_absent)
     ptr: PtrBlock | None = Field(default=None, exclude_if=_absent)
+    # What made the lists (config.RETRIEVER_CHOICES); absent means "dense", as in every record before it.
+    retriever: str | None = Field(default=None, exclude_if=_absent)
+
+    @property
+    def retriever_name(self) -> str:
+        return self.retriever or "dense"
 
     def block(self, arch: str) -> ArchBlock | None:
         return self.rtp if arch == "rtp" else self.ptr

@@ -157,6 +157,7 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
             out.append(T.table1(c, m, gold))
             if m is None:
                 out.append(T.table1(c, m, gold, "precision"))
+            out.append(T.table_rank(c, m, gold))
     for m in models:
         if not (T.has(summary, m, "ptr") or T.has(summary, m, "rtp")):
             continue

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..analysis import stats as S
 from ..analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
 from ..analysis.main import MainResult
-from ..analysis.metrics import RETRIEVAL_METRICS
+from ..analysis.metrics import RANK_METRICS, RETRIEVAL_METRICS
 from .fmt import DASH, better, bold, fms, fnum, fpct, ptest, section, table
 
 
@@ -92,6 +92,36 @@ def table1(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
                     f"{c.label(model, gold)}. RtP is deterministic (one value)"
                     + ("; PtR mean±std over runs. Bold: better architecture." if with_ptr else "."),
                     table(header, body))
+
+
+RANK_NAMES = {"ndcg": "NDCG", "mrr": "MRR", "comp": "COMP"}
+
+
+def table_rank(c: Ctx, model: str | None, gold: str) -> str:
+    """NDCG@k, MRR@k and COMP@k per subset and k (the k-ablation of the rank metrics)."""
+    with_ptr = model is not None and has(c.s, model, "ptr")
+    archs = (("rtp", "RtP"), ("ptr", "PtR")) if with_ptr else (("rtp", "RtP"),)
+    header = ["Subset", "k"] + [f"{RANK_NAMES[m]} {a}" for m in RANK_METRICS for _, a in archs]
+    body = []
+    for sub in c.s.subsets:
+        for k in c.r.ks:
+            line = [c.n(sub), str(k)]
+            for metric in RANK_METRICS:
+                r = c.s.row(None, sub, "rtp", metric, k, gold)
+                if with_ptr:
+                    p = c.s.row(model, sub, "ptr", metric, k, gold)
+                    br, bp = better(r, p)
+                    line += [bold(fms(r), br), bold(fms(p), bp)]
+                else:
+                    line.append(fms(r))
+            body.append(line)
+    return section("Table 1c: Rank metrics at retrieval budget k",
+                   f"{c.label(model, gold)}. Binary relevance. NDCG@k: DCG = Σ rel_i/log2(i+1) over the top k, "
+                   "ideal DCG over min(|G|, k) gold APIs; MRR@k: 1/rank of the first gold API in the top k (0 if "
+                   "none); COMP@k: 1 if every gold API is in the top k (0 whenever |G| > k). Per query, equal to "
+                   "pytrec_eval's `ndcg_cut`, `recip_rank` and a `success`-style check (tests/test_metrics_ir.py). "
+                   "RtP is deterministic (one value)" + ("; PtR mean±std over runs. Bold: better architecture."
+                                                        if with_ptr else "."), table(header, body))
 
 
 def table3(c: Ctx, model: str, gold: str) -> str:
