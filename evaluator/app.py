@@ -29,6 +29,7 @@ from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
 from .data import DataError, Registry, load_registry
 from .index import searches_folder
+from .lexical import BM25Index, load_index
 from .llm import LLMEngine, ModelProfile, load_profile
 from .llm.budget import Budget, check_priced
 from .llm.errors import BudgetExhausted
@@ -42,6 +43,7 @@ from .render import routing as RR
 from .render import scaling as RS
 from .render import trec as TREC
 from .render import view as VW
+from .retrievers import Hybrid, Lexical
 from .schema import (
     REPORT_FILE,
     ROUTING_FILE,
@@ -285,7 +287,7 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
             subsets=subs.scaling, divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes,
             seeds=s.scaling_seeds, about=_about(meta, s, "scaling_subsets"), log=quiet,
-            memo=searches_folder(study.embedder.cache_dir))
+            memo=searches_folder(study.embedder.cache_dir), retriever=s.retriever, lexical=_lexical(study.retriever))
         od.write_json(SCALING_FILE, res.to_dict())
     else:
         notes["scaling"] = "no subset to run it on"
@@ -295,6 +297,13 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
     od.write_json(ROUTING_FILE, R.routing_study(records, opt, _about(meta, s, "routing_test")).to_dict())
     study.timings["routing_s"] = time.perf_counter() - t
     return notes
+
+
+def _lexical(retriever: object) -> BM25Index | None:
+    """The BM25 index a bm25 / hybrid retriever searches (the scaling study filters its scores)."""
+    if isinstance(retriever, Hybrid):
+        retriever = retriever.lexical
+    return retriever.index if isinstance(retriever, Lexical) else None
 
 
 def _routing_options(s: Settings, subs: AnalysisSubsets) -> R.Options:
@@ -393,10 +402,12 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     encode = lambda texts: embedder.encode(texts, desc="embedding (cache misses)")  # noqa: E731
     api_vecs = encode(registry.texts())
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
+    retriever = meta.settings.retriever
+    lexical = load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0] if retriever != "dense" else None
     res = SC.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
                            divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
                            about=_about(meta, s, "scaling_subsets"), log=reporter.info,
-                           memo=searches_folder(embedder.cache_dir))
+                           memo=searches_folder(embedder.cache_dir), retriever=retriever, lexical=lexical)
     res.meta.embed = dataclasses.asdict(embedder.stats)
     if embedder.stats.embedded:
         reporter.info(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")

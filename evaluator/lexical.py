@@ -119,9 +119,19 @@ class BM25Index:
         data = np.ones(len(rows), np.float64)
         return _sp().csr_matrix((data, (rows, cols)), shape=(len(texts), len(self.vocab)))  # duplicates summed
 
+    def products(self, texts: Sequence[str]) -> list[sp.csr_matrix]:
+        """Every text's score of every document (sparse: only documents sharing a token), in blocks."""
+        return [(self.query_matrix(texts[lo : lo + _BLOCK]) @ self.weights).tocsr()
+                for lo in range(0, len(texts), _BLOCK)]
+
     def search(self, texts: Sequence[str], k: int, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(scores, registry rows), each (n, min(k, |rows|)), best first. `rows`: search only these registry
         rows (a sub-registry; the statistics stay the full registry's)."""
+        return self.top(self.products(texts), len(texts), k, rows)
+
+    def top(self, products: Sequence[sp.csr_matrix], n: int, k: int, rows: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray]:
+        """`search` from `products(texts)` (n texts): a caller that searches many sub-registries makes them once."""
         n_docs = len(self)
         member = None
         if rows is not None:
@@ -129,20 +139,16 @@ class BM25Index:
             member[rows] = True
         size = n_docs if member is None else int(member.sum())
         k = min(k, size)
-        out_s = np.zeros((len(texts), k), np.float64)
-        out_r = np.zeros((len(texts), k), np.int64)
+        out_s = np.zeros((n, k), np.float64)
+        out_r = np.zeros((n, k), np.int64)
         # score-0 padding: the highest rows first (ties to the higher row)
         pool = np.arange(n_docs - 1, -1, -1) if member is None else np.flatnonzero(member)[::-1]
-        for lo in range(0, len(texts), _BLOCK):
-            q = self.query_matrix(texts[lo : lo + _BLOCK])
-            prod = (q @ self.weights).tocsr()
-            for i in range(prod.shape[0]):
-                a, b = prod.indptr[i], prod.indptr[i + 1]
+        i = 0
+        for prod in products:
+            for j in range(prod.shape[0]):
+                a, b = prod.indptr[j], prod.indptr[j + 1]
                 cols, vals = prod.indices[a:b].astype(np.int64), prod.data[a:b]
-                if member is not None:
-                    keep = member[cols]
-                    cols, vals = cols[keep], vals[keep]
-                keep = vals > 0
+                keep = vals > 0 if member is None else (vals > 0) & member[cols]
                 cols, vals = cols[keep], vals[keep]
                 order = np.lexsort((-cols, -vals))[:k]
                 cols, vals = cols[order], vals[order]
@@ -151,7 +157,8 @@ class BM25Index:
                     pad = cand[~np.isin(cand, cols)][: k - len(cols)]
                     cols = np.concatenate([cols, pad])
                     vals = np.concatenate([vals, np.zeros(len(pad))])
-                out_s[lo + i], out_r[lo + i] = vals, cols
+                out_s[i], out_r[i] = vals, cols
+                i += 1
         return out_s, out_r
 
     # ------------------------------------------------------------ the cache file

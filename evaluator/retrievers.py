@@ -100,3 +100,44 @@ def rrf(lists: Sequence[np.ndarray], k: int, c: int = RRF_K) -> Hits:
         out_r = np.array([r[:width] for r in ranked_r], np.int64).reshape(n, width)
         out_s = np.array([s[:width] for s in ranked_s], np.float64).reshape(n, width)
     return out_s, out_r
+
+
+# ---------------------------------------------------------------- sub-registries (the scaling study)
+
+
+class SubSearch(Protocol):
+    """Fixed texts searched over many sub-registries (registry rows); `index.SubsetSearch` is the dense one."""
+
+    def search(self, rows: np.ndarray, k: int) -> Hits: ...
+
+    def save(self) -> None: ...
+
+
+class LexicalSubsets:
+    """BM25 of fixed texts over sub-registries. The scoring stays the full registry's (its IDF and mean
+    document length), as the dense scores do: a sub-registry's ranking is the full ranking with the other
+    APIs left out, so the points of a scaling curve differ only in which APIs compete."""
+
+    def __init__(self, index: BM25Index, texts: Sequence[str]) -> None:
+        self.index, self.n = index, len(texts)
+        self.products = index.products(list(texts))  # made once: each sub-registry only filters them
+
+    def search(self, rows: np.ndarray, k: int) -> Hits:
+        return self.index.top(self.products, self.n, k, rows)
+
+    def save(self) -> None:
+        pass
+
+
+class HybridSubsets:
+    """RRF of a dense and a BM25 `SubSearch` of the same texts, each to `FUSION_DEPTH` on the sub-registry."""
+
+    def __init__(self, dense: SubSearch, lexical: SubSearch, depth: int = FUSION_DEPTH, c: int = RRF_K) -> None:
+        self.dense, self.lexical, self.depth, self.c = dense, lexical, depth, c
+
+    def search(self, rows: np.ndarray, k: int) -> Hits:
+        depth = max(self.depth, k)
+        return rrf([self.dense.search(rows, depth)[1], self.lexical.search(rows, depth)[1]], k, self.c)
+
+    def save(self) -> None:
+        self.dense.save()

@@ -23,6 +23,7 @@ class Labels:
     registry_choice: str
     runs: str
     model_ids: dict[str, str] = field(default_factory=dict)
+    retriever: str = "dense"
 
 
 @dataclass
@@ -39,6 +40,8 @@ class Ctx:
                 if model else "retrieval only (no LLM)"]
         if gold:
             bits.append(f"gold `{gold}`")
+        if self.info.retriever != "dense":
+            bits.append(f"retriever `{self.info.retriever}`")
         bits += [f"embedder `{self.info.embedder}`", f"registry {self.info.registry_size} APIs "
                  f"({self.info.registry_choice})", f"runs {self.info.runs}", f"k = {self.r.k}"]
         return ", ".join(bits) + self.scored(model)

@@ -6,8 +6,9 @@
 - qid = `<subset>/<query_id>`, docid = the API id; whitespace and `%` in either are percent-encoded (UTF-8
   bytes, so `urllib.parse.unquote` gives the id back): TREC files are whitespace-separated.
 - score = the record's score (the retriever's: cosine, BM25 or RRF, 6 decimals). Tools re-sort a run by score
-  and break ties by docid, so a tie in the record is lowered by 1e-9 per place (written with 9 decimals, below
-  the records' 6): every tool then reads the list in the record's order.
+  and break ties by docid, and trec_eval (pytrec_eval) reads scores in single precision, so a score that is
+  not below the previous one by a millionth of its size (16 single-precision steps) is lowered to that:
+  every tool then reads the list in the record's order, and scores move only where the record has ties.
 - A query that retrieved nothing (a PtR query with no stub) has no line; its metrics are 0, as in the report,
   when the tool averages over every query of the qrels (`trec_eval -c`). A PtR query whose discovery call
   failed for good is left out of the report's PtR metrics: its qid is listed in `<run>.excluded` instead.
@@ -23,7 +24,7 @@ from ..schema import GOLDS, Record, record_key
 
 _ESCAPE = re.compile(r"[%\s]")
 _NAME = re.compile(r"[^A-Za-z0-9._+-]+")
-TIE_STEP = 1e-9
+TIE_STEP = 1e-6  # relative: above float32's resolution (6e-8) with room to spare
 
 
 def encode(text: str) -> str:
@@ -43,7 +44,10 @@ def run_name(model: str | None, run: int, arch: str, retriever: str) -> str:
 def strictly_decreasing(scores: Sequence[float]) -> list[float]:
     out: list[float] = []
     for s in scores:
-        out.append(s if not out or s < out[-1] else out[-1] - TIE_STEP)
+        if out:
+            cap = out[-1] - max(abs(out[-1]), 1e-3) * TIE_STEP
+            s = min(s, cap)
+        out.append(s)
     return out
 
 
@@ -68,7 +72,7 @@ def run_lines(records: Iterable[Record], arch: str, tag: str) -> tuple[list[str]
             ids.append(doc)
             scores.append(float(block.scores[i]) if i < len(block.scores) else 0.0)
         for rank, (doc, s) in enumerate(zip(ids, strictly_decreasing(scores), strict=True), 1):
-            lines.append(f"{q} Q0 {encode(doc)} {rank} {s:.9f} {tag}")
+            lines.append(f"{q} Q0 {encode(doc)} {rank} {s:.10g} {tag}")
     return lines, excluded
 
 
