@@ -154,7 +154,7 @@ def test_trec_ties_keep_the_records_order() -> None:
     out = TREC.strictly_decreasing([12.0, 12.0, 11.999999, 0.5, 0.5, 0.4])
     assert out[0] == 12.0 and out[3] == 0.5 and out[5] == 0.4 and abs(out[2] - 12.0) < 1e-4
     # strictly decreasing even as trec_eval reads them (single precision)
-    assert all(np.float32(float(f"{a:.10g}")) > np.float32(float(f"{b:.10g}")) for a, b in zip(out, out[1:]))
+    assert all(np.float32(float(f"{a:.10g}")) > np.float32(float(f"{b:.10g}")) for a, b in zip(out, out[1:], strict=False))
     assert TREC.encode("Tool::get  forecast%x") == "Tool::get%20%20forecast%25x"
     assert urllib.parse.unquote(TREC.encode("a\u00a0b c")) == "a\u00a0b c"
 
