@@ -109,7 +109,7 @@ def run_parser() -> Parser:
     p.add_argument("--k", type=int, help="retrieval budget handed to the planner (default 5)")
     p.add_argument("--ks", type=_ints, help="k-ablation budgets, e.g. 1,3,5,10,20")
     p.add_argument("--registry", choices=REGISTRY_CHOICES, help="every API, or only described ones")
-    p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), a hub name, or a local folder")
+    p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), bundled:all-mpnet-base-v2 (optional extra), a hub name, or a local folder")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
     p.add_argument("--precision", choices=PRECISION_CHOICES, help="embedding precision")
     p.add_argument("--backend", choices=BACKEND_CHOICES,

@@ -32,7 +32,7 @@ LAYERS: dict[str, int] = {
     "llm": 20, "data": 20, "embed": 20, "retrieve": 20, "parse": 20, "sim": 20,
     "retrievers": 30,  # dense / bm25 / hybrid behind one search call
     "index": 15, "lexical": 15,
-    "progress": 10, "aio": 10, "threads": 10, "prompts": 10, "embed_backends": 10,
+    "progress": 10, "bundled": 10, "aio": 10, "threads": 10, "prompts": 10, "embed_backends": 10,
     "redact": 5,  # the one redactor: imports nothing of the package, so every exit (progress too) may use it
     "data.model": 5,  # the registry's and queries' plain types (prompts read a description cap from it)
     "": 0,  # the package itself (`__version__`)

