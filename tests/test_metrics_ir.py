@@ -174,3 +174,25 @@ def test_rrf_equals_ranx() -> None:
         assert scores[q].tolist() == pytest.approx(theirs)  # the same best 12 scores, in order
         for d, s in zip(rows[q], scores[q], strict=True):
             assert s == pytest.approx(fused[str(q)][str(d)])
+
+
+def test_viewer_shows_the_rank_metrics(hybrid_run: OutputDir) -> None:
+    import json
+    import re
+
+    html = (hybrid_run.path / "view.html").read_text(encoding="utf-8")
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', html, re.S).group(1))
+    by_key = {(r.subset, r.query_id, r.run): r for r in hybrid_run.read_records()}
+    k = data["datasets"][0]["k"]
+    seen = 0
+    for v in data["records"]:
+        q = data["queries"][v["q"]]
+        rec = by_key[(q["subset"], q["id"], v["run"])]
+        for arch in ("rtp", "ptr"):
+            for i, gold in enumerate(GOLDS):
+                want = rank_metrics(rec.block(arch).unique_retrieved, set(rec.gold_set(gold)), k)
+                for m in RANK_METRICS:
+                    assert v["rank"][arch][m][i] == pytest.approx(want[m], abs=1e-6)
+                    seen += 1
+    assert seen and any("Table 1c" in t["title"] for t in data["datasets"][0]["tables"])
+    assert "Retriever" in html and "rankLine" in html
