@@ -268,6 +268,7 @@ class About:
     simulated_models: list[str] = field(default_factory=list)
     subsets_rule: str = "as set"
     split_rule: str = "as set"
+    retriever: str = "dense"  # what made the lists (routing's τ is on its top-1 score)
 
 
 def about_fields(about: About | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -343,7 +344,7 @@ class Meta:
 
     def about(self, subsets_rule: str, split_rule: str) -> About:
         return About(self.embedder, self.precision, self.backend, self.registry.choice, self.simulated_models,
-                     subsets_rule, split_rule)
+                     subsets_rule, split_rule, self.settings.retriever)
 
     def to_dict(self) -> dict[str, Any]:
         return plain(self)

@@ -386,7 +386,6 @@ class ScalingMeta(About):
     seeds: int = 0
     subsets: list[str] = field(default_factory=list)
     divergence_subset: str = ""
-    retriever: str = "dense"  # what searched every sub-registry (config.RETRIEVER_CHOICES)
     gold_definition: str = "union of api_list and relevant gold APIs of the subset"
     gold_union: dict[str, GoldUnion] = field(default_factory=dict)
     sampling: str = ("gold union + distractors stratified by category (uncategorised = one stratum), "
@@ -443,9 +442,9 @@ def scaling_study(
     models = sorted({m for si in inputs for m, _ in si.units})
     runs = sorted({r for si in inputs for _, r in si.units})
     meta = ScalingMeta(
-        **about_fields(about), models=models, runs=len(runs), registry_size=len(registry), k=k,
+        **(about_fields(about) | {"retriever": retriever}), models=models, runs=len(runs),
+        registry_size=len(registry), k=k,
         sizes=sorted(set(sizes)), seeds=seeds, subsets=list(subsets), divergence_subset=divergence_subset,
-        retriever=retriever,
         gold_union={si.name: GoldUnion(len(si.gold_rows) + si.gold_missing, len(si.gold_rows), si.gold_missing,
                                        len(si.query_ids), int(len(si.owners))) for si in inputs},
         timing_s=round(time.perf_counter() - t0, 2))

@@ -185,8 +185,9 @@ def table4(c: Ctx, model: str, gold: str) -> str:
         body.append([c.n(sub), fms(g("gen"), 1, True), fms(g("stubs_per_query"), 2), fms(g("stub_unique"), 1, True),
                      fms(g("stub_match", gold), 1, True), fms(g("stub_cos_correct", gold)),
                      fms(g("stub_cos_incorrect", gold))])
+    score = "cosine" if c.info.retriever == "dense" else f"{c.info.retriever} score"
     return section("Table 4: Stub generation", f"{c.label(model, gold)}. Match%: stubs whose top-1 API is gold "
-                    "(pooled over stubs); Cos: mean cosine of a stub to its top-1 API.", table(header, body))
+                    f"(pooled over stubs); Cos: mean {score} of a stub to its top-1 API.", table(header, body))
 
 
 def budget_equivalent_k(width: float | None, ks: Sequence[int]) -> int | None:
