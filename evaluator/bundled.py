@@ -10,14 +10,16 @@ before the folder is used; a folder that fails the check is unpacked again. It i
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import shutil
 import tempfile
-import uuid
 import zipfile
 from importlib import metadata
 from pathlib import Path
+
+from .core.cache_layout import CacheLayout
+from .core.errors import EmbedderError
+from .core.files import atomic_folder
 
 NAME = "bundled:all-mpnet-base-v2"
 CACHE_NAME = "sentence-transformers/all-mpnet-base-v2"
@@ -29,7 +31,7 @@ WEIGHTS = "model.safetensors"
 _VERIFIED = ".verified"
 
 
-class BundledModelError(Exception):
+class BundledModelError(EmbedderError):
     """The parts are missing or do not assemble into the expected model; the message says what to do."""
 
 
@@ -60,38 +62,41 @@ def _sha256(path: Path) -> str:
 
 def model_path(root: Path | None) -> Path:
     """The model folder, assembled (once) under `root/models/` (a temporary folder when None)."""
-    base = (root if root is not None else Path(tempfile.gettempdir()) / "evaluator") / "models"
+    base = CacheLayout(root if root is not None else Path(tempfile.gettempdir()) / "evaluator").models
     folder = base / "all-mpnet-base-v2"
-    if (folder / _VERIFIED).is_file() and (folder / _VERIFIED).read_text().strip() == WEIGHTS_SHA256:
+    marker = folder / _VERIFIED
+    if marker.is_file() and marker.read_text().strip() == WEIGHTS_SHA256:
         return folder
     pieces = [_piece(p) for p in PARTS]  # all present before any work
-    base.mkdir(parents=True, exist_ok=True)
-    work = base / f".assemble-{uuid.uuid4().hex[:8]}"
-    try:
-        work.mkdir()
-        joined = work / "all-mpnet-base-v2.zip"
+    if folder.exists():  # a folder that was never verified (a killed unpacking of an older version)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def build(tmp: Path) -> None:
+        joined = tmp / "all-mpnet-base-v2.zip"
         with open(joined, "wb") as out:
             for p in pieces:
                 with open(p, "rb") as fh:
                     shutil.copyfileobj(fh, out, 1 << 22)
         try:
             with zipfile.ZipFile(joined) as z:
-                z.extractall(work / "x")
+                for info in z.infolist():  # the archive's one top folder, its contents into `tmp`
+                    name = info.filename.split("/", 1)[1] if "/" in info.filename else ""
+                    if not name or info.is_dir() or name.endswith("desktop.ini"):
+                        continue
+                    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                    with z.open(info) as src, open(tmp / name, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 22)
         except zipfile.BadZipFile:
             raise BundledModelError(f"the pieces of {NAME} do not join into a zip archive; reinstall them: "
                                     f"{install_hint()}") from None
-        inner = work / "x" / "all-mpnet-base-v2"
-        got = _sha256(inner / WEIGHTS) if (inner / WEIGHTS).is_file() else "missing"
+        joined.unlink()
+        got = _sha256(tmp / WEIGHTS) if (tmp / WEIGHTS).is_file() else "missing"
         if got != WEIGHTS_SHA256:
             raise BundledModelError(f"{NAME}: {WEIGHTS} has sha256 {got}, not the recorded {WEIGHTS_SHA256}; "
                                     f"reinstall the parts: {install_hint()}")
-        (inner / _VERIFIED).write_text(WEIGHTS_SHA256 + "\n")
-        if folder.exists():
-            shutil.rmtree(folder, ignore_errors=True)
-        with contextlib.suppress(OSError):  # another process may have put an identical folder there first
-            inner.rename(folder)
-        return folder
+        (tmp / _VERIFIED).write_text(WEIGHTS_SHA256 + "\n")
+
+    try:
+        return atomic_folder(folder, build)
     except OSError as e:
         raise BundledModelError(f"cannot assemble {NAME} in {base} ({e.strerror or e}); use --cache-dir") from None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

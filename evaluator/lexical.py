@@ -13,7 +13,7 @@ Search scores every document in float64 (one sparse product for a block of queri
 ties to the higher registry row (as the dense index orders them); a query that matches fewer than k documents
 is padded with score-0 documents in the same order, so every list is k long, like the dense one.
 
-Cache: `<cache>/bm25/<digest>.npz`, the digest over the texts (in order), the tokenizer, the scoring
+Cache: `<cache>/bm25/<digest>.npz` (core.cache_layout), the digest over the texts (in order), the tokenizer, the scoring
 parameters and bm25s's version. The file carries a checksum of its arrays; one that is unreadable or fails
 it is rebuilt (with one warning), never trusted.
 """
@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
-import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,17 +30,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .core.cache_layout import CacheLayout
+from .core.errors import UserError
+from .core.files import atomic_write
+
 if TYPE_CHECKING:
     import scipy.sparse as sp
 
 TOKENIZER = "split-identifiers(_ camelCase) + bm25s.tokenize(lower, stopwords=en, stemmer=none)"
 METHOD, K1, B = "lucene", 1.5, 0.75
-FOLDER = "bm25"  # under the cache root
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _BLOCK = 512  # queries per sparse product: bounds the (block, registry) result
 
 
-class LexicalError(Exception):
+class LexicalError(UserError):
     """bm25s is missing or the index cannot be built; the message says what to do."""
 
 
@@ -173,17 +174,7 @@ class BM25Index:
     def save(self, path: Path) -> None:
         arrays = self._arrays()
         arrays["checksum"] = np.array(_checksum(arrays))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **arrays)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        atomic_write(path, lambda fh: np.savez(fh, **arrays), durable=True)
 
     @classmethod
     def read(cls, path: Path) -> BM25Index:
@@ -213,7 +204,7 @@ def load_index(texts: Sequence[str], cache_dir: Path | None, warn: Callable[[str
                ) -> tuple[BM25Index, bool]:
     """The registry's BM25 index from `<cache_dir>/bm25/` when there, else built (and kept there).
     (index, built): built is False when it came from the cache."""
-    path = cache_dir / FOLDER / f"{content_digest(texts)}.npz" if cache_dir is not None else None
+    path = CacheLayout(cache_dir).bm25 / f"{content_digest(texts)}.npz" if cache_dir is not None else None
     if path is not None and path.is_file():
         try:
             idx = BM25Index.read(path)

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import retrieve
 from .config import REPO_ROOT, Settings
+from .core.progress import SILENT, Reporter
 from .data import (
     Query,
     Registry,
@@ -26,7 +27,6 @@ from .data import (
 from .embed import Embedder
 from .index import VectorIndex, searches_folder
 from .lexical import load_index
-from .progress import SILENT, Reporter
 from .retrievers import Dense, Hybrid, Lexical, Retriever
 
 

@@ -9,6 +9,7 @@ from data_fixtures import make_data_dir
 
 from evaluator import lexical as L
 from evaluator import retrieve
+from evaluator.core.cache_layout import CacheLayout
 from evaluator.data import load_registry
 from evaluator.retrievers import Hybrid, Lexical
 
@@ -60,25 +61,25 @@ def test_index_cache_is_reused_and_a_damaged_file_rebuilt(texts: list[str], tmp_
     warned: list[str] = []
     a, built = L.load_index(texts, tmp_path, warned.append)
     assert built and not warned
-    (f,) = (tmp_path / L.FOLDER).glob("*.npz")
+    (f,) = (CacheLayout(tmp_path).bm25).glob("*.npz")
     b, built = L.load_index(texts, tmp_path, warned.append)
     assert not built and not warned
     assert np.array_equal(a.search(QUERIES, 5)[1], b.search(QUERIES, 5)[1])
     # another registry (one text changed) is another file
     _, built = L.load_index([*texts[:-1], texts[-1] + " changed"], tmp_path)
-    assert built and len(list((tmp_path / L.FOLDER).glob("*.npz"))) == 2
+    assert built and len(list((CacheLayout(tmp_path).bm25).glob("*.npz"))) == 2
     for damage in (lambda d: d[: len(d) // 2], lambda d: d[:-200] + bytes(200) if len(d) > 400 else d):
         raw = f.read_bytes()
         f.write_bytes(damage(raw))
         c, built = L.load_index(texts, tmp_path, warned.append)
         assert built and "damaged BM25 index" in warned[-1]
         assert np.array_equal(c.search(QUERIES, 5)[1], a.search(QUERIES, 5)[1])
-    assert list((tmp_path / L.FOLDER).glob("*.damaged"))
+    assert list((CacheLayout(tmp_path).bm25).glob("*.damaged"))
 
 
 def test_checksum_catches_a_changed_weight(texts: list[str], tmp_path) -> None:
     L.load_index(texts, tmp_path)
-    (f,) = (tmp_path / L.FOLDER).glob("*.npz")
+    (f,) = (CacheLayout(tmp_path).bm25).glob("*.npz")
     with np.load(f) as z:
         arrays = {k: z[k] for k in z.files}
     arrays["data"] = arrays["data"].copy()

@@ -1,4 +1,7 @@
-"""The main study's tables (paper Tables 1–9 and 11, errors) as Markdown sections, from `MainResult`."""
+"""The main study's tables (paper Tables 1–9 and 11, errors) as Markdown sections, from `MainResult`.
+
+Each function is named after what its table shows (`main_results`, `search_width`, ...); the caption keeps
+the paper's table number."""
 
 from __future__ import annotations
 
@@ -74,7 +77,7 @@ def has(s: S.Summary, model: str | None, arch: str) -> bool:
     return any(r.model == model and r.arch == arch for r in s.rows)
 
 
-def table1(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
+def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
     subs = c.s.subsets
     with_ptr = model is not None and has(c.s, model, "ptr")
     header = ["k"] + [f"{sub} {a}" for sub in subs for a in (("RtP", "PtR") if with_ptr else ("RtP",))]
@@ -100,7 +103,7 @@ def table1(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
 RANK_NAMES = {"ndcg": "NDCG", "mrr": "MRR", "comp": "COMP"}
 
 
-def table_rank(c: Ctx, model: str | None, gold: str) -> str:
+def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
     """NDCG@k, MRR@k and COMP@k per subset and k (the k-ablation of the rank metrics)."""
     with_ptr = model is not None and has(c.s, model, "ptr")
     archs = (("rtp", "RtP"), ("ptr", "PtR")) if with_ptr else (("rtp", "RtP"),)
@@ -122,12 +125,12 @@ def table_rank(c: Ctx, model: str | None, gold: str) -> str:
                    f"{c.label(model, gold)}. Binary relevance. NDCG@k: DCG = Σ rel_i/log2(i+1) over the top k, "
                    "ideal DCG over min(|G|, k) gold APIs; MRR@k: 1/rank of the first gold API in the top k (0 if "
                    "none); COMP@k: 1 if every gold API is in the top k (0 whenever |G| > k). Per query, equal to "
-                   "pytrec_eval's `ndcg_cut`, `recip_rank` and a `success`-style check (tests/test_metrics_ir.py). "
+                   "pytrec_eval's `ndcg_cut`, `recip_rank` (list cut to k) and `recall` = 1 (tests/test_metrics_ir.py). "
                    "RtP is deterministic (one value)" + ("; PtR mean±std over runs. Bold: better architecture."
                                                         if with_ptr else "."), table(header, body))
 
 
-def table3(c: Ctx, model: str, gold: str) -> str:
+def main_results(c: Ctx, model: str, gold: str) -> str:
     k = c.r.k
     header = ["Subset", "Metric", "RtP mean", "RtP ±std", "PtR mean", "PtR ±std", "p (t-test)", "p (Wilcoxon)",
               "wins RtP / PtR / ties"]
@@ -157,7 +160,7 @@ def table3(c: Ctx, model: str, gold: str) -> str:
                     "* p<.05, ** p<.01, *** p<.001.", table(header, body))
 
 
-def table11(c: Ctx, model: str, gold: str) -> str:
+def compact_results(c: Ctx, model: str, gold: str) -> str:
     k = c.r.k
     header = ["Subset", "P RtP", "P PtR", "R RtP", "R PtR", "Pass RtP", "Pass PtR"]
     body = []
@@ -176,7 +179,7 @@ def table11(c: Ctx, model: str, gold: str) -> str:
                     "the PtR–RtP difference (one-sample for P/R, two-sample for pass rate).", table(header, body))
 
 
-def table4(c: Ctx, model: str, gold: str) -> str:
+def stub_generation(c: Ctx, model: str, gold: str) -> str:
     header = ["Subset", "Gen.%", "Stubs/q", "Unique%", "Match%", "Cos (correct)", "Cos (incorrect)"]
     body = []
     for sub in c.s.subsets:
@@ -196,7 +199,7 @@ def budget_equivalent_k(width: float | None, ks: Sequence[int]) -> int | None:
     return min(ks, key=lambda kk: (abs(kk - width), kk))
 
 
-def table5(c: Ctx, model: str, gold: str) -> str:
+def search_width(c: Ctx, model: str, gold: str) -> str:
     k = c.r.k
     header = ["Subset", "Stubs/q", f"PtR eff. width (k={k})", "RtP eff. width", "Budget-equiv. k",
               "RtP recall (budget-equiv.)", f"PtR recall (k={k})"] + [f"PtR width k={kk}" for kk in c.r.ks]
@@ -213,7 +216,7 @@ def table5(c: Ctx, model: str, gold: str) -> str:
                     "Budget-equivalent RtP recall from Table 1.", table(header, body))
 
 
-def table6(c: Ctx, model: str) -> str:
+def trajectories(c: Ctx, model: str) -> str:
     k = c.r.k
     spec: list[tuple[str, str, str, str | None, Callable[[S.Row | None], str]]] = [
         ("Selection rate", "ptr", "selection_rate", None, lambda r: fms(r, 1, True)),
@@ -248,7 +251,7 @@ def table6(c: Ctx, model: str) -> str:
                     "(both empty = 1.0).", table(header, body))
 
 
-def table7(c: Ctx, model: str) -> str:
+def selection_divergence(c: Ctx, model: str) -> str:
     k = c.r.k
     header = ["Subset", "n", "Identical", "Divergent"] + [f"Divergent k={kk}" for kk in c.r.ks]
     body = []
@@ -261,7 +264,7 @@ def table7(c: Ctx, model: str) -> str:
                     "PtR top-k sets differ (mean±std over runs).", table(header, body))
 
 
-def table8(c: Ctx, model: str) -> str:
+def inference_cost(c: Ctx, model: str) -> str:
     k = c.r.k
     header = ["Subset", "RtP tokens/q", "PtR tokens/q", "Overhead", "RtP completion/q", "PtR completion/q",
               "Completion overhead"] + [f"ΔR [{g}]" for g in c.r.golds] + [
@@ -324,7 +327,7 @@ def errors_table(c: Ctx, model: str | None) -> str:
 
 
 
-def table2(c: Ctx, ex: Contrasts) -> str:
+def worked_contrasts(c: Ctx, ex: Contrasts) -> str:
     header = ["Side", "Subset", "Query id", "Query", f"RtP R@{c.r.k}", f"PtR R@{c.r.k}", "Stubs", "Lost proper nouns"]
     body = []
     for side, items in (("RtP wins", ex.rtp_wins), ("PtR wins", ex.ptr_wins)):
@@ -338,7 +341,7 @@ def table2(c: Ctx, ex: Contrasts) -> str:
     return section("Table 2: Worked contrasts", f"{c.label(ex.model)}. Rule: {CONTRAST_RULE}", table(header, body))
 
 
-def table9(c: Ctx, t: Trajectory | None, model: str) -> str:
+def example_trajectory(c: Ctx, t: Trajectory | None, model: str) -> str:
     title = "Table 9: Example trajectory"
     if t is None:
         return section(title, f"{c.label(model)}. Rule: {TRAJECTORY_RULE}", "No query meets the rule in this run.")
