@@ -226,6 +226,17 @@ def record_key(r: Record) -> tuple[Any, ...]:
 # ---------------------------------------------------------------- meta
 
 
+def repeats_note(model: str, runs: int) -> str:
+    """Why a deterministic server's runs carry no run-to-run test (the report's and the dry run's words, defined once)."""
+    what = (f"its {runs} runs are copies of one" if runs > 1 else "one run has no run-to-run variance either")
+    return (f"deterministic server, model {model}: a local llama.cpp server at temperature 0 gives the same "
+            f"reply to the same prompt in every run, so {what}: the standard deviations across runs are 0 or "
+            "empty and the t-tests across runs (one-sample, two-sample) are not defined, so none is shown; the "
+            "Wilcoxon tests over queries stand. For run-to-run variance set `temperature` (e.g. 0.7) in the "
+            "profile: each run's index is sent as its seed, so each run is its own reproducible sample (a "
+            "deviation from STUDY.md, which samples at temperature 0).")
+
+
 @dataclass
 class ModelInfo:
     name: str
