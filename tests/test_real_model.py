@@ -1,7 +1,7 @@
 """The bundled real model end to end: Qwen2.5-Coder-0.5B on the bundled llama.cpp server, through the CLI.
 
 Budgeted (marker `real_model`): a handful of queries of the bundled MCP example (38 tools embed in seconds),
-replies capped at 160 tokens, one cache for the module (the GGUF is joined once). What is checked is what a
+replies capped at 128 tokens, one cache for the module (the GGUF is joined once). What is checked is what a
 user sees: records that parse, a rerun that sends nothing, a SIGKILL that resumes with only the missing calls,
 a server killed mid-run that is survived, a context too small for the prompts that is a counted per-call error
 (not a hang), the dry run's token estimate against the tokens the server reported, and no server left behind.
@@ -55,7 +55,7 @@ def _queries(root: Path, ids: list[int]) -> Path:
 
 def _cmd(root: Path, queries: Path, out: Path, *extra: str, model: str = MODEL) -> list[str]:
     return [sys.executable, "-m", "evaluator", "--model", model, "--tools", str(REPO / "examples" / "mcp" / "tools"),
-            "--queries", str(queries), "--runs", "1", "--max-tokens", "160", "--no-extras", "--no-progress",
+            "--queries", str(queries), "--runs", "1", "--max-tokens", "128", "--no-extras", "--no-progress",
             "--cache-dir", str(root / "cache"), "--out", str(out), *extra]
 
 
@@ -164,27 +164,25 @@ def test_a_study_parses_the_rerun_sends_nothing_and_the_dry_run_estimate_holds(r
 
 
 def test_sigkill_mid_run_resumes_with_only_the_missing_calls_and_leaves_no_server(root):
-    q = _queries(root, [2, 21])
+    q = _queries(root, [2])
     _server_log(root).unlink(missing_ok=True)
     p = _start(_cmd(root, q, root / "killed"))
     _wait_for_replies(root, p, 1)
+    done = _server_log(root).read_text(errors="replace").count("stop processing")
     p.kill()  # SIGKILL: no handler runs in the evaluator
     p.communicate(timeout=30)
     _no_server_left(root)  # the server notices its parent is gone
-    plan = _run(_cmd(root, q, root / "plan-after-kill", "--dry-run"))
-    assert plan.returncode == 0, plan.stderr[-2000:]
-    left = json.loads((root / "plan-after-kill" / "plan.json").read_text())["models"][MODEL]
-    assert left["cached"] >= 1
     resumed = _run(_cmd(root, q, root / "resumed"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     stats = _stats(root / "resumed")
-    assert stats["cache_hits"] == left["cached"]  # every reply received before the kill is used
-    assert stats["requests"] == stats["calls"] - stats["cache_hits"] <= left["to_send"]  # only the missing ones sent
+    assert stats["calls"] == _calls(_records(root / "resumed")) == 3
+    assert stats["cache_hits"] >= done  # every reply received before the kill is used...
+    assert stats["requests"] == stats["calls"] - stats["cache_hits"] > 0  # ...and only the missing ones are sent
     _no_server_left(root)
 
 
 def test_the_server_killed_mid_run_is_started_again_and_the_run_completes(root):
-    q = _queries(root, [3, 22])
+    q = _queries(root, [3])
     _server_log(root).unlink(missing_ok=True)
     p = _start(_cmd(root, q, root / "server-killed"))
     _wait_for_replies(root, p, 1)

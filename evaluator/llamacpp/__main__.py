@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         _emit({"error": str(e)})
         return 2
     try:
-        server = xllamacpp.Server(_params(args, model))  # returns once the model is loaded and the port bound
+        server = xllamacpp.Server(_params(args, model))  # serves from its own threads  # returns once the model is loaded and the port bound
     except Exception as e:  # noqa: BLE001 - whatever llama.cpp raises, the parent gets one line
         _emit({"error": f"llama.cpp could not start on {args.host}:{args.port} ({type(e).__name__}: {e})"})
         return 2
@@ -80,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
            "sha256": w.sha256, "size": w.size, "server": f"xllamacpp {metadata.version('xllamacpp')}",
            "threads": args.threads, "slots": args.slots, "ctx_per_slot": args.ctx})
     while not stop.is_set() and os.getppid() == parent:  # an orphan would hold a port and the CPU
-        stop.wait(0.5)
-    del server  # its destructor stops the main loop and the HTTP threads
-    return 0
+        stop.wait(0.2)
+    # No state to save: the server's destructor would first cancel and wait out the decodes in flight (5 s
+    # under load was seen), so leave at once and let the kernel free the model and the port.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
