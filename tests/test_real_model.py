@@ -209,7 +209,13 @@ def test_a_context_too_small_for_the_prompts_is_a_counted_per_call_error(root):
     lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and "failed for good" in lines[0] and "http_400" in lines[0], done.stderr[-2000:]
     stats = _meta(root / "tiny")["llm_stats"]["qwen-tiny-ctx"]
-    assert stats["failed"] == {"http_400": 2} and stats["requests"] == 2  # RtP planner, PtR discovery; no retries
+    # llama.cpp raises a slot's context to its minimum (256): the planners' prompts (~500 tokens) do not fit
+    assert stats["failed"].get("http_400", 0) >= 1 and stats["retries"] == 0  # answered at once, not retried
+    records = _records(root / "tiny")
+    assert all("exceeds the available context size" in r["rtp"]["plan"]["llm_error"] for r in records)
+    # the report's Errors table counts them: planner LLM errors per subset and architecture
     report = (root / "tiny" / "report.md").read_text()
-    assert "http_400" in report
+    errors = report.split("### Errors", 1)[1].split("\n## ", 1)[0]
+    rows = [ln.split("|") for ln in errors.splitlines() if ln.startswith("| single |")]
+    assert sum(int(r[5]) + (int(r[7]) if r[7].strip().isdigit() else 0) for r in rows) == stats["errors"]
     _no_server_left(root)
