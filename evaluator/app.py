@@ -225,9 +225,10 @@ def _use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> 
 def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
                budget: Budget | None = None, sims: dict[str, Server] | None = None,
                ) -> tuple[list[Record], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator
-    (`sims`: ones already started for them). With `--batch`, the calls first go through the batch
-    APIs; the run then answers them from the cache."""
+    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
+    bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
+    when the stage ends. With `--batch`, the calls first go through the batch APIs; the run then answers
+    them from the cache."""
     s = study.settings
     with contextlib.ExitStack() as stack:
         sims = sims if sims is not None else _start_servers(stack, profiles, cache_root)
@@ -241,7 +242,8 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         with bar:
             records, llm_stats = asyncio.run(_run_async(study, profiles, cache_root, bar, budget))
         study.timings["llm_s"] = time.perf_counter() - t
-        # The simulator's own count of what it answered: a rerun from the cache shows zero requests.
+        # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
+        # llama.cpp server's file, hash, sizing and token counters.
         sim_stats = {n: sim.stats() for n, sim in sims.items()}
         for sim in sims.values():
             sim.stop()  # idle from here on: the analyses and the render need none
