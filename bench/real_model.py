@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         bodies = _requests(args.model, args.queries, args.cache_dir, Path(tmp))
     runs: dict[str, list[dict[str, float]]] = {f"{s}x{t}": [] for s, t in settings}
     loads = [_load()]
-    for _ in range(args.rounds):
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    for r in range(args.rounds):
         for slots, threads in settings:
             with LlamaHandle(w, args.cache_dir, slots=slots, threads=threads, ctx=profile.server_ctx) as srv:
                 base = srv.base_url
@@ -112,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                 runs[f"{slots}x{threads}"].append(asyncio.run(_batch(base, bodies, slots, args.max_tokens)))
             print(f"{slots} slots x {threads} threads: {runs[f'{slots}x{threads}'][-1]['gen_tok_s']:.2f} gen tok/s",
                   file=sys.stderr)
+            # what is measured so far, so that a run stopped early still leaves its figures
+            RESULT.with_suffix(".partial.json").write_text(json.dumps(
+                {"round": r, "load": [*loads, _load()], "runs": runs, "requests": len(bodies),
+                 "max_tokens": args.max_tokens}, indent=1) + "\n")
         loads.append(_load())
     med = {k: {m: statistics.median(r[m] for r in v) for m in ("calls_per_min", "gen_tok_s", "wall_s")}
            for k, v in runs.items()}
@@ -127,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
         "goals": {"study_vs_best": ">= 0.9", "study_vs_one_at_a_time": ">= 1.5"},
         "profile": dataclasses.asdict(profile),
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{'setting':>8} {'calls/min':>10} {'gen tok/s':>10} {'vs best':>8}")
     for k, v in med.items():

@@ -116,3 +116,13 @@ def test_the_bundled_profiles_need_no_key_no_endpoint_and_keep_their_cache_keys_
         a = p.key_endpoint
         assert a == load_profile(name, base_url="http://127.0.0.1:9999/v1", env={}).key_endpoint == f"llamacpp:{name}"
         assert WT.weights(name).size > 0
+
+
+def test_threads_leave_out_the_cores_other_work_keeps_busy(monkeypatch):
+    # llama.cpp's spinning threads are ~10x slower when the OS takes one away (bench/README.md, "Real model")
+    monkeypatch.setattr(harness, "cpu_threads", lambda: 8)
+    p = load_profile("qwen2.5-coder-0.5b")
+    for load, threads in ((0.2, 8), (3.0, 5), (13.0, 1)):
+        monkeypatch.setattr(harness.os, "getloadavg", lambda load=load: (load, load, load))
+        assert harness.sizing(p) == (4 if threads >= 4 else max(2, threads), threads)
+    assert harness.sizing(load_profile("qwen2.5-coder-0.5b", server_slots=3, server_threads=2)) == (3, 2)

@@ -52,9 +52,24 @@ def cpu_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def free_cores() -> int:
+    """The cores other work leaves free now: this process's cores less the last minute's load average.
+
+    llama.cpp's threads meet at a barrier after every layer and spin while they wait, so one thread the OS
+    takes away stalls them all: bench/real_model.py on 2 cores at load average 13 measured 0.3 generated
+    tokens/s per request with 2 threads and 3.3 with 1 (bench/README.md, "Real model")."""
+    cores = cpu_threads()
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not Unix
+        return cores
+    return max(1, min(cores, int(cores - busy + 0.5)))
+
+
 def sizing(p: ModelProfile) -> tuple[int, int]:
-    """(slots, threads) for `p`: the profile's, or sized to the machine where it says 0."""
-    threads = p.server_threads or cpu_threads()
+    """(slots, threads) for `p`: the profile's, or sized to the machine where it says 0 (threads: the
+    cores free when the server starts, `free_cores`)."""
+    threads = p.server_threads or free_cores()
     # bench/real_model.py: 2 slots give the most generated tokens/s per core on CPU (see bench/README.md)
     slots = p.server_slots or max(2, min(4, threads))
     return slots, threads
