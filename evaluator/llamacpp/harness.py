@@ -29,6 +29,7 @@ from typing import IO, Any
 
 import orjson
 
+from ..core.cache_layout import CacheLayout
 from ..llm.errors import ConfigError
 from ..llm.profiles import ModelProfile
 from .weights import Weights, chunks, verified, weights
@@ -41,7 +42,7 @@ SERVER_HINT = "pip install -e '.[local-model]' (or: pip install xllamacpp)"
 
 
 def models_folder(cache_root: Path) -> Path:
-    return cache_root / "models"
+    return CacheLayout(cache_root).models
 
 
 def cpu_threads() -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import orjson
 
+from ..core.files import atomic_write
 from ..llm.errors import ConfigError
 
 _BLOCK = 8 << 20  # 8 MiB per read: hashing and copying at disk speed without holding a chunk in memory
@@ -150,7 +151,4 @@ def ensure(w: Weights, folder: Path, log: Callable[[str], None] = lambda _m: Non
 
 
 def _write_stamp(w: Weights, path: Path) -> None:
-    stamp = _stamp_path(path)
-    tmp = stamp.with_name(f".{stamp.name}.{os.getpid()}")
-    tmp.write_bytes(orjson.dumps({**_stamp(path), "sha256": w.sha256}))
-    os.replace(tmp, stamp)
+    atomic_write(_stamp_path(path), orjson.dumps({**_stamp(path), "sha256": w.sha256}))
