@@ -34,6 +34,7 @@ from .core.cache_layout import CacheLayout
 from .core.progress import SILENT, Progress, Reporter
 from .data import DataError, Registry, load_registry
 from .index import searches_folder
+from .lexical import BM25Index, load_index
 from .llamacpp import harness as llamacpp
 from .llm import LLMEngine, ModelProfile, load_profile
 from .llm.accounting import CallStats
@@ -42,9 +43,10 @@ from .llm.errors import BudgetExhausted
 from .llm.limits import SharedRates, rate_folder
 from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
 from .plan import PLAN_FILE, plan_requests, plan_study, write_plan
-from .render import figures, report, view
+from .render import figures, report, trec, view
 from .render import routing as routing_render
 from .render import scaling as scaling_render
+from .retrievers import Hybrid, Lexical
 from .schema import (
     REPORT_FILE,
     ROUTING_FILE,
@@ -320,7 +322,7 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
             subsets=subs.scaling, divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes,
             seeds=s.scaling_seeds, about=_about(meta, s, "scaling_subsets"), log=quiet,
-            memo=searches_folder(study.embedder.cache_dir))
+            memo=searches_folder(study.embedder.cache_dir), retriever=s.retriever, lexical=_lexical(study.retriever))
         od.write_json(SCALING_FILE, res.to_dict())
     else:
         notes["scaling"] = "no subset to run it on"
@@ -331,6 +333,13 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
     od.write_json(ROUTING_FILE, result.to_dict())
     study.timings["routing_s"] = time.perf_counter() - t
     return notes
+
+
+def _lexical(retriever: object) -> BM25Index | None:
+    """The BM25 index a bm25 / hybrid retriever searches (the scaling study filters its scores)."""
+    if isinstance(retriever, Hybrid):
+        retriever = retriever.lexical
+    return retriever.index if isinstance(retriever, Lexical) else None
 
 
 def _routing_options(s: Settings, subs: AnalysisSubsets) -> routing_analysis.Options:
@@ -435,10 +444,12 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     encode = lambda texts: embedder.encode(texts, desc="embedding (cache misses)")  # noqa: E731
     api_vecs = encode(registry.texts())
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
+    retriever = meta.settings.retriever
+    lexical = load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0] if retriever != "dense" else None
     res = scaling_analysis.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
                            divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
                            about=_about(meta, s, "scaling_subsets"), log=reporter.info,
-                           memo=searches_folder(embedder.cache_dir))
+                           memo=searches_folder(embedder.cache_dir), retriever=retriever, lexical=lexical)
     res.meta.embed = dataclasses.asdict(embedder.stats)
     if embedder.stats.embedded:
         reporter.info(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")
@@ -459,6 +470,21 @@ def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT)
     od.write_json(ROUTING_FILE, res.to_dict())
     render_outputs(od)
     return res
+
+
+# ---------------------------------------------------------------- `export trec`
+
+
+def export_trec(od: OutputDir, to: Path) -> list[Path]:
+    """`export trec OUT --to DIR`: the run's ranked lists and gold sets as TREC run and qrels files."""
+    records = od.read_records()
+    check_writable(to, "--to")
+    target = OutputDir(to)
+    written = []
+    for name, text in trec.export(records).items():
+        target.write_text(name, text)
+        written.append(to / name)
+    return written
 
 
 # ---------------------------------------------------------------- request files (`requests export|run`)

@@ -30,6 +30,7 @@ from .config import (
     BACKEND_CHOICES,
     PRECISION_CHOICES,
     REGISTRY_CHOICES,
+    RETRIEVER_CHOICES,
     TOOLS_FORMAT_CHOICES,
     ProfileOverrides,
     Settings,
@@ -111,7 +112,7 @@ def run_parser() -> Parser:
     p.add_argument("--k", type=int, help="retrieval budget handed to the planner (default 5)")
     p.add_argument("--ks", type=_ints, help="k-ablation budgets, e.g. 1,3,5,10,20")
     p.add_argument("--registry", choices=REGISTRY_CHOICES, help="every API, or only described ones")
-    p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), a hub name, or a local folder")
+    p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), bundled:all-mpnet-base-v2 (optional extra), a hub name, or a local folder")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
     p.add_argument("--precision", choices=PRECISION_CHOICES, help="embedding precision")
     p.add_argument("--backend", choices=BACKEND_CHOICES,
@@ -124,6 +125,8 @@ def run_parser() -> Parser:
     p.add_argument("--runs", type=int, help="independent runs per model (default 4)")
     p.add_argument("--archs", type=_csv, help="comma list of rtp,ptr (default both)")
     p.add_argument("--base-url", help="override the model profile's endpoint (for sim: use a running simulator)")
+    p.add_argument("--retriever", choices=RETRIEVER_CHOICES,
+                   help="what every architecture searches with: dense (default), bm25, hybrid (RRF of both)")
     p.add_argument("--fallback-to-query", action="store_true", default=None, help="PtR: embed the raw query when no stub is produced")
     _rate_flags(p)
     p.add_argument("--max-tokens", type=int, help="override the profile's max_tokens (completion limit per call)")
@@ -143,6 +146,7 @@ RUN_FLAGS = {
     "subsets": "subsets", "k": "k", "ks": "ks", "registry": "registry", "embedder": "embedder", "device": "device",
     "precision": "precision", "backend": "backend", "cache_dir": "cache_dir", "out": "out", "limit": "limit", "models": "models",
     "runs": "runs", "archs": "archs", "fallback_to_query": "fallback_to_query", "tools_format": "tools_format",
+    "retriever": "retriever",
 }
 
 
@@ -403,9 +407,26 @@ def cmd_view(argv: list[str]) -> int:
     return 0
 
 
+def cmd_export(argv: list[str]) -> int:
+    p = Parser(prog="python -m evaluator export",
+               description="Write a finished run's ranked lists as TREC run files (one per model, run, architecture "
+               "and retriever) and its gold sets as qrels files (one per gold set), for trec_eval, pytrec_eval, "
+               "ranx and ir-measures.")
+    p.add_argument("format", choices=["trec"])
+    p.add_argument("out_dir", type=Path, metavar="OUT", help="output folder of a finished run")
+    p.add_argument("--to", type=Path, required=True, metavar="DIR", help="folder to write the files into")
+    args = p.parse_args(argv)
+    files = app.export_trec(OutputDir(args.out_dir).require(), args.to)
+    runs = sum(f.suffix == ".trec" for f in files)
+    qrels = sum(f.name.startswith("qrels.") for f in files)
+    print(f"Wrote {runs} run file(s) and {qrels} qrels file(s) to {args.to}/ "
+          f"(e.g. trec_eval -c -m ndcg_cut.5 {args.to}/qrels.api_list.txt {args.to}/<run>.trec)")
+    return 0
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "report": cmd_report, "cache": cmd_cache, "scaling": cmd_scaling, "routing": cmd_routing,
-    "requests": cmd_requests, "view": cmd_view,
+    "requests": cmd_requests, "view": cmd_view, "export": cmd_export,
 }
 
 

@@ -40,11 +40,13 @@ else:  # pydantic checks the choices
     ToolsFormat = Literal[TOOLS_FORMATS]  # auto: detected per file
 RegistryChoice = Literal["full", "described"]
 Arch = Literal["rtp", "ptr"]
+RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrievers.py
 BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
 PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
 TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
 REGISTRY_CHOICES: tuple[str, ...] = get_args(RegistryChoice)
 ARCHS: tuple[str, ...] = get_args(Arch)
+RETRIEVER_CHOICES: tuple[str, ...] = get_args(RetrieverChoice)
 AtLeast1 = Annotated[int, Field(ge=1)]
 
 
@@ -86,6 +88,7 @@ class Settings:
     k: int = Field(default=5, ge=1)
     ks: list[AtLeast1] = field(default_factory=lambda: [1, 3, 5, 10, 20])
     fallback_to_query: bool = False
+    retriever: RetrieverChoice = "dense"
     # [run]
     models: list[str] = field(default_factory=lambda: ["sim"])
     runs: int = Field(default=4, ge=1)
@@ -138,7 +141,7 @@ SECTIONS: dict[str, dict[str, str]] = {
              "queries": "queries", "tools_format": "tools_format"},
     "embed": {"model": "embedder", "device": "device", "precision": "precision", "backend": "backend",
               "batch_size": "batch_size"},
-    "retrieval": {"k": "k", "ks": "ks", "fallback_to_query": "fallback_to_query"},
+    "retrieval": {"k": "k", "ks": "ks", "fallback_to_query": "fallback_to_query", "retriever": "retriever"},
     "run": {"models": "models", "runs": "runs", "archs": "archs", "cache_dir": "cache_dir", "out": "out",
             "budget_usd": "budget_usd", "rate_dir": "rate_dir"},
     "analysis": {"routing_train": "routing_train", "routing_test": "routing_test", "routing_folds": "routing_folds",

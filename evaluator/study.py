@@ -25,7 +25,9 @@ from .data import (
     resolve_data_dir,
 )
 from .embed import Embedder
-from .index import VectorIndex
+from .index import VectorIndex, searches_folder
+from .lexical import load_index
+from .retrievers import Dense, Hybrid, Lexical, Retriever
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Study:
     rtp: list[retrieve.Retrieved]
     warnings: Warnings
     timings: dict[str, float] = field(default_factory=dict)
+    retriever: Retriever | None = None  # what every architecture searches with (None: dense over `index`)
 
     @property
     def subsets(self) -> dict[str, int]:
@@ -107,7 +110,21 @@ def prepare(s: Settings, progress: bool = True, inputs: Inputs | None = None, *,
 
     t = time.perf_counter()
     index = VectorIndex(api_vecs)
-    rtp = retrieve.rtp(index, query_vecs, s.k_max)
+    retriever = make_retriever(s, embedder, index, registry, reporter)
+    if isinstance(retriever, Dense):
+        rtp = retrieve.rtp(index, query_vecs, s.k_max)  # the vectors are at hand: no second encode
+    else:
+        rtp = retrieve.from_hits(retriever.search([q.text for q in queries], s.k_max))
     timings["rtp_search_s"] = time.perf_counter() - t
     return Study(s, inputs.data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp,
-                 inputs.warnings, timings)
+                 inputs.warnings, timings, retriever)
+
+
+def make_retriever(s: Settings, embedder: Embedder, index: VectorIndex, registry: Registry,
+                   reporter: Reporter = SILENT) -> Retriever:
+    """The `--retriever` of the settings over this registry; the BM25 index from the cache when there."""
+    dense = Dense(embedder, index, searches_folder(embedder.cache_dir))
+    if s.retriever == "dense":
+        return dense
+    lexical = Lexical(load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0])
+    return lexical if s.retriever == "bm25" else Hybrid(dense, lexical)

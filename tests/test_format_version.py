@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from evaluator import migrate
+from evaluator.analysis.metrics import RANK_METRICS
 from evaluator.analysis.routing import RoutingResult
 from evaluator.analysis.scaling import ScalingResult
 from evaluator.cli import main
@@ -45,9 +46,15 @@ def test_release_0_1_0_folder_re_renders_with_report(old_copy: Path) -> None:
     assert "format_version" not in json.loads((old_copy / META_FILE).read_text(encoding="utf-8"))
     assert main(["report", str(old_copy)]) == 0
     again = json.loads((old_copy / SUMMARY_FILE).read_text(encoding="utf-8"))
-    assert again["rows"] == written["rows"] and again["tests"] == written["tests"]
-    # The version field stays out of the study view; a profile gains the fields added since, at their defaults.
+    # Every row the release wrote comes back unchanged; the only rows added since are the rank metrics.
+    added = [r for r in again["rows"] if r not in written["rows"]]
+    assert [r for r in again["rows"] if r["metric"] not in RANK_METRICS] == written["rows"]
+    assert added and {r["metric"] for r in added} == set(RANK_METRICS)
+    assert again["tests"] == written["tests"]
+    # The version field stays out of the study view; a profile gains the fields added since, at their defaults,
+    # and the settings the settings added since (the retriever: dense, as every run of that release).
     old_profile, new_profile = written["meta"]["models"][0].pop("profile"), again["meta"]["models"][0].pop("profile")
+    assert again["meta"]["settings"].pop("retriever") == "dense"
     assert again["meta"] == written["meta"] and new_profile.items() >= old_profile.items()
     report = (old_copy / REPORT_FILE).read_text(encoding="utf-8")
     assert "## Scaling study (Table 10)" in report and "## Complexity-adaptive routing" in report
@@ -106,10 +113,11 @@ def test_commit_2acddc3_folder_re_renders_with_report(tmp_path: Path, capsys: py
     again = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))
     old_rows, new_rows = _rows(written), _rows(again)
     # Every RtP/PtR row that commit wrote comes back with the same values; the rows of metrics added
-    # since (truncated replies) are the only new ones.
+    # since (truncated replies, the rank metrics) are the only new ones.
     assert {"rtp", "ptr"} <= {a for (_, _, a, *_) in old_rows}
     assert {k: new_rows[k] for k in old_rows} == old_rows
-    assert {k[3] for k in new_rows.keys() - old_rows.keys()} <= {"planner_truncated", "discovery_truncated"}
+    assert {k[3] for k in new_rows.keys() - old_rows.keys()} <= {"planner_truncated", "discovery_truncated",
+                                                                  *RANK_METRICS}
     assert again["tests"] == written["tests"]
     assert again["format_version"] == FORMAT_VERSION and "format_version" not in written
     report = (out / REPORT_FILE).read_text(encoding="utf-8")

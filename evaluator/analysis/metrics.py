@@ -12,6 +12,7 @@ metric does not depend on them. `arch` is "rtp", "ptr" or "both" (cross-architec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TypeVar
@@ -26,7 +27,10 @@ Obs = dict[MetricKey, tuple[float, float]]
 
 # Pure retrieval metrics of RtP need no LLM, so they are one deterministic value per query whatever
 # the model or run: stats reports them once, with model = null.
-RETRIEVAL_METRICS = frozenset({"recall", "precision", "miss"})
+RETRIEVAL_METRICS = frozenset({"recall", "precision", "miss", "ndcg", "mrr", "comp"})
+# The rank metrics the IR literature reports beside recall (ToolRet: NDCG@10, C@10; COLT: COMP@k; MRR),
+# defined on a ranked list and a gold set (`rank_metrics`), checked against pytrec_eval.
+RANK_METRICS: tuple[str, ...] = ("ndcg", "mrr", "comp")
 # Aggregated per run as a sum (how many), not as a ratio.
 COUNT_METRICS = frozenset(
     {
@@ -57,9 +61,26 @@ def recall(retrieved: Sequence[H], gold: AbstractSet[H], n_gold: int | None = No
     return hits(retrieved, gold) / n if n else float("nan")
 
 
+def rank_metrics(ranked: Sequence[str], gold: set[str], k: int) -> dict[str, float]:
+    """NDCG@k, MRR@k and COMP@k of one ranked list (best first, no duplicates) against a gold set.
+
+    Binary relevance. NDCG@k = DCG@k / IDCG@k with DCG@k = sum_{i<=k, R_i in G} 1 / log2(i + 1) and IDCG@k
+    the DCG of an ideal list, min(|G|, k) gold items on top (trec_eval's `ndcg_cut`). MRR@k = 1 / rank of
+    the first gold item within the top k, 0 if none (`recip_rank` on the list cut to k). COMP@k = 1 when
+    every gold API is within the top k, else 0 (COLT's completeness; 0 whenever |G| > k). Any architecture's
+    list can be scored: nothing here knows RtP or PtR."""
+    top = ranked[:k]
+    dcg = math.fsum(1.0 / math.log2(i + 2) for i, t in enumerate(top) if t in gold)
+    idcg = math.fsum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
+    first = next((i for i, t in enumerate(top) if t in gold), None)
+    return {"ndcg": dcg / idcg if idcg else 0.0, "mrr": 0.0 if first is None else 1.0 / (first + 1),
+            "comp": float(bool(gold) and gold <= set(top))}
+
+
 def retrieval_obs(arch: str, retrieved: Sequence[str], golds: Mapping[str, Sequence[str]], ks: Sequence[int],
                   out: Obs) -> None:
-    """recall@k = |R∩G|/|G|, precision@k = |R∩G|/k (k nominal, as in the paper), miss = R∩G = ∅."""
+    """recall@k = |R∩G|/|G|, precision@k = |R∩G|/k (k nominal, as in the paper), miss = R∩G = ∅, and
+    the rank metrics (`rank_metrics`)."""
     for gold_name, gold in golds.items():
         g = set(gold)
         if not g:  # recall undefined without a gold set; data validation should prevent this
@@ -69,6 +90,8 @@ def retrieval_obs(arch: str, retrieved: Sequence[str], golds: Mapping[str, Seque
             out[(arch, "recall", k, gold_name)] = (h / len(g), 1.0)
             out[(arch, "precision", k, gold_name)] = (h / k, 1.0)
             out[(arch, "miss", k, gold_name)] = (float(h == 0), 1.0)
+            for name, v in rank_metrics(retrieved, g, k).items():
+                out[(arch, name, k, gold_name)] = (v, 1.0)
 
 
 def planner_obs(arch: str, plan: PlanBlock, top: Sequence[str], golds: Mapping[str, Sequence[str]],

@@ -30,7 +30,9 @@ import pydantic.dataclasses
 from .. import migrate, retrieve
 from ..data import Registry
 from ..index import SubsetSearch, digest
+from ..lexical import BM25Index
 from ..parse import stub_text
+from ..retrievers import FUSION_DEPTH, HybridSubsets, LexicalSubsets, SubSearch
 from ..schema import FORMAT_VERSION, GOLDS, About, PtrBlock, QueryId, Record, about_fields, plain, qid_key
 from .metrics import recall
 from .stats import mean_std
@@ -118,6 +120,7 @@ class SubsetInput:
     ptr_valid: np.ndarray | None = None  # (units, n): PtR evaluable (record present, discovery call ok)
     saved_rtp: list[list[str]] = field(default_factory=list)  # saved top-k, for the full-registry check
     saved_ptr: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)  # the queries', then the stubs' texts (bm25 / hybrid search them)
 
 
 def _stub_texts(ptr: PtrBlock) -> list[str]:
@@ -198,6 +201,8 @@ def build_inputs(
         si.owners = [owner for owner, _ in stub_plan]
         vecs = [si.query_vecs[owner % n] if t is None else sv[t] for owner, t in stub_plan]
         si.stub_vecs = np.stack(vecs).astype(np.float32) if vecs else np.zeros((0, qv.shape[1]), np.float32)
+        si.texts = query_texts[first : first + n] + [query_texts[first + owner % n] if t is None else stub_texts[t]
+                                                     for owner, t in stub_plan]
         out.append(si)
     return out
 
@@ -218,15 +223,24 @@ class Searched:
 
 def searcher(api_vecs: np.ndarray, si: SubsetInput, k: int, smallest: int,
              api64: Callable[[], np.ndarray] | None = None, memo: Path | None = None,
-             matrix_digest: str | None = None) -> SubsetSearch:
-    """One float32 pass of the subset's queries and stubs over the full registry, which every
+             matrix_digest: str | None = None, lexical: BM25Index | None = None,
+             retriever: str = "dense") -> SubSearch:
+    """Dense: one float32 pass of the subset's queries and stubs over the full registry, which every
     sub-registry's search then reads (with `memo`, a folder where an unchanged study's results are
-    kept: the pass is then not made)."""
+    kept: the pass is then not made). bm25: the texts' BM25 scores made once, filtered per sub-registry;
+    hybrid: both, each to the fusion depth, fused per sub-registry (retrievers.HybridSubsets)."""
+    if retriever == "bm25":
+        assert lexical is not None
+        return LexicalSubsets(lexical, si.texts)
     vecs = si.query_vecs if si.stub_vecs is None else np.concatenate([si.query_vecs, si.stub_vecs])
+    if retriever == "hybrid":
+        assert lexical is not None
+        return HybridSubsets(SubsetSearch(api_vecs, vecs, max(k, FUSION_DEPTH), smallest, api64, memo, matrix_digest),
+                             LexicalSubsets(lexical, si.texts))
     return SubsetSearch(api_vecs, vecs, k, smallest, api64, memo, matrix_digest)
 
 
-def search(found: SubsetSearch, si: SubsetInput, rows: np.ndarray, k: int) -> Searched:
+def search(found: SubSearch, si: SubsetInput, rows: np.ndarray, k: int) -> Searched:
     """Top-k on the sub-registry `rows`, as `VectorIndex(api_vecs, rows).exact_search` gives it: every
     query, then every stub of every (model, run), re-ranked per (run, query) as the run did."""
     n = len(si.query_ids)
@@ -304,6 +318,7 @@ class Point:
 def run_points(
     registry: Registry, api_vecs: np.ndarray, inputs: Sequence[SubsetInput], sizes: Sequence[int],
     seeds: int, k: int, log: Callable[[str], None] = lambda _: None, memo: Path | None = None,
+    lexical: BM25Index | None = None, retriever: str = "dense",
 ) -> tuple[list[Point], dict[str, Any]]:
     cats = [a.category for a in registry.apis]
     points: list[Point] = []
@@ -313,7 +328,7 @@ def run_points(
     matrix = digest(api_vecs) if memo is not None else None
     for si in inputs:
         pool = strata(cats, si.gold_rows)
-        found = searcher(api_vecs, si, k, min([*sizes, len(registry)]), api64, memo, matrix)
+        found = searcher(api_vecs, si, k, min([*sizes, len(registry)]), api64, memo, matrix, lexical, retriever)
         for size in sizes:
             if size >= len(registry):
                 log(f"{si.name}: size {size:,} is not below the registry's {len(registry):,}; the full point covers it")
@@ -428,18 +443,20 @@ def scaling_study(
     records: Sequence[Record], registry: Registry, api_vecs: np.ndarray, encode: Encode, *, subsets: Sequence[str],
     divergence_subset: str, k: int, sizes: Sequence[int] = DEFAULT_SIZES, seeds: int = DEFAULT_SEEDS,
     about: About | Mapping[str, Any] | None = None, log: Callable[[str], None] = lambda _: None,
-    memo: Path | None = None,
+    memo: Path | None = None, retriever: str = "dense", lexical: BM25Index | None = None,
 ) -> ScalingResult:
     """`subsets` are full subset names present in `records`; `about` is copied into the result's meta
     (embedder, registry choice, simulated models: what the section states). `memo`: a folder where
     the sub-registry searches are kept (index.SubsetSearch), so an unchanged rerun reads them."""
     t0 = time.perf_counter()
     inputs = build_inputs(records, registry, subsets, encode, k)
-    points, checks = run_points(registry, api_vecs, inputs, sorted(set(sizes)), seeds, k, log, memo)
+    points, checks = run_points(registry, api_vecs, inputs, sorted(set(sizes)), seeds, k, log, memo, lexical,
+                                retriever)
     models = sorted({m for si in inputs for m, _ in si.units})
     runs = sorted({r for si in inputs for _, r in si.units})
     meta = ScalingMeta(
-        **about_fields(about), models=models, runs=len(runs), registry_size=len(registry), k=k,
+        **(about_fields(about) | {"retriever": retriever}), models=models, runs=len(runs),
+        registry_size=len(registry), k=k,
         sizes=sorted(set(sizes)), seeds=seeds, subsets=list(subsets), divergence_subset=divergence_subset,
         gold_union={si.name: GoldUnion(len(si.gold_rows) + si.gold_missing, len(si.gold_rows), si.gold_missing,
                                        len(si.query_ids), int(len(si.owners))) for si in inputs},

@@ -35,6 +35,11 @@ def _saving(o: Policy, ptr: Policy, rtp: Policy) -> str:
     return s
 
 
+# What RtP's top-1 score is under each retriever (config.RETRIEVER_CHOICES), so τ is read on the right scale.
+SCORE_NAMES = {"dense": "cosine", "bm25": "BM25 score (`--retriever bm25`)",
+               "hybrid": "RRF score (`--retriever hybrid`; at most 2/61)"}
+
+
 def section_md(result: RoutingResult) -> str:
     meta = result.meta
     k = meta.k
@@ -44,7 +49,8 @@ def section_md(result: RoutingResult) -> str:
     out.append("\n".join([
         f"- Models: {', '.join(f'`{m}`' for m in meta.models)}; recall@{k} and precision@{k} per run, "
         "mean ± std over runs; both gold sets (`api_list` paper-comparable; `relevant` stricter).",
-        "- Score router: RtP when RtP's top-1 cosine ≥ τ, else PtR. Proxies (computable before any call): "
+        f"- Score router: RtP when RtP's top-1 {SCORE_NAMES.get(meta.retriever, 'score')} ≥ τ, else PtR. "
+        "Proxies (computable before any call): "
         "RtP when the query has at most θ words / clauses (clauses: sentence ends and conjunctions such as "
         "*and*, *also*, *then*).",
         "- Tokens: mean per query; a query sent to RtP pays its RtP planner call only, one sent to PtR pays "

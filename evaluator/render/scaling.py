@@ -50,6 +50,9 @@ def section_md(result: ScalingResult) -> str:
         f"{meta.runs} (PtR values are means over runs, then mean ± std over seeds)",
         f"- Embedder: `{meta.embedder}` ({meta.backend} {meta.precision}); registry: {meta.registry_size:,} APIs "
         f"(`{meta.registry_choice}`); recall@{k}",
+        *([f"- Retriever: `{meta.retriever}`; a sub-registry is searched with the full registry's BM25 statistics "
+           "(IDF, mean length), so points differ only in which APIs compete, as for dense"]
+          if meta.retriever != "dense" else []),
         "- Sub-registry: every gold API of the subset (union of `api_list` and `relevant`: "
         + ", ".join(f"{s} {golds[s].union:,}" for s in subsets)
         + ") + distractors drawn in proportion to category sizes (uncategorised APIs are one stratum); "
