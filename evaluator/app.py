@@ -37,6 +37,7 @@ from .core.progress import SILENT, Progress, Reporter
 from .data import DataError, Registry, load_registry
 from .index import searches_folder
 from .lexical import BM25Index, load_index
+from .llamacpp import harness as llamacpp
 from .llm import LLMEngine, ModelProfile, load_profile
 from .llm.accounting import CallStats
 from .llm.budget import Budget, check_priced
@@ -54,6 +55,7 @@ from .schema import (
     SCALING_FILE,
     SUMMARY_FILE,
     About,
+    LocalServer,
     Meta,
     ModelInfo,
     OutputDir,
@@ -94,6 +96,8 @@ def load_profiles(s: Settings, *, offline: bool = False) -> dict[str, ModelProfi
         p = offline_profile(name, **s.overrides.as_kwargs()) if offline else load_profile(name, **s.overrides.as_kwargs())
         if p.name in profiles:
             raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
+        if p.local_model and not p.base_url and not offline:
+            llamacpp.check(p, s.resolve_path(s.cache_dir))  # server and weights installed: one line now
         profiles[p.name] = p
     return profiles
 
@@ -155,13 +159,13 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
             stats = batch_study.cancel(profiles, cache_root, reporter.info)
             return RunOutcome(out, message=batch_study.cancel_message(stats))
     with contextlib.ExitStack() as stack:
-        # Simulated models' servers start now and get ready beside the loading and embedding below.
-        sims = _start_simulators(stack, profiles) if profiles and not s.dry_run else {}
+        # Simulated and bundled models' servers start now and get ready beside the loading and embedding below.
+        sims = _start_servers(stack, profiles, cache_root) if profiles and not s.dry_run else {}
         return _run_study(s, out, cache_root, profiles, sims, reporter, retrieval_only)
 
 
 def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
-               sims: dict[str, SimHandle], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
+               sims: dict[str, Server], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
     inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
     study = prepare(s, reporter.progress, inputs, reporter=reporter)
     if s.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
@@ -182,7 +186,10 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
             raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
         meta = build_meta(study, profiles)
         meta.llm_stats = llm_stats
-        meta.runtime.simulator_stats = sim_stats
+        meta.runtime.simulator_stats = {n: v for n, v in sim_stats.items() if isinstance(v, SimulatorStats)}
+        local = {n: v for n, v in sim_stats.items() if isinstance(v, LocalServer)}
+        if local:  # the bundled model's file, hash, server version, threads, slots and counters
+            meta.runtime.local_server = local
         meta.batch = batch_stats
         meta.cost = {n: accounting(p, meta.llm_stats.get(n), meta.batch.get(n)) for n, p in profiles.items()}
     od.write_meta(meta)
@@ -200,29 +207,43 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
     return RunOutcome(out, failed)
 
 
-def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, SimHandle]:
-    """A local simulator for each simulated profile without an endpoint, started without waiting for
-    it (`_use_simulators` waits); they stop with `stack`."""
-    return {name: stack.enter_context(start_simulator(wait=False))
-            for name, p in profiles.items() if p.simulated and not p.base_url}
+Server = SimHandle | llamacpp.LlamaHandle  # a server this process started for a profile: base_url, stats(), stop()
 
 
-def _use_simulators(profiles: dict[str, ModelProfile], sims: dict[str, SimHandle]) -> None:
-    """Each simulated profile pointed at its simulator (`profiles` updated in place), once it listens."""
+def _start_servers(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile], cache_root: Path) -> dict[str, Server]:
+    """A local simulator for each simulated profile without an endpoint, and the bundled llama.cpp server for
+    each profile with `local_model` and no endpoint, started without waiting for them (`_use_servers`
+    waits); they stop with `stack` (an error, Ctrl-C, SIGTERM) or at the end of the LLM stage."""
+    out: dict[str, Server] = {}
+    for name, p in profiles.items():
+        if p.simulated and not p.base_url:
+            out[name] = stack.enter_context(start_simulator(wait=False))
+        elif p.local_model and not p.base_url:
+            out[name] = stack.enter_context(llamacpp.start_llamacpp(p, cache_root))
+    return out
+
+
+def _use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> None:
+    """Each profile pointed at the server started for it (`profiles` updated in place), once it listens."""
     for name, sim in sims.items():
-        profiles[name] = dataclasses.replace(profiles[name], base_url=sim.base_url)
+        if isinstance(sim, llamacpp.LlamaHandle):
+            profiles[name] = llamacpp.use(profiles[name], sim)
+        else:
+            profiles[name] = dataclasses.replace(profiles[name], base_url=sim.base_url)
 
 
 def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
-               budget: Budget | None = None, sims: dict[str, SimHandle] | None = None,
-               ) -> tuple[list[Record], dict[str, CallStats], dict[str, SimulatorStats], dict[str, BatchStats]]:
-    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator
-    (`sims`: ones already started for them). With `--batch`, the calls first go through the batch
-    APIs; the run then answers them from the cache."""
+               budget: Budget | None = None, sims: dict[str, Server] | None = None,
+               ) -> tuple[list[Record], dict[str, CallStats], dict[str, SimulatorStats | LocalServer],
+                          dict[str, BatchStats]]:
+    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
+    bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
+    when the stage ends. With `--batch`, the calls first go through the batch APIs; the run then answers
+    them from the cache."""
     s = study.settings
     with contextlib.ExitStack() as stack:
-        sims = sims if sims is not None else _start_simulators(stack, profiles)
-        _use_simulators(profiles, sims)
+        sims = sims if sims is not None else _start_servers(stack, profiles, cache_root)
+        _use_servers(profiles, sims)
         batch_stats: dict[str, BatchStats] = {}
         if s.batch == "submit":
             batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget)
@@ -232,8 +253,11 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         with bar:
             records, llm_stats = asyncio.run(_run_async(study, profiles, cache_root, bar, budget))
         study.timings["llm_s"] = time.perf_counter() - t
-        # The simulator's own count of what it answered: a rerun from the cache shows zero requests.
-        sim_stats = {n: SimulatorStats.from_dict(sim.stats()) for n, sim in sims.items()}
+        # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
+        # llama.cpp server's file, hash, sizing and token counters.
+        sim_stats: dict[str, SimulatorStats | LocalServer] = {
+            n: LocalServer(**sim.stats()) if isinstance(sim, llamacpp.LlamaHandle) else SimulatorStats.from_dict(sim.stats())
+            for n, sim in sims.items()}
         for sim in sims.values():
             sim.stop()  # idle from here on: the analyses and the render need none
     return records, llm_stats, sim_stats, batch_stats
@@ -530,7 +554,7 @@ def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, rep
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         profiles = {profile.name: profile}
-        _use_simulators(profiles, _start_simulators(stack, profiles))
+        _use_servers(profiles, _start_servers(stack, profiles, cache_root))
         ran: RayRun | None = None
         if ray is not None:
             results, stats, ran = run_requests_ray(requests, profiles[profile.name], cache_root, ray, reporter=reporter)

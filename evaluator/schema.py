@@ -234,6 +234,17 @@ def record_key(r: Record) -> tuple[str, int, str, tuple[int, int | str]]:
 # ---------------------------------------------------------------- meta
 
 
+def repeats_note(model: str, runs: int) -> str:
+    """Why a deterministic server's runs carry no run-to-run test (the report's and the dry run's words, defined once)."""
+    what = (f"its {runs} runs are copies of one" if runs > 1 else "one run has no run-to-run variance either")
+    return (f"deterministic server, model {model}: a local llama.cpp server at temperature 0 gives the same "
+            f"reply to the same prompt in every run, so {what}: the standard deviations across runs are 0 or "
+            "empty and the t-tests across runs (one-sample, two-sample) are not defined, so none is shown; the "
+            "Wilcoxon tests over queries stand. For run-to-run variance set `temperature` (e.g. 0.7) in the "
+            "profile: each run's index is sent as its seed, so each run is its own reproducible sample (a "
+            "deviation from STUDY.md, which samples at temperature 0).")
+
+
 @dataclass
 class ModelInfo:
     name: str
@@ -282,6 +293,21 @@ _ABOUT = TypeAdapter(About)
 
 
 @dataclass
+class LocalServer:
+    """The bundled llama.cpp server a run started for a model (`llamacpp.harness.LlamaHandle.stats`)."""
+
+    model_file: str = ""  # the joined GGUF, checked by size and sha256
+    sha256: str = ""
+    size: int = 0
+    server: str = ""  # "xllamacpp <version>"
+    threads: int = 0
+    slots: int = 0
+    ctx_per_slot: int = 0
+    restarts: int = 0  # times it died mid-run and was started again on the same port
+    metrics: dict[str, float] = field(default_factory=dict)  # llama.cpp's /metrics counters at the stage's end
+
+
+@dataclass
 class SimulatorStats:
     """A simulator's own count of what it answered (`GET /stats` of `evaluator.sim`), as meta.json keeps it."""
 
@@ -316,6 +342,8 @@ class Runtime:
     # Per simulated model: the simulator's own count (a rerun from the cache shows zero requests); absent in
     # a retrieval-only run.
     simulator_stats: dict[str, SimulatorStats] | None = Field(default=None, exclude_if=_absent)
+    # Per bundled model (`local_model`): its llama.cpp server's file, hash, version, sizing and counters.
+    local_server: dict[str, LocalServer] | None = Field(default=None, exclude_if=_absent)
 
 
 @dataclass(config=ConfigDict(validate_assignment=True))

@@ -182,8 +182,7 @@ class LLMEngine:
         sampling = {"temperature": profile.temperature, "max_tokens": profile.max_tokens, "extra_body": profile.extra_body}
         if not profile.send_seed:  # the key describes what is sent: no seed (keys of seed-sending profiles unchanged)
             sampling["send_seed"] = False
-        # An auto-started simulator listens on a new port each time; its answers do not depend on it.
-        self._endpoint = f"simulator:{profile.name}" if profile.simulated else profile.base_url
+        self._endpoint = profile.key_endpoint  # an auto-started server's port is not part of the key
         self._prefix = key_prefix(self._endpoint, profile.model, sampling)
         payload: dict[str, Any] = {"model": profile.model, "temperature": profile.temperature}
         if profile.max_tokens is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..analysis.main import MainResult
 from ..data import EMBED_TEXT_RULE
-from ..schema import CallStats, Meta, WarningCount, plain
+from ..schema import CallStats, Meta, WarningCount, plain, repeats_note
 from . import tables as T
 from .batch import cost_section_md
 from .fmt import models_or_none, table
@@ -155,6 +155,8 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
         if m in labels.simulated:
             out.append(f"> **SIMULATED LLM — model `{m}`:** the LLM was simulated by a heuristic, so its numbers "
                        "measure the pipeline, not a language model.\n")
+    out += [f"> **Note:** {repeats_note(m.name, meta.runs)}\n" for m in meta.models
+            if m.profile is not None and m.profile.repeats_runs]
     qps = summary.checks.queries_per_subset
     out.append("\n".join([
         f"- Models: {', '.join(_model_desc(m, labels) for m in models) or 'none (retrieval only)'}",
