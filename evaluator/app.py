@@ -110,10 +110,18 @@ def checked_inputs(s: Settings, reporter: Reporter, *, analyses: bool = False) -
     the LLM phase."""
     inputs = load_inputs(s)
     check_inputs(s, inputs)
+    warn_data(inputs, reporter)
     if analyses:
         analysis_subsets(s, sorted({q.subset for q in inputs.queries}))
     fit_ks_to_registry(s, inputs.registry, reporter.info)
     return inputs
+
+
+def warn_data(inputs: Inputs, reporter: Reporter) -> None:
+    """Every counted data problem as one line on stderr too, not only in the report's "Data warnings"."""
+    for kind, n in sorted(inputs.warnings.counts.items()):
+        example = (inputs.warnings.examples.get(kind) or [""])[0]
+        reporter.warn(f"data: {n:,} {kind} (e.g. {example[:200]}); all listed under Data warnings in report.md")
 
 
 def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
