@@ -7,12 +7,11 @@ mixes formats freely; each file is detected on its own unless `fmt` forces one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from . import mcp, openai, toolbench
-import dataclasses
-
 from .model import (
     DESCRIPTION_CAP_CHARS,
     DESCRIPTION_CAP_TOKENS,

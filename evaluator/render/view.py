@@ -63,8 +63,11 @@ def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
     """One output folder's values (the ones already read or just drawn may be passed in; `figures`: the
     names a render drew, so a stale PNG left in the folder is not shown)."""
     od.require()
+    saved = meta is None or records is None
     meta = meta if meta is not None else od.read_meta()
     records = records if records is not None else od.read_records()
+    if saved:
+        od.check_agree(meta, records)  # another run's meta.json is not shown over these records
     summary = summary if summary is not None else od.read_json(SUMMARY_FILE)
     return Source(name or od.path.name or str(od.path), meta, records, summary, od.read_figures(figures))
 
