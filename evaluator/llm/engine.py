@@ -41,7 +41,7 @@ import orjson
 
 from ..redact import redact
 from .accounting import ModelStats
-from .budget import cost_usd, prompt_tokens, worst_case_usd
+from .budget import CONTEXT_EXCEEDED, context_overflow, cost_usd, prompt_tokens, worst_case_usd
 from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner
 from .decide import (
     CallState,
@@ -364,6 +364,8 @@ class LLMEngine:
             return dataclasses.replace(shared, cached=shared.error is None, raw=None)
         if self._fatal is not None:
             raise self._fatal
+        if (too_long := context_overflow(self.profile, prepared.logical or prepared.body)) is not None:
+            return self._not_sent(too_long)
         fut: asyncio.Future[ChatResult] = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         try:
@@ -382,6 +384,14 @@ class LLMEngine:
             return result
         finally:
             del self._inflight[key]
+
+    def _not_sent(self, why: str) -> ChatResult:
+        """A call whose prompt cannot fit the model's context: a counted failure, no request (one warning)."""
+        if not self.stats.failed.get(CONTEXT_EXCEEDED):
+            log.warning("%s: %s (further such calls are counted as %s, none is sent)", self.profile.name, why,
+                        CONTEXT_EXCEEDED)
+        self.stats.fail(CONTEXT_EXCEEDED)
+        return ChatResult(None, None, error=why, error_kind=CONTEXT_EXCEEDED)
 
     async def _fetch(self, prepared: Prepared, keep_raw: bool) -> ChatResult:
         try:

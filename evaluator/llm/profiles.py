@@ -75,6 +75,9 @@ class ModelProfile:
     batch_discount: float | None = Field(None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
     # Token rule for estimates (dry run, budget): characters of message text per prompt token (llm/budget.py).
     chars_per_token: float = Field(4.0, gt=0)
+    # The model's context window in tokens, when known (llama.cpp's -c, vLLM's max_model_len): a prompt that
+    # cannot fit is a counted `context_exceeded` error of its call, never sent (llm/budget.context_overflow).
+    context_tokens: int | None = Field(None, ge=1)
 
     def request_settings(self) -> dict[str, Any]:
         """Every setting that shapes requests or their pacing, for `meta.json`.
