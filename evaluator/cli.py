@@ -389,7 +389,7 @@ def cmd_view(argv: list[str]) -> int:
     path, html = view_page.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
     print(path)
     if args.serve:
-        srv = view_page.server(html, args.port)
+        srv = view_page.server(html, args.port, path)
         print(f"Serving on http://127.0.0.1:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
         try:
             srv.serve_forever()
