@@ -85,14 +85,7 @@ class EmbeddingStore:
                 continue
             self._loaded.add(shard.name)
             try:
-                read = _read_shard(shard)
-                if not read[2]:
-                    # Written before shards carried a checksum: nothing tells zeroed or permuted vectors from sound
-                    # ones, so its texts are embedded once more into checksummed shards, and it is set aside.
-                    unsealed.append(shard)
-                    _set_aside(shard, ".unsealed")
-                    continue
-                good.append((shard, *read))
+                good.append((shard, *_read_shard(shard)))
             except Exception as e:  # noqa: BLE001 - zipfile.BadZipFile, truncated arrays, foreign files alike
                 # A damaged shard (a full disk, a killed copy, flipped bytes) costs a re-embed, never the run.
                 why = e.args[0] if isinstance(e, _DamagedShard) else f"unreadable ({type(e).__name__})"
@@ -101,12 +94,18 @@ class EmbeddingStore:
                 _set_aside(shard)
         if self.dim is None and good:
             self.dim = _store_dim(good)
-        for shard, keys, vecs, _sealed in good:
+        for shard, keys, vecs, sealed in good:
             if vecs.shape[1] != self.dim:  # e.g. a valid npz of 10-dim vectors among 384-dim ones
                 why = f"{vecs.shape[1]}-dim vectors, not {self.dim}"
                 damaged[why] = damaged.get(why, 0) + 1
                 first = first or [shard]
                 _set_aside(shard)
+                continue
+            if not sealed:
+                # Written before shards carried a checksum: nothing tells zeroed or permuted vectors from sound
+                # ones, so its texts are embedded once more into checksummed shards, and it is set aside.
+                unsealed.append(shard)
+                _set_aside(shard, ".unsealed")
                 continue
             for k, v in zip(keys, vecs, strict=True):
                 # numpy's S16 drops trailing NUL bytes of a digest; pad them back.
