@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from . import prompts, retrieve
-from .aio import cancel_all
+from .core.aio import cancel_all
 from .data import Query, Registry
 from .index import SearchMemo, searches_folder
 from .llm import ChatResult
@@ -163,7 +163,7 @@ def retrieval_only_records(study: Study) -> list[Record]:
 
 
 class StudyRunner:
-    def __init__(self, study: Study, clients: dict[str, ChatClient], progress: Ticker | None = None,
+    def __init__(self, study: Study, clients: Mapping[str, ChatClient], progress: Ticker | None = None,
                  batcher: StubSearch | None = None) -> None:
         self.study = study
         self.clients = clients

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import retrieve
 from .config import REPO_ROOT, Settings
+from .core.progress import SILENT, Reporter
 from .data import (
     Query,
     Registry,
@@ -25,7 +26,6 @@ from .data import (
 )
 from .embed import Embedder
 from .index import VectorIndex
-from .progress import SILENT, Reporter
 
 
 @dataclass
@@ -74,15 +74,21 @@ class Inputs:
     load_s: float
 
 
+def _resolved(data_dir: Path | None) -> Path:
+    assert data_dir is not None  # resolved whenever --tools or --queries is missing
+    return data_dir
+
+
 def load_inputs(s: Settings) -> Inputs:
     t = time.perf_counter()
     warnings = Warnings()
     data_dir = None
     if not (s.tools and s.queries) or s.data_from_cli:
         data_dir = resolve_data_dir(s.data_dir if s.data_from_cli else None, s.data_dir, REPO_ROOT)
-    tools = s.resolve_path(s.tools) if s.tools else data_dir
+    # without --tools and --queries both, the data folder was resolved above
+    tools = s.resolve_path(s.tools) if s.tools else _resolved(data_dir)
     registry = load_registry(tools, s.registry, warnings, fmt=s.tools_format)
-    files = [s.resolve_path(q) for q in s.queries] if s.queries else find_query_files(data_dir)
+    files = [s.resolve_path(q) for q in s.queries] if s.queries else find_query_files(_resolved(data_dir))
     queries = load_query_files(files, registry, warnings, limit=s.limit or None, subsets=s.subsets or None)
     return Inputs(data_dir, registry, queries, warnings, time.perf_counter() - t)
 

@@ -12,7 +12,9 @@ metric does not depend on them. `arch` is "rtp", "ptr" or "both" (cross-architec
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import TypeVar
 
 from ..schema import GOLDS, ArchBlock, PlanBlock, PtrBlock, Record, Tokens
 
@@ -42,11 +44,14 @@ COUNT_METRICS = frozenset(
 PAIRED_METRICS = frozenset({"recall", "precision", "pass"})
 
 
-def hits(retrieved: Sequence[str], gold: set[str]) -> int:
+H = TypeVar("H", bound=Hashable)  # an API id, or a registry row (scaling)
+
+
+def hits(retrieved: Sequence[H], gold: AbstractSet[H]) -> int:
     return len(set(retrieved) & gold)
 
 
-def recall(retrieved: Sequence[str], gold: set[str], n_gold: int | None = None) -> float:
+def recall(retrieved: Sequence[H], gold: AbstractSet[H], n_gold: int | None = None) -> float:
     """|R∩G| / |G|; `n_gold` when G counts APIs the retrieval could never return (scaling)."""
     n = len(gold) if n_gold is None else n_gold
     return hits(retrieved, gold) / n if n else float("nan")
@@ -172,11 +177,12 @@ def record_obs(record: Record, ks: Sequence[int] = DEFAULT_KS, k: int = DEFAULT_
                     out[("both", "recall_win_ptr", kk, gold_name)] = (float(b[0] > a[0]), 1.0)
                     out[("both", "recall_tie", kk, gold_name)] = (float(a[0] == b[0]), 1.0)
         if "rtp" in plans and "ptr" in plans:
-            a = set(plans["rtp"].unique_selected)
-            b = set(plans["ptr"].unique_selected)
+            sel_r = set(plans["rtp"].unique_selected)
+            sel_p = set(plans["ptr"].unique_selected)
             # Both empty = the same (empty) intended trajectory, hence 1.0; `both_refused` shows how often.
-            out[("both", "jaccard_selected", k, None)] = (len(a & b) / len(a | b) if a | b else 1.0, 1.0)
-            out[("both", "both_refused", k, None)] = (float(not a and not b), 1.0)
+            union = sel_r | sel_p
+            out[("both", "jaccard_selected", k, None)] = (len(sel_r & sel_p) / len(union) if union else 1.0, 1.0)
+            out[("both", "both_refused", k, None)] = (float(not sel_r and not sel_p), 1.0)
     return out
 
 

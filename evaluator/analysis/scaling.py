@@ -27,11 +27,11 @@ import numpy as np
 import pydantic
 import pydantic.dataclasses
 
-from .. import retrieve
+from .. import migrate, retrieve
 from ..data import Registry
 from ..index import SubsetSearch, digest
 from ..parse import stub_text
-from ..schema import GOLDS, About, PtrBlock, Record, about_fields, plain, qid_key
+from ..schema import FORMAT_VERSION, GOLDS, About, PtrBlock, QueryId, Record, about_fields, plain, qid_key
 from .metrics import recall
 from .stats import mean_std
 
@@ -106,7 +106,7 @@ class SubsetInput:
     """Everything one subset's points need, embedded once."""
 
     name: str
-    query_ids: list[Any]
+    query_ids: list[QueryId]
     query_vecs: np.ndarray  # (n, d)
     gold: dict[str, list[set[int]]]  # gold set -> per query, registry rows of its gold APIs
     gold_len: dict[str, list[int]]  # |G| per query, gold APIs missing from the registry included
@@ -163,7 +163,7 @@ def build_inputs(
             gold_rows=np.asarray(sorted(row[i] for i in union if i in row), dtype=np.int64),
             gold_missing=sum(i not in row for i in union),
             units=sorted(units_of[name]),
-            saved_rtp=[list(qs[q].rtp.retrieved[:k]) if qs[q].rtp else [] for q in qids],
+            saved_rtp=[list(b.retrieved[:k]) if (b := qs[q].rtp) else [] for q in qids],
         )
         first_query = len(query_texts)
         query_texts += [qs[q].query for q in qids]
@@ -262,23 +262,31 @@ def score(si: SubsetInput, found: Searched) -> dict[Key, float]:
         acc.setdefault(("divergent", None), []).append(float(np.mean([tops[q] != set(found.rtp[q]) for q in valid])))
         acc.setdefault(("disjoint", None), []).append(float(np.mean([not tops[q] & set(found.rtp[q]) for q in valid])))
     for model, acc in per_model.items():
-        for (metric, g), vals in acc.items():
-            out[("ptr" if metric == "recall" else "both", model, metric, g)] = statistics.fmean(vals)
+        for (metric, gold), vals in acc.items():
+            out[("ptr" if metric == "recall" else "both", model, metric, gold)] = statistics.fmean(vals)
     return out
 
 
-def full_check(registry: Registry, si: SubsetInput, found: Searched) -> dict[str, Any]:
+@pydantic.dataclasses.dataclass
+class FullCheck:
+    """Per subset: the share of queries whose recomputed full-registry top-k equals the saved one."""
+
+    rtp_same_topk: float | None = None  # None: no saved RtP list to compare
+    ptr_same_topk: float | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)  # absent: no PtR
+
+
+def full_check(registry: Registry, si: SubsetInput, found: Searched) -> FullCheck:
     """Share of queries whose recomputed full-registry top-k equals the saved one: a low value means
     the embedder, cache or registry differ from the run's."""
     ids = registry.ids
     same = [{ids[r] for r in rows} == set(saved) for rows, saved in zip(found.rtp, si.saved_rtp, strict=True) if saved]
-    out: dict[str, Any] = {"rtp_same_topk": float(np.mean(same)) if same else None}
+    out = FullCheck(float(np.mean(same)) if same else None)
     if si.units and si.saved_ptr:
         assert si.ptr_valid is not None
         n = len(si.query_ids)
         same = [{ids[r] for r in found.ptr[u * n + q]} == set(saved)
                 for (u, q), saved in si.saved_ptr.items() if si.ptr_valid[u, q]]
-        out["ptr_same_topk"] = float(np.mean(same)) if same else None
+        out.ptr_same_topk = float(np.mean(same)) if same else None
     return out
 
 
@@ -299,7 +307,7 @@ def run_points(
 ) -> tuple[list[Point], dict[str, Any]]:
     cats = [a.category for a in registry.apis]
     points: list[Point] = []
-    checks: dict[str, Any] = {}
+    checks: dict[str, FullCheck] = {}
     all_rows = np.arange(len(registry))
     api64 = functools.cache(lambda: np.asarray(api_vecs, dtype=np.float64))  # the re-scoring's copy, made once
     matrix = digest(api_vecs) if memo is not None else None
@@ -377,11 +385,13 @@ class ScalingMeta(About):
                      "largest-remainder allocation proportional to the pool's category sizes, "
                      "numpy.random.default_rng([seed, size])")
     timing_s: float = 0.0
-    # The embedding cache's work when the `scaling` command re-embedded (EmbedStats); absent after a run.
-    embed: dict[str, Any] | None = pydantic.Field(None, exclude_if=lambda v: v is None)
+    # The embedding cache's work when the `scaling` command re-embedded (embed.EmbedStats's counters and
+    # seconds); absent after a run.
+    embed: dict[str, int | float] | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
 
 
 _SCALING_META = pydantic.TypeAdapter(ScalingMeta)
+_CHECKS = pydantic.TypeAdapter(dict[str, FullCheck])
 
 
 @dataclass
@@ -390,25 +400,28 @@ class ScalingResult:
 
     meta: ScalingMeta
     points: list[Point]
-    full_registry_check: dict[str, Any]
+    full_registry_check: dict[str, FullCheck]  # subset ->
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "format_version": FORMAT_VERSION,
             "meta": plain(self.meta),
             "points": [{"subset": p.subset, "size": p.size, "n_apis": p.n_apis, "gold_only": p.gold_only,
                         "seeds": p.seeds, "distractors_per_stratum": p.distractors_per_stratum} for p in self.points],
             "rows": tidy_rows(self.points),
-            "full_registry_check": self.full_registry_check,
+            "full_registry_check": {s: plain(c) for s, c in self.full_registry_check.items()},
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScalingResult:
+        d = migrate.scaling(d)  # any saved version (a no-op on what OutputDir.read_json returns)
         pts = {(p["subset"], p["size"]): Point(p["subset"], p["size"], list(p["n_apis"]), bool(p["gold_only"]),
                                                list(p["seeds"]), {}, dict(p.get("distractors_per_stratum") or {}))
                for p in d.get("points") or []}
         for r in d.get("rows") or []:
             pts[(r["subset"], r["size"])].values[(r["arch"], r["model"], r["metric"], r["gold"])] = list(r["values"])
-        return cls(_SCALING_META.validate_python(d["meta"]), list(pts.values()), dict(d.get("full_registry_check") or {}))
+        return cls(_SCALING_META.validate_python(d["meta"]), list(pts.values()),
+                   _CHECKS.validate_python(d.get("full_registry_check") or {}))
 
 
 def scaling_study(

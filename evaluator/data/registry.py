@@ -161,8 +161,8 @@ def read_entries(path: Path, fmt: str = "auto") -> tuple[str, Path, list[Entry]]
     if kind == "tree":
         return "toolbench", found, toolbench.tree_apis(found)
     if kind == "file":
-        used, entries = read_file(found, fmt)
-        return used, found, entries
+        used, read = read_file(found, fmt)
+        return used, found, read
     files = sorted(p for p in found.iterdir() if _is_tool_file(p))
     if not files:
         raise DataError(f"{found}: no tool definition files ({', '.join(TOOL_SUFFIXES)}) in this folder.")
@@ -220,8 +220,8 @@ def _bounded(where: str, api: Api, warnings: Warnings) -> Api:
         return api
     for cut, what, raw in ((cut_tool, "tool", api.tool_name), (cut_name, "API", api.api_name)):
         if cut:
-            warnings.add("long_name", f"{where}: {what} name of {len(raw):,} characters ({raw[:40]!r}...) is cut to "
-                         f"{NAME_CAP_CHARS} characters")
+            warnings.add("long_name", f"{what} name of {len(raw):,} characters ({raw[:40]!r}...) is cut to "
+                         f"{NAME_CAP_CHARS} characters ({where})")
     return dataclasses.replace(api, tool_name=tool, api_name=name)
 
 

@@ -11,7 +11,7 @@ from ..data import EMBED_TEXT_RULE
 from ..schema import CallStats, Meta, WarningCount, plain
 from . import tables as T
 from .batch import cost_section_md
-from .fmt import table
+from .fmt import models_or_none, table
 
 DECISIONS = [
     "Gold sets: every retrieval table is given for `api_list` (paper-comparable default) and then for "
@@ -90,7 +90,7 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
     size = f"{reg.size:,}" if isinstance(reg.size, int) else "?"
     how = ("every API; an API without a description is embedded as `{tool_name}/{api_name}: `" if reg.choice == "full"
            else "only APIs with a description" if reg.choice == "described" else reg.choice)
-    qps = result.summary.checks.get("queries_per_subset", {})
+    qps = result.summary.checks.queries_per_subset
     subsets = ", ".join(f"{s} ({n})" for s, n in qps.items()) or "none"
     temps = sorted({str(m.profile.temperature) for m in meta.models if m.profile is not None})
     out = [
@@ -139,7 +139,7 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
         if m in labels.simulated:
             out.append(f"> **SIMULATED LLM — model `{m}`:** the LLM was simulated by a heuristic, so its numbers "
                        "measure the pipeline, not a language model.\n")
-    qps = summary.checks.get("queries_per_subset", {})
+    qps = summary.checks.queries_per_subset
     out.append("\n".join([
         f"- Models: {', '.join(_model_desc(m, labels) for m in models) or 'none (retrieval only)'}",
         f"- Embedder: `{labels.embedder}`",
@@ -149,39 +149,39 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
         f"- Gold: one set per query, `{result.golds[0] if result.golds else 'none'}` (see the skipped tables)",
         f"- Runs: {labels.runs}; main k = {result.k}; ablation ks = {', '.join(map(str, result.ks))}",
         f"- Subsets: {', '.join(f'{s} (n={n})' for s, n in qps.items())}",
-        f"- Records: {summary.checks.get('records', 0)}; evaluator version {meta.version}",
+        f"- Records: {summary.checks.records}; evaluator version {meta.version}",
     ]) + "\n")
-    if summary.checks.get("rtp_inconsistent_queries"):
-        out.append(f"> **Warning:** {summary.checks['rtp_inconsistent_queries']} records carry an RtP retrieved "
+    if summary.checks.rtp_inconsistent_queries:
+        out.append(f"> **Warning:** {summary.checks.rtp_inconsistent_queries} records carry an RtP retrieved "
                    "list that differs from another record of the same query; RtP rows use the first.\n")
 
     out.append("## Retrieval: k-ablation\n")
-    for m in models or [None]:
+    for model in models_or_none(models):
         for gold in result.golds:
-            out.append(T.table1(c, m, gold))
-            if m is None:
-                out.append(T.table1(c, m, gold, "precision"))
+            out.append(T.metric_at_k(c, model, gold))
+            if model is None:
+                out.append(T.metric_at_k(c, model, gold, "precision"))
     for m in models:
         if not (T.has(summary, m, "ptr") or T.has(summary, m, "rtp")):
             continue
         out.append(f"## Model `{m}`" + (" (simulated LLM)" if m in labels.simulated else "") + "\n")
         if m in result.contrasts:
-            out.append(T.table2(c, result.contrasts[m]))
+            out.append(T.worked_contrasts(c, result.contrasts[m]))
         for gold in result.golds:
-            out.append(T.table3(c, m, gold))
+            out.append(T.main_results(c, m, gold))
         for gold in result.golds:
-            out.append(T.table11(c, m, gold))
+            out.append(T.compact_results(c, m, gold))
         if T.has(summary, m, "ptr"):
             for gold in result.golds:
-                out.append(T.table4(c, m, gold))
+                out.append(T.stub_generation(c, m, gold))
             for gold in result.golds:
-                out.append(T.table5(c, m, gold))
-        out.append(T.table6(c, m))
+                out.append(T.search_width(c, m, gold))
+        out.append(T.trajectories(c, m))
         if T.has(summary, m, "both"):
-            out.append(T.table7(c, m))
-        out.append(T.table8(c, m))
+            out.append(T.selection_divergence(c, m))
+        out.append(T.inference_cost(c, m))
         if m in result.trajectories:
-            out.append(T.table9(c, result.trajectories[m], m))
+            out.append(T.example_trajectory(c, result.trajectories[m], m))
         out.append(T.errors_table(c, m))
     if not models:
         out.append(T.errors_table(c, None))

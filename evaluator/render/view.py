@@ -61,7 +61,7 @@ class Source:
     name: str
     meta: Meta
     records: list[Record]
-    summary: Mapping[str, Any] | None = None
+    summary: Mapping[str, Any] | None = None  # summary.json as `migrate.summary` returns it (the page reads it as JSON)
     figures: dict[str, bytes] = field(default_factory=dict)  # file name -> PNG bytes
 
 
@@ -157,7 +157,7 @@ def _plan(plan: Any, api: _Interner) -> dict[str, Any] | None:
     return {"steps": list(plan.steps), "sel": [api(x) for x in plan.selected if x is not None],
             "off": None if plan.selected_offered is None else [api(x) for x in plan.selected_offered],
             "refused": plan.refused, "pe": plan.parse_error, "le": plan.llm_error, "lek": plan.llm_error_kind,
-            "fr": plan.finish_reason, "audit": plan.parse_audit}
+            "fr": plan.finish_reason, "audit": None if plan.parse_audit is None else plain(plan.parse_audit)}
 
 
 def _tokens(block: Any) -> dict[str, list[int]]:
@@ -217,7 +217,7 @@ def _settings(src: Source) -> list[list[str]]:
     s = m.settings
     rows = [["Models", models or "none (retrieval only)"],
             ["Embedder", f"{m.embedder} ({m.precision}, runtime {m.backend})"],
-            ["Embedding runtime", str(m.runtime.get("embed_runtime") or DASH)],
+            ["Embedding runtime", m.runtime.embed_runtime or DASH],
             ["Registry", f"{m.registry.size if m.registry.size is not None else '?'} APIs, choice {m.registry.choice}"
              + (f", {m.registry.format}" if m.registry.format else "") + (f" ({m.registry.source})"
                                                                           if m.registry.source else "")],
@@ -226,7 +226,7 @@ def _settings(src: Source) -> list[list[str]]:
             ["Runs", str(m.runs)], ["k (planner)", str(m.k)], ["k-ablation", ", ".join(map(str, m.ks))],
             ["Architectures", ", ".join(s.archs)],
             ["Records", f"{len(src.records):,}"], ["Evaluator version", m.version],
-            ["Created", str(m.runtime.get("created") or DASH)], ["Data", m.data_dir or DASH]]
+            ["Created", m.runtime.created or DASH], ["Data", m.data_dir or DASH]]
     return rows
 
 
