@@ -123,10 +123,18 @@ def checked_inputs(s: Settings, reporter: Reporter, *, analyses: bool = False) -
     the LLM phase."""
     inputs = load_inputs(s)
     check_inputs(s, inputs)
+    warn_data(inputs, reporter)
     if analyses:
         analysis_subsets(s, sorted({q.subset for q in inputs.queries}))
     fit_ks_to_registry(s, inputs.registry, reporter.info)
     return inputs
+
+
+def warn_data(inputs: Inputs, reporter: Reporter) -> None:
+    """Every counted data problem as one line on stderr too, not only in the report's "Data warnings"."""
+    for kind, n in sorted(inputs.warnings.counts.items()):
+        example = (inputs.warnings.examples.get(kind) or [""])[0]
+        reporter.warn(f"data: {n:,} {kind} (e.g. {example[:200]}); all listed under Data warnings in report.md")
 
 
 def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
@@ -293,7 +301,8 @@ def build_meta(study: Study, profiles: dict[str, ModelProfile]) -> Meta:
     return Meta(
         version=__version__, settings=_SETTINGS.validate_python(s.study_dict()), data_dir=str(study.data_dir or ""),
         embedder=study.embedder.cache_name, precision=study.embedder.precision, backend=study.embedder.backend,
-        registry=RegistryInfo(s.registry, len(study.registry), study.registry.source, study.registry.format),
+        registry=RegistryInfo(s.registry, len(study.registry), study.registry.source, study.registry.format,
+                              study.registry.digest()),
         subsets=study.subsets, k=s.k, ks=sorted(set(s.ks)), runs=s.runs if profiles else 1,
         models=[ModelInfo(n, p.model, p.simulated, _PROFILE.validate_python(p.request_settings()))
                 for n, p in profiles.items()],
@@ -370,8 +379,11 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
     `figure_store`: a folder of figures already drawn, by their data (render.figures.drawn). `meta`,
     `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study)."""
+    saved = meta is None or records is None  # read back: another run's meta.json may sit beside the records
     meta = od.read_meta() if meta is None else meta
     records = od.read_records() if records is None else sorted(records, key=record_key)
+    if saved:
+        od.check_agree(meta, records)
     result = main_study(records, meta)
     od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view()), indent=1)
     scaling = od.read_json(SCALING_FILE)
@@ -430,6 +442,7 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     """The scaling study on a finished run: its registry re-read, every vector from its embedding cache."""
     meta = od.read_meta()
     records = od.read_records()
+    od.check_agree(meta, records)
     # --data on this command wins; else the run's --tools, else its data folder
     data = data_dir or meta.settings.tools or meta.data_dir or meta.settings.data_dir
     if not data:
@@ -452,6 +465,9 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
                            divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
                            about=_about(meta, s, "scaling_subsets"), log=reporter.info,
                            memo=searches_folder(embedder.cache_dir), retriever=retriever, lexical=lexical)
+    if meta.registry.digest and meta.registry.digest != registry.digest():
+        reporter.warn(f"the registry at {data} is not the one the run used (digest {registry.digest()}, the run's "
+                      f"{meta.registry.digest}); the scaling study uses it as it is now")
     res.meta.embed = dataclasses.asdict(embedder.stats)
     if embedder.stats.embedded:
         reporter.info(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")
@@ -466,6 +482,7 @@ def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT)
     if s.k > saved:  # the records hold each top list only to the run's largest k
         raise ConfigError(f"--k {s.k} is above the largest k this run saved ({saved}); pass --k {saved} or less.")
     records = _records_with_ptr(od, "routing")
+    od.check_agree(meta, records)
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
     opt = _routing_options(s, subs)
     res = routing_analysis.routing_study(records, opt, _about(meta, s, "routing_test"), log=reporter.info)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -183,9 +184,19 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return s
 
 
+# The folders the running command writes: a file-system error that names no file (a write to an open file, a
+# database on a full disk) is reported with these, so the line always says where to free space.
+_WRITES: list[str] = []
+
+
+def _writing(*paths: object) -> None:
+    _WRITES[:] = [str(p) for p in dict.fromkeys(paths) if p]
+
+
 def cmd_run(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
     s = settings_from(args)
+    _writing(s.out or "results/", s.resolve_path(s.cache_dir))
     outcome = app.run(s, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
     if outcome.message:  # --batch-cancel: no study ran
         print(outcome.message)
@@ -205,6 +216,7 @@ def cmd_report(argv: list[str]) -> int:
                description="Re-render report.md, summary.json and figures from a finished output folder; no LLM call.")
     p.add_argument("out_dir", type=Path)
     args = p.parse_args(argv)
+    _writing(args.out_dir)
     app.render_outputs(OutputDir(args.out_dir).require())
     print(f"Re-rendered {args.out_dir}/report.md, summary.json and figures/")
     return 0
@@ -256,6 +268,7 @@ def _analysis_command(prog: str, description: str, argv: list[str], add: Callabl
     add(p)
     args = p.parse_args(argv)
     od = OutputDir(args.out_dir).require()
+    _writing(args.out_dir)
     meta = run(args, od, _analysis_settings(args, od))
     print(f"{prog.capitalize()} study in {meta.timing_s:.1f}s: {args.out_dir}/{prog}.json; updated report.md "
           f"and figures/{prog}.png")
@@ -323,7 +336,9 @@ def _requests_export(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-"):
         raise ConfigError("requests export: name the output file first: `requests export OUT.jsonl [study flags]`")
     args = run_parser().parse_args(argv[1:])
-    done = app.export_requests(settings_from(args), Path(argv[0]), make_reporter(not args.no_progress))
+    s = settings_from(args)
+    _writing(Path(argv[0]).parent, s.resolve_path(s.cache_dir))
+    done = app.export_requests(s, Path(argv[0]), make_reporter(not args.no_progress))
     n = sum(done.per_model.values())
     if n:
         per = ", ".join(f"{name} {k:,}" for name, k in done.per_model.items())
@@ -345,6 +360,7 @@ def _requests_import(argv: list[str]) -> int:
     ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
     args = ap.parse_args(argv)
     root = _cache_root(args.cache_dir, args.config)
+    _writing(root)
     c = import_files(args.results, root, model=args.model, base_url=args.base_url)
     kinds = f" ({', '.join(f'{k}: {n:,}' for k, n in c.error_kinds.items())})" if c.error_kinds else ""
     print(f"Imported {c.stored:,} replies into {root} ({c.already:,} were already cached); "
@@ -390,6 +406,7 @@ def _requests_run(argv: list[str]) -> int:
                            actors=args.actors, qps=args.qps, vllm_model=args.vllm_model)
                 if args.engine == "ray" else None)
     overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
+    _writing(args.out.parent, _cache_root(args.cache_dir, args.config))
     if args.dry_run:
         print(app.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
                                     **overrides.as_kwargs()))
@@ -415,10 +432,11 @@ def cmd_view(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if len(args.out_dirs) > 1 and args.out is None:
         p.error("comparing runs writes one page for all of them: pass --out F.html")
+    _writing(args.out.parent if args.out else args.out_dirs[0])
     path, html = view_page.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
     print(path)
     if args.serve:
-        srv = view_page.server(html, args.port)
+        srv = view_page.server(html, args.port, path)
         print(f"Serving on http://127.0.0.1:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
         try:
             srv.serve_forever()
@@ -494,11 +512,22 @@ def main(argv: list[str] | None = None) -> int:
         how = f" by {stop_signal()}" if stop_signal() else ""
         print(f"\ninterrupted{how}: finished LLM calls are cached; rerun the same command to resume.", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except sqlite3.OperationalError as e:  # a cache or job database on a full disk (SQLITE_FULL)
+        if "full" not in str(e) and getattr(e, "sqlite_errorname", "") != "SQLITE_FULL":
+            raise
+        return _fs_error(OSError(errno.ENOSPC, str(e)))
     except OSError as e:
-        # A file system failure nothing checked for (disk full, a folder removed mid-run): one line, not a
-        # traceback. Finished LLM calls are in the cache, so a rerun pays for nothing twice.
-        where = f" {e.filename}" if e.filename else ""
-        fix = ("Free space on that disk (or pass another --out / --cache-dir)" if e.errno in (errno.ENOSPC, errno.EDQUOT)
-               else "Fix the path or free space")
-        print(redact(f"error: cannot read or write{where}: {e.strerror or e}. {fix} and rerun."), file=sys.stderr)
-        return EXIT_STOPPED
+        return _fs_error(e)
+    finally:
+        _WRITES.clear()
+
+
+def _fs_error(e: OSError) -> int:
+    """A file system failure nothing checked for (disk full, a folder removed mid-run): one line naming the file,
+    or else the folders the command writes, not a traceback. Finished LLM calls are in the cache, so a rerun pays
+    for nothing twice."""
+    where = f" {e.filename}" if e.filename else (f" {' or '.join(_WRITES)}" if _WRITES else "")
+    fix = ("Free space on that disk (or pass another --out / --cache-dir)" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+           else "Fix the path or free space")
+    print(redact(f"error: cannot read or write{where}: {e.strerror or e}. {fix} and rerun."), file=sys.stderr)
+    return EXIT_STOPPED

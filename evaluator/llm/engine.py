@@ -43,7 +43,7 @@ from ..core.money import capped_usd
 from ..core.redact import redact
 from ..core.tokens import prompt_tokens
 from .accounting import ModelStats
-from .budget import worst_case_usd
+from .budget import CONTEXT_EXCEEDED, context_overflow, worst_case_usd
 from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner
 from .decide import (
     CallState,
@@ -368,6 +368,8 @@ class LLMEngine:
             return dataclasses.replace(shared, cached=shared.error is None, raw=None)
         if self._fatal is not None:
             raise self._fatal
+        if (too_long := context_overflow(self.profile, prepared.logical or prepared.body)) is not None:
+            return self._not_sent(too_long)
         fut: asyncio.Future[ChatResult] = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         try:
@@ -386,6 +388,14 @@ class LLMEngine:
             return result
         finally:
             del self._inflight[key]
+
+    def _not_sent(self, why: str) -> ChatResult:
+        """A call whose prompt cannot fit the model's context: a counted failure, no request (one warning)."""
+        if not self.stats.failed.get(CONTEXT_EXCEEDED):
+            log.warning("%s: %s (further such calls are counted as %s, none is sent)", self.profile.name, why,
+                        CONTEXT_EXCEEDED)
+        self.stats.fail(CONTEXT_EXCEEDED)
+        return ChatResult(None, None, error=why, error_kind=CONTEXT_EXCEEDED)
 
     async def _fetch(self, prepared: Prepared, keep_raw: bool) -> ChatResult:
         try:

@@ -74,6 +74,9 @@ class ModelProfile:
     batch_discount: float | None = Field(default=None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
     # Token rule for estimates (dry run, budget): characters of message text per prompt token (core/tokens.py).
     chars_per_token: float = Field(default=CHARS_PER_TOKEN, gt=0)
+    # The model's context window in tokens, when known (llama.cpp's -c, vLLM's max_model_len): a prompt that
+    # cannot fit is a counted `context_exceeded` error of its call, never sent (llm/budget.context_overflow).
+    context_tokens: int | None = Field(default=None, ge=1)
     # A bundled model (evaluator/llamacpp: "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b") the evaluator serves
     # itself on llama.cpp when no base_url is given; its server's slots, threads (0: sized to the machine)
     # and context tokens per slot.

@@ -71,7 +71,11 @@ def llm_stats_md(st: Mapping[str, CallStats]) -> str:
     rows = {m: plain(v) for m, v in sorted(st.items())}
     cols = sorted(k for k, x in next(iter(rows.values())).items() if not isinstance(x, dict | list))
     body = [[m] + [_cell(v[col]) for col in cols] for m, v in rows.items()]
-    return "## LLM accounting\n\n" + table(["model"] + cols, body) + "\n"
+    # calls that failed for good, by kind (http_400, context_exceeded, ...): what a rerun retries
+    failed = [f"- `{m}`: " + ", ".join(f"{n} {kind}" for kind, n in sorted(v.failed.items()))
+              for m, v in sorted(st.items()) if v.failed]
+    tail = ("\nCalls that failed for good, by kind:\n\n" + "\n".join(failed) + "\n") if failed else ""
+    return "## LLM accounting\n\n" + table(["model"] + cols, body) + "\n" + tail
 
 
 def _cell(x: Any) -> str:
