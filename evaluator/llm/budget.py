@@ -37,15 +37,24 @@ def _text_chars(content: Any) -> int:
     return 0
 
 
+def _chars_to_tokens(chars: int, chars_per_token: float) -> int:
+    return int(chars / chars_per_token)
+
+
 def prompt_tokens(body: dict[str, Any], chars_per_token: float = 4.0) -> int:
     """The prompt tokens of one chat-completions body under the module's token rule."""
     messages = body.get("messages") or []
     chars = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
-    n = int(chars / chars_per_token) + MESSAGE_TOKENS * len(messages)
+    n = _chars_to_tokens(chars, chars_per_token) + MESSAGE_TOKENS * len(messages)
     rf = body.get("response_format")
     if isinstance(rf, dict) and rf.get("type") != "text":
-        n += int(len(orjson.dumps(rf)) / chars_per_token)
+        n += _chars_to_tokens(len(orjson.dumps(rf)), chars_per_token)
     return n
+
+
+def text_tokens(text: str, chars_per_token: float = 4.0) -> int:
+    """The tokens of a reply's text under the same rule (a reply whose body reports no usage)."""
+    return _chars_to_tokens(len(text), chars_per_token)
 
 
 def cost_usd(profile: ModelProfile, prompt: int, completion: int) -> float:

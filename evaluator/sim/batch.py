@@ -129,7 +129,7 @@ def gemini_to_chat(request: dict[str, Any]) -> dict[str, Any]:
 
 def chat_to_gemini_response(completion: dict[str, Any]) -> dict[str, Any]:
     choice = completion["choices"][0]
-    usage = completion["usage"]
+    usage = completion.get("usage") or {"prompt_tokens": 0, "completion_tokens": 0}
     return {
         "candidates": [{
             "content": {"role": "model", "parts": [{"text": choice["message"]["content"]}]},
