@@ -66,6 +66,8 @@ Log = Callable[[str], None]
 class Outcome:
     out: Path
     failed: Counter[str] = field(default_factory=Counter)  # calls that failed for good, per error kind
+    cut: Counter[str] = field(default_factory=Counter)  # replies in the results that were cut short, per cause
+    usage_estimated: int = 0  # fresh replies whose body had no usage: tokens (and cost) estimated
     message: str = ""  # set when the invocation did something else than a study (--batch-cancel)
 
 
@@ -188,7 +190,9 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
     meta.runtime["timings"] = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
     failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
-    return Outcome(out, failed)
+    cut: Counter[str] = Counter(c for r in records for b in (r.rtp, r.ptr) if b is not None for c in b.cut_replies())
+    estimated = sum(st.usage_estimated for st in meta.llm_stats.values())
+    return Outcome(out, failed, cut=cut, usage_estimated=estimated)
 
 
 def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, SimHandle]:

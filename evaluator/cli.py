@@ -183,6 +183,14 @@ def cmd_run(argv: list[str]) -> int:
         print(outcome.message)
         return 0
     print(f"\nResults in {outcome.out}/ (report.md, summary.json, queries.jsonl, figures/)")
+    if outcome.cut:
+        kinds = ", ".join(f"{n} {cause}" for cause, n in sorted(outcome.cut.items()))
+        print(f"warning: {sum(outcome.cut.values())} replies in the results were cut short ({kinds}; max_tokens: the "
+              "profile's limit, context: the server's context size, content_filter: the provider's filter); they "
+              "are scored as they came and counted in report.md", file=sys.stderr)
+    if outcome.usage_estimated:
+        print(f"warning: {outcome.usage_estimated} replies carried no token usage; their tokens and cost are "
+              "estimates (characters / chars_per_token), counted as usage_estimated in meta.json", file=sys.stderr)
     if outcome.failed:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(outcome.failed.items()))
         print(f"error: {sum(outcome.failed.values())} LLM calls failed for good ({kinds}); they are excluded from "

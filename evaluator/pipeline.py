@@ -140,10 +140,16 @@ def plan_block(result: ChatResult | None, plan: Plan | None) -> PlanBlock:
     if result is None or plan is None:
         return PlanBlock(llm_error=result.error if result else None,
                          finish_reason=result.finish_reason if result else None,
-                         llm_error_kind=result.error_kind if result else None)
+                         llm_error_kind=result.error_kind if result else None,
+                         cut=_cut(result))
     return PlanBlock(steps=plan.steps, selected=plan.selected, parse_error=plan.parse_error,
                      finish_reason=result.finish_reason, selected_offered=plan.selected_offered,
-                     parse_audit=plan.audit())
+                     parse_audit=plan.audit(), cut=_cut(result))
+
+
+def _cut(result: ChatResult | None) -> str | None:
+    """Why the reply ended early (llm.reply.cut_cause); None for a client that does not say (test stand-ins)."""
+    return getattr(result, "cut", None)
 
 
 def _tokens(result: ChatResult | None) -> Tokens:
@@ -208,7 +214,7 @@ class StudyRunner:
         block = PtrBlock(stubs=list(stubs),
                          discovery_parse_error=perr,
                          discovery_llm_error=disc.error, discovery_finish_reason=disc.finish_reason,
-                         discovery_llm_error_kind=disc.error_kind, fallback=fallback)
+                         discovery_llm_error_kind=disc.error_kind, fallback=fallback, discovery_cut=_cut(disc))
         if not texts:
             # No stub, no retrieval, no planner call: counted in Gen%, scored as retrieving nothing.
             self.progress.advance(unit.model)

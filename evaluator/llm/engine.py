@@ -224,6 +224,7 @@ class LLMEngine:
         self._long_wait_told = False
         self._damage_told = False
         self._facts: ServerFacts | None = None  # what the server says of its slots and context (asked once)
+        self._probe: asyncio.Future[ServerFacts] | None = None
         self._told: set[str] = set()  # cut causes / failure kinds already warned about
         self._stale: set[str] = set()  # cached replies cut short that the server could now answer in full
 
@@ -359,9 +360,15 @@ class LLMEngine:
         """
         if self._facts is not None:
             return self._facts
-        self._facts = ServerFacts()
+        if self._probe is None:  # one probe for all the calls that ask at once
+            self._probe = asyncio.ensure_future(self._ask_server())
+        facts = await asyncio.shield(self._probe)
+        self._facts = facts
+        return facts
+
+    async def _ask_server(self) -> ServerFacts:
         if self._session is None or not self.profile.base_url:
-            return self._facts
+            return ServerFacts()
         base = self.profile.base_url.rstrip("/")
         root = base[: -len("/v1")] if base.endswith("/v1") else base
         bodies: list[Any] = []
@@ -374,8 +381,7 @@ class LLMEngine:
             facts = read_server_facts(*bodies)
             if facts.slots is not None and facts.n_ctx is not None:
                 break
-        self._facts = read_server_facts(*bodies)
-        return self._facts
+        return read_server_facts(*bodies)
 
     def store_reply(self, key: str, response_body: dict[str, Any]) -> ChatResult:
         """Parse a chat.completion body (e.g. from a batch output) and cache it as the online path would.
