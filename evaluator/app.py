@@ -220,7 +220,8 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         _use_simulators(profiles, sims)
         batch_stats: dict[str, Any] = {}
         if s.batch == "submit":
-            batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget)
+            batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget,
+                                                warn=reporter.warn, fallback=s.batch_fallback)
         per_unit = calls_per_unit(study) * s.runs
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()

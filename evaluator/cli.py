@@ -28,6 +28,7 @@ from .analysis.scaling import ScalingMeta
 from .batch.requests import import_files
 from .config import (
     BACKEND_CHOICES,
+    BATCH_FALLBACKS,
     PRECISION_CHOICES,
     REGISTRY_CHOICES,
     TOOLS_FORMAT_CHOICES,
@@ -127,6 +128,9 @@ def run_parser() -> Parser:
     p.add_argument("--timeout", type=float, help="override the profile's timeout_s (seconds per request)")
     p.add_argument("--no-extras", action="store_true", help="skip the scaling and routing studies that follow a full run")
     p.add_argument("--batch", action="store_true", help="send the LLM calls through each profile's batch API (about half price; see README)")
+    p.add_argument("--batch-fallback", choices=BATCH_FALLBACKS,
+                   help="--batch: what happens to requests the batch API did not answer (refused, failed, expired): "
+                        "stop the run before any online call (default) or send them online at the online price")
     p.add_argument("--batch-cancel", action="store_true", help="cancel this cache's open batches of the --model profiles, keep their finished replies, and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--dry-run", action="store_true", help="prepare what costs nothing (data, embeddings, retrieval, cache lookups), then print and write OUT/plan.json: calls, tokens, USD and time per model; send nothing")
@@ -140,6 +144,7 @@ RUN_FLAGS = {
     "subsets": "subsets", "k": "k", "ks": "ks", "registry": "registry", "embedder": "embedder", "device": "device",
     "precision": "precision", "backend": "backend", "cache_dir": "cache_dir", "out": "out", "limit": "limit", "models": "models",
     "runs": "runs", "archs": "archs", "fallback_to_query": "fallback_to_query", "tools_format": "tools_format",
+    "batch_fallback": "batch_fallback",
 }
 
 

@@ -33,6 +33,9 @@ Precision = Literal[("auto", *dict.fromkeys(p for ps in PRECISIONS.values() for 
 ToolsFormat = Literal[TOOLS_FORMATS]  # type: ignore[valid-type]  # auto: detected per file
 RegistryChoice = Literal["full", "described"]
 Arch = Literal["rtp", "ptr"]
+# --batch-fallback: requests the batch API did not answer stop the run, or go online at the online price
+BATCH_FALLBACKS = ("stop", "online")
+BatchFallback = Literal[BATCH_FALLBACKS]  # type: ignore[valid-type]
 BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
 PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
 TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
@@ -87,6 +90,8 @@ class Settings:
     budget_usd: float | None = Field(None, ge=0, allow_inf_nan=False, exclude=True)
     # --rate-dir: share RPM/TPM pacing with other processes here (else the cache folder)
     rate_dir: str = Field("", exclude=True)
+    # --batch-fallback: requests the batch API did not answer stop the run ("stop") or go online ("online")
+    batch_fallback: BatchFallback = Field("stop", exclude=True)
     # [analysis] subset names or prefixes; empty = derived from the subsets present (see analysis_subsets)
     routing_train: list[str] = field(default_factory=list)
     routing_test: list[str] = field(default_factory=list)
@@ -131,7 +136,7 @@ SECTIONS: dict[str, dict[str, str]] = {
               "batch_size": "batch_size"},
     "retrieval": {"k": "k", "ks": "ks", "fallback_to_query": "fallback_to_query"},
     "run": {"models": "models", "runs": "runs", "archs": "archs", "cache_dir": "cache_dir", "out": "out",
-            "budget_usd": "budget_usd", "rate_dir": "rate_dir"},
+            "budget_usd": "budget_usd", "rate_dir": "rate_dir", "batch_fallback": "batch_fallback"},
     "analysis": {"routing_train": "routing_train", "routing_test": "routing_test", "routing_folds": "routing_folds",
                  "routing_seed": "routing_seed", "scaling_subsets": "scaling_subsets",
                  "scaling_sizes": "scaling_sizes", "scaling_seeds": "scaling_seeds",

@@ -33,6 +33,7 @@ class BatchStats:
     resumed: int = 0  # batches of an earlier run picked up again
     cancelled: int = 0
     conflicting: int = 0  # custom_ids the output answered twice, differently: neither reply is used
+    online: int = 0  # requests the batch API did not answer, sent online instead (--batch-fallback online)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     waited_s: float = 0.0

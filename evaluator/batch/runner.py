@@ -66,6 +66,7 @@ class BatchRunner:
         poll: Poll | None = None,
         max_attempts: int = 3,
         log: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self.profile = profile
         self.engine = engine
@@ -75,6 +76,7 @@ class BatchRunner:
         self.poll = poll or Poll.for_profile(profile)
         self.max_attempts = max_attempts
         self.log = log or (lambda m: None)  # the caller decides where progress lines go
+        self.warn = warn or self.log  # what the user must see at once (a batch refused or failed)
         self.stats = BatchStats()
         self.permanent: dict[str, str] = {}  # key -> why (4xx, unusable): re-submitting would not help
         self._requests: dict[str, list[Request]] = {}  # token -> its requests (jobs of this process)
@@ -217,7 +219,9 @@ class BatchRunner:
                             open_jobs[new.token] = new
                     continue
                 if st.status == "failed" and st.errors:
-                    self._error(f"batch {job.batch_id} failed: {st.errors[0].get('message', st.errors[0])}")
+                    why = f"batch {job.batch_id} failed: {st.errors[0].get('message', st.errors[0])}"
+                    self._error(why)
+                    self.warn(redact(f"{self.profile.name}: {why}"))
                 await self._import(job)
             if self._deferred and (finished or not open_jobs):
                 # A batch of ours finished (its tokens left the queue), or none is left to wait for.
@@ -258,6 +262,10 @@ class BatchRunner:
             self._take(r)
         not_run = len(wanted - seen)
         self.stats.not_run += not_run
+        refused = [self.permanent[k] for k in wanted if k in self.permanent]
+        if refused and len(refused) == len(wanted):  # the provider answered no request of this batch
+            self.warn(redact(f"{self.profile.name}: the provider refused all {len(wanted):,} requests of batch "
+                             f"{job.batch_id} [{refused[0][:200]}]"))
         self.store.mark(job, "done")
         self._requests.pop(job.token, None)
 
@@ -302,7 +310,8 @@ class BatchRunner:
         running = sum(1 for s in states.values() if not s.done)
         per = ", ".join(f"{s.completed + s.failed}/{s.total}" for s in list(states.values())[:6])
         more = "" if len(states) <= 6 else f", +{len(states) - 6} more"
+        failed = sum(s.failed for s in states.values())
         self.log(
             f"{self.profile.name}: batches {len(states) - running}/{len(states)} done, requests {done:,}/{total:,} "
-            f"[{per}{more}], waited {format_eta(waited)}"
+            + (f"({failed:,} failed) " if failed else "") + f"[{per}{more}], waited {format_eta(waited)}"
         )
