@@ -6,7 +6,6 @@ Knows the order of the stages and the output folder; knows nothing of argparse o
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import time
@@ -16,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, aio
 from .analysis import routing as R
 from .analysis import scaling as SC
 from .analysis import stats as S
@@ -31,6 +30,7 @@ from .data import DataError, Registry, load_registry
 from .index import searches_folder
 from .llm import LLMEngine, ModelProfile, load_profile
 from .llm.budget import Budget, check_priced
+from .llm.engine import STOP_GRACE_S
 from .llm.errors import BudgetExhausted
 from .llm.limits import SharedRates, rate_folder
 from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
@@ -226,7 +226,7 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
         with bar:
-            records, llm_stats = asyncio.run(_run_async(study, profiles, cache_root, bar, budget))
+            records, llm_stats = aio.run(_run_async(study, profiles, cache_root, bar, budget))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered: a rerun from the cache shows zero requests.
         sim_stats = {n: sim.stats() for n, sim in sims.items()}
@@ -242,6 +242,7 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
     rates = SharedRates(rate_folder(s.resolve_path(s.rate_dir) if s.rate_dir else None, cache_root))
     async with contextlib.AsyncExitStack() as stack:
         engines = {n: await stack.enter_async_context(LLMEngine(p, cache_root=cache_root, budget=budget,
+                                                                grace_s=s.stop_grace_s,
                                                                 pacer_factory=rates, token_pacer_factory=rates.tpm)) for n, p in profiles.items()}
         for n, e in engines.items():
             bar.attach(n, e.stats)
@@ -447,7 +448,7 @@ def export_requests(s: Settings, out: Path, reporter: Reporter = SILENT) -> Expo
     profiles = load_profiles(s, offline=True)
     inputs = checked_inputs(s, reporter)
     study = prepare(s, reporter.progress, inputs, reporter=reporter)
-    todo = asyncio.run(batch_study.collect(study, profiles, cache_root))
+    todo = aio.run(batch_study.collect(study, profiles, cache_root))
     store = JobStore(cache_root)
     try:
         for name, reqs in todo.items():
@@ -473,7 +474,7 @@ def plan_request_file(path: Path, model: str, out: Path, cache_root: Path, **ove
 
 
 def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, reporter: Reporter = SILENT,
-                     **overrides: Any) -> RanFile:
+                     grace_s: float = STOP_GRACE_S, **overrides: Any) -> RanFile:
     """`requests run`: any request file through the online engine (limits, retries, cache, resume) into a
     results file. The whole file is checked, and `out` writable, before anything is sent."""
     if out.resolve() == path.resolve():
@@ -485,6 +486,7 @@ def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, rep
     with contextlib.ExitStack() as stack:
         profiles = {profile.name: profile}
         _use_simulators(profiles, _start_simulators(stack, profiles))
-        results, stats = asyncio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter))
+        results, stats = aio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter,
+                                              grace_s=grace_s))
     write_lines(out, results)
     return RanFile(results, stats, time.perf_counter() - t0)

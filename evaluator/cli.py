@@ -31,6 +31,7 @@ from .config import (
     BATCH_FALLBACKS,
     PRECISION_CHOICES,
     REGISTRY_CHOICES,
+    STOP_GRACE_S,
     TOOLS_FORMAT_CHOICES,
     ConfigError,
     ProfileOverrides,
@@ -135,6 +136,7 @@ def run_parser() -> Parser:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--dry-run", action="store_true", help="prepare what costs nothing (data, embeddings, retrieval, cache lookups), then print and write OUT/plan.json: calls, tokens, USD and time per model; send nothing")
     p.add_argument("--budget", type=_budget, metavar="USD", help="stop sending before this invocation could spend more than USD (online prices; replies received stay cached; exit code 4)")
+    p.add_argument("--stop-grace", type=float, metavar="S", help="seconds the LLM calls on the wire at a stop (SIGTERM, SIGHUP, Ctrl-C) get to arrive and be cached (default 8)")
     p.add_argument("--rate-dir", help="share each model's RPM/TPM pacing with every process using this folder (default: the cache folder)")
     return p
 
@@ -144,7 +146,7 @@ RUN_FLAGS = {
     "subsets": "subsets", "k": "k", "ks": "ks", "registry": "registry", "embedder": "embedder", "device": "device",
     "precision": "precision", "backend": "backend", "cache_dir": "cache_dir", "out": "out", "limit": "limit", "models": "models",
     "runs": "runs", "archs": "archs", "fallback_to_query": "fallback_to_query", "tools_format": "tools_format",
-    "batch_fallback": "batch_fallback",
+    "batch_fallback": "batch_fallback", "stop_grace": "stop_grace_s",
 }
 
 
@@ -373,6 +375,7 @@ def _requests_run(argv: list[str]) -> int:
     _rate_flags(ap)
     ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--stop-grace", type=float, metavar="S", default=STOP_GRACE_S, help="seconds the calls on the wire at a stop signal get to arrive and be cached (default 8)")
     ap.add_argument("--dry-run", action="store_true", help="print (and write OUT's stem + .plan.json) the requests, tokens, USD and time the file would take; send nothing")
     args = ap.parse_args(argv)
     overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
@@ -381,7 +384,8 @@ def _requests_run(argv: list[str]) -> int:
                                     **overrides.as_kwargs()))
         return 0
     done = app.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
-                                reporter=make_reporter(not args.no_progress), **overrides.as_kwargs())
+                                reporter=make_reporter(not args.no_progress), grace_s=args.stop_grace,
+                                **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
     print(f"Wrote {n:,} results to {args.out} in {done.seconds:.1f} s: {n - bad:,} ok, {bad:,} errors; "
           f"{done.stats['requests']:,} HTTP requests sent, {done.stats['cache_hits']:,} answered from the cache.")

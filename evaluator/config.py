@@ -17,6 +17,7 @@ from pydantic.dataclasses import dataclass
 
 from .data import TOOLS_FORMATS
 from .embed_backends import BACKENDS, PRECISIONS
+from .llm.engine import STOP_GRACE_S
 from .llm.errors import ConfigError  # one ConfigError for settings and model profiles
 from .llm.profiles import ModelProfile, check_values, checked
 
@@ -92,6 +93,8 @@ class Settings:
     rate_dir: str = Field("", exclude=True)
     # --batch-fallback: requests the batch API did not answer stop the run ("stop") or go online ("online")
     batch_fallback: BatchFallback = Field("stop", exclude=True)
+    # --stop-grace: seconds a call on the wire at a stop signal (SIGTERM, SIGHUP, Ctrl-C) gets to arrive and be cached
+    stop_grace_s: float = Field(STOP_GRACE_S, ge=0, le=600, exclude=True)
     # [analysis] subset names or prefixes; empty = derived from the subsets present (see analysis_subsets)
     routing_train: list[str] = field(default_factory=list)
     routing_test: list[str] = field(default_factory=list)
@@ -136,14 +139,15 @@ SECTIONS: dict[str, dict[str, str]] = {
               "batch_size": "batch_size"},
     "retrieval": {"k": "k", "ks": "ks", "fallback_to_query": "fallback_to_query"},
     "run": {"models": "models", "runs": "runs", "archs": "archs", "cache_dir": "cache_dir", "out": "out",
-            "budget_usd": "budget_usd", "rate_dir": "rate_dir", "batch_fallback": "batch_fallback"},
+            "budget_usd": "budget_usd", "rate_dir": "rate_dir", "batch_fallback": "batch_fallback",
+            "stop_grace_s": "stop_grace_s"},
     "analysis": {"routing_train": "routing_train", "routing_test": "routing_test", "routing_folds": "routing_folds",
                  "routing_seed": "routing_seed", "scaling_subsets": "scaling_subsets",
                  "scaling_sizes": "scaling_sizes", "scaling_seeds": "scaling_seeds",
                  "divergence_subset": "divergence_subset"},
 }
 # flags whose name is not the setting's (`--k` for k, `--tools-format` for tools_format, ...)
-FLAGS = {"models": "--model", "timeout_s": "--timeout", "budget_usd": "--budget", "scaling_sizes": "--sizes",
+FLAGS = {"models": "--model", "stop_grace_s": "--stop-grace", "timeout_s": "--timeout", "budget_usd": "--budget", "scaling_sizes": "--sizes",
          "scaling_seeds": "--seeds", "scaling_subsets": "--subsets", "routing_train": "--train",
          "routing_test": "--test", "routing_folds": "--folds", "routing_seed": "--seed"}
 

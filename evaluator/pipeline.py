@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from . import prompts, retrieve
-from .aio import cancel_all
+from .aio import cancel_all, gather_all
 from .data import Query, Registry
 from .index import SearchMemo, searches_folder
 from .llm import ChatResult
@@ -230,7 +230,7 @@ class StudyRunner:
 
     async def _query(self, unit: Unit, qi: int) -> None:
         archs = self.study.settings.archs
-        rtp, ptr = await asyncio.gather(
+        rtp, ptr = await gather_all(
             self._rtp(unit, qi) if "rtp" in archs else _none(),
             self._ptr(unit, qi) if "ptr" in archs else _none(),
         )

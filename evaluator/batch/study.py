@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from .. import aio
 from ..llm import ChatResult, FatalLLMError, LLMEngine, ModelProfile, Prepared, resolve_api_key
 from ..llm.budget import Budget
 from ..llm.cache import ResponseCache
@@ -182,7 +183,7 @@ def run_batch(study: Any, profiles: dict[str, ModelProfile], cache_root: Path,
               log: Callable[[str], None] | None = None, budget: Budget | None = None,
               warn: Callable[[str], None] | None = None, fallback: str = "stop") -> dict[str, dict[str, Any]]:
     """`--batch`: the study's replies into the cache through the batch APIs (stats per model)."""
-    return asyncio.run(batch_rounds(study, profiles, Path(cache_root), log=log, budget=budget, warn=warn,
+    return aio.run(batch_rounds(study, profiles, Path(cache_root), log=log, budget=budget, warn=warn,
                                     fallback=fallback))
 
 
@@ -190,7 +191,7 @@ def cancel(profiles: dict[str, ModelProfile], cache_root: Path, log: Callable[[s
     """`--batch-cancel`: cancel every open batch of these models, import what they finished."""
     # An auto-started simulator is new each run: it holds no batch of an earlier one.
     reachable = {n: p for n, p in profiles.items() if p.base_url}
-    return asyncio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=log))
+    return aio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=log))
 
 
 def cancel_message(stats: dict[str, dict[str, Any]]) -> str:

@@ -79,9 +79,10 @@ __all__ = ["Budget", "ChatResult", "LLMEngine", "Pacer", "Prepared", "TokenPacer
 log = logging.getLogger("evaluator.llm")
 
 CLAIM_LEASE_S = 30.0  # a claim not renewed for this long is free for another process to take
-# A cancelled call whose request is on the wire gets this long to receive and store its reply
-# (a few seconds: well under the 10 s a container runtime waits between SIGTERM and SIGKILL).
-STOP_GRACE_S = 3.0
+# A cancelled call whose request is on the wire gets this long to receive and store its reply (`--stop-grace`):
+# under the 10 s a container runtime (docker stop) waits between SIGTERM and SIGKILL; Slurm and Kubernetes
+# wait 30 s. The 3 s we had first dropped replies of 4-8 s that a CPU server takes (issue 31).
+STOP_GRACE_S = 8.0
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
