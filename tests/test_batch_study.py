@@ -229,3 +229,13 @@ def test_batch_fallback_online_sends_the_rest_online_and_says_so(ws, sim, online
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["batch"]["sim"]["online"] > 0 and meta["batch"]["sim"]["stored"] == 0
     assert same_rows(rows(tmp_path / "out"), online["sim"])
+
+
+def test_batch_replies_without_usage_get_estimated_tokens(ws, sim, tmp_path):
+    sim.configure(usage=False)  # the batch routes answer with the online endpoint's bodies
+    r = run_cli(*study_args(ws, "sim", tmp_path / "c", tmp_path / "out"), "--batch", cwd=ws[0])
+    assert r.returncode == 0, r.stderr
+    b = json.loads((tmp_path / "out" / "meta.json").read_text())["batch"]["sim"]
+    assert b["usage_estimated"] == b["stored"] == 30
+    assert b["prompt_tokens"] > 0 and b["completion_tokens"] > 0
+    assert "carried no token usage" in r.stderr

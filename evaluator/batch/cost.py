@@ -34,6 +34,7 @@ class BatchStats:
     cancelled: int = 0
     conflicting: int = 0  # custom_ids the output answered twice, differently: neither reply is used
     online: int = 0  # requests the batch API did not answer, sent online instead (--batch-fallback online)
+    usage_estimated: int = 0  # replies without usage: their tokens by the token rule (llm/budget.py)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     waited_s: float = 0.0

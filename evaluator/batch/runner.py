@@ -37,7 +37,7 @@ MAX_QUEUE_ROUNDS = 20
 class ReplyStore(Protocol):
     """What the runner needs of the engine: `LLMEngine.store_reply`."""
 
-    def store_reply(self, key: str, response_body: dict[str, Any]) -> Any: ...
+    def store_reply(self, key: str, response_body: dict[str, Any], request: dict[str, Any] | None = None) -> Any: ...
 
 
 @dataclass
@@ -246,6 +246,7 @@ class BatchRunner:
         results, conflicts = dedupe(await self.api.results(job.batch_id))
         wanted = set(job.keys)
         seen: set[str] = set()
+        bodies = {q.custom_id: q.body for q in self._requests.get(job.token, [])}  # jobs of this process
         if conflicts:
             self.log(f"{self.profile.name}: batch {job.batch_id} answered {len(conflicts)} request(s) twice with different "
                      "replies; neither is used, they are sent again")
@@ -259,7 +260,7 @@ class BatchRunner:
             if r.custom_id not in wanted or r.custom_id in seen:
                 continue
             seen.add(r.custom_id)
-            self._take(r)
+            self._take(r, bodies.get(r.custom_id))
         not_run = len(wanted - seen)
         self.stats.not_run += not_run
         refused = [self.permanent[k] for k in wanted if k in self.permanent]
@@ -269,15 +270,16 @@ class BatchRunner:
         self.store.mark(job, "done")
         self._requests.pop(job.token, None)
 
-    def _take(self, r: Result) -> None:
+    def _take(self, r: Result, request: dict[str, Any] | None = None) -> None:
         if r.ok:
             assert r.body is not None
-            usage = r.body.get("usage") or {}
-            self.stats.prompt_tokens += int(usage.get("prompt_tokens") or 0)  # billed, usable or not
-            self.stats.completion_tokens += int(usage.get("completion_tokens") or 0)
+            usage = r.body.get("usage")
+            usage = usage if isinstance(usage, dict) else {}
             if self._cached(r.custom_id):
+                self._bill(usage, None)
                 return  # answered online meanwhile; keep the first reply
-            res = self.engine.store_reply(r.custom_id, r.body)
+            res = self.engine.store_reply(r.custom_id, r.body, request)
+            self._bill(usage, res)
             if getattr(res, "error", None):
                 self.stats.unusable += 1
                 self.permanent[r.custom_id] = str(res.error)
@@ -292,6 +294,18 @@ class BatchRunner:
         if (400 <= r.status_code < 500 and r.status_code not in (408, 409, 429)) or r.status_code == 501:
             self.permanent[r.custom_id] = r.reason()  # the request itself is wrong: same answer next time
         self._error(f"{r.custom_id[:12]}: {r.reason()}")
+
+    def _bill(self, usage: dict[str, Any], res: Any) -> None:
+        """Tokens billed for a reply, usable or not; a body without usage: the engine's estimates, counted."""
+        if not usage and res is not None and getattr(res, "usage_missing", False):
+            self.stats.usage_estimated += 1
+            self.stats.prompt_tokens += res.prompt_tokens
+            self.stats.completion_tokens += res.completion_tokens
+            return
+        for name in ("prompt_tokens", "completion_tokens"):
+            v = usage.get(name)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                setattr(self.stats, name, getattr(self.stats, name) + max(0, int(v)))
 
     def _cached(self, key: str) -> bool:
         return self.cache.get(key) is not None

@@ -146,6 +146,10 @@ async def batch_rounds(
                 if all(r.stats.stored == before[n] for n, r in runners.items()):
                     break  # nothing new came back
             left = await collect(study, profiles, cache_root, batcher() if batcher else None)
+            for n, r in runners.items():
+                if r.stats.usage_estimated:
+                    tell(f"{n}: {r.stats.usage_estimated:,} batch replies carried no token usage; their tokens and cost "
+                         "are estimates (characters / chars_per_token), counted as usage_estimated in meta.json")
             unanswered(runners, {n: len(reqs) for n, reqs in left.items() if reqs}, fallback, tell)
             return {n: r.stats.as_dict() for n, r in runners.items()}
     finally:

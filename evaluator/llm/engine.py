@@ -384,15 +384,19 @@ class LLMEngine:
                 break
         return read_server_facts(*bodies)
 
-    def store_reply(self, key: str, response_body: dict[str, Any]) -> ChatResult:
+    def store_reply(self, key: str, response_body: dict[str, Any], request: dict[str, Any] | None = None) -> ChatResult:
         """Parse a chat.completion body (e.g. from a batch output) and cache it as the online path would.
 
         An unusable body (malformed, empty) comes back with `.error` set and is not stored. Its tokens
-        are not added to `stats` (they were billed by the batch API, which accounts for them).
+        are not added to `stats` (they were billed by the batch API, which accounts for them). A body
+        without usage gets the token rule's estimates (the prompt's from `request`, when given).
         """
         read = read_reply(response_body, max_tokens=self.profile.max_tokens, max_tokens_known=profile_shaped(key))
         if read.error is not None:
             return ChatResult(None, None, error=read.error, error_kind=read.error_kind)
+        if read.usage_missing:
+            read.completion_tokens = text_tokens(read.content or "", self.profile.chars_per_token)
+            read.prompt_tokens = prompt_tokens(request, self.profile.chars_per_token) if request else 0
         self._count_cut(read)
         self._store(key, read, dropped=())
         return read
