@@ -82,7 +82,7 @@ def compute_floor() -> dict[str, float]:
     import numpy as np
     from tokenizers import Tokenizer
 
-    from evaluator import threads
+    from evaluator.core import threads
     from evaluator.embed import DEFAULT_MODEL, resolve_model
 
     threads.configure_env()

@@ -15,17 +15,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, aio
-from .analysis import routing as R
-from .analysis import scaling as SC
-from .analysis import stats as S
+from . import __version__
+from .analysis import routing as routing_analysis
+from .analysis import scaling as scaling_analysis
 from .analysis.main import main_study
+from .analysis.stats import summary_dict
 from .batch import study as batch_study
 from .batch.cost import accounting
 from .batch.files import Result, read_requests, write_lines
 from .batch.requests import offline_profile, run_requests
 from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
+from .core import aio
+from .core.cache_layout import CacheLayout
+from .core.progress import SILENT, Progress, Reporter
 from .data import DataError, Registry, load_registry
 from .index import searches_folder
 from .llm import LLMEngine, ModelProfile, load_profile
@@ -35,12 +38,9 @@ from .llm.errors import BudgetExhausted
 from .llm.limits import SharedRates, rate_folder
 from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
 from .plan import PLAN_FILE, plan_requests, plan_study, write_plan
-from .progress import SILENT, Progress, Reporter
-from .render import figures as F
-from .render import report as RP
-from .render import routing as RR
-from .render import scaling as RS
-from .render import view as VW
+from .render import figures, report, view
+from .render import routing as routing_render
+from .render import scaling as scaling_render
 from .schema import (
     REPORT_FILE,
     ROUTING_FILE,
@@ -63,7 +63,7 @@ Log = Callable[[str], None]
 
 
 @dataclass
-class Outcome:
+class RunOutcome:
     out: Path
     failed: Counter[str] = field(default_factory=Counter)  # calls that failed for good, per error kind
     cut: Counter[str] = field(default_factory=Counter)  # replies in the results that were cut short, per cause
@@ -132,7 +132,7 @@ def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
 # ---------------------------------------------------------------- the run
 
 
-def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> Outcome:
+def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> RunOutcome:
     out = output_path(s)
     cache_root = s.resolve_path(s.cache_dir)
     check_writable(cache_root, "--cache-dir")
@@ -146,7 +146,7 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
             if s.dry_run:  # a dry run sends nothing, and cancelling is a request
                 raise ConfigError("--dry-run and --batch-cancel do not go together: drop one of them.")
             stats = batch_study.cancel(profiles, cache_root, reporter.info)
-            return Outcome(out, message=batch_study.cancel_message(stats))
+            return RunOutcome(out, message=batch_study.cancel_message(stats))
     with contextlib.ExitStack() as stack:
         # Simulated models' servers start now and get ready beside the loading and embedding below.
         sims = _start_simulators(stack, profiles) if profiles and not s.dry_run else {}
@@ -154,11 +154,11 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
 
 
 def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
-               sims: dict[str, SimHandle], reporter: Reporter, retrieval_only: bool) -> Outcome:
+               sims: dict[str, SimHandle], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
     inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
     study = prepare(s, reporter.progress, inputs, reporter=reporter)
     if s.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
-        return Outcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
+        return RunOutcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
     od = OutputDir(out)
     if retrieval_only:
         records = retrieval_only_records(study)
@@ -185,14 +185,14 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
         meta.analysis_notes = notes
         od.write_meta(meta)
     t = time.perf_counter()
-    render_outputs(od, figure_store=cache_root / "figures", meta=meta, records=records)
+    render_outputs(od, figure_store=CacheLayout(cache_root).figures, meta=meta, records=records)
     study.timings["render_s"] = time.perf_counter() - t
     meta.runtime["timings"] = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
     failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
     cut: Counter[str] = Counter(c for r in records for b in (r.rtp, r.ptr) if b is not None for c in b.cut_replies())
     estimated = sum(st.usage_estimated for st in meta.llm_stats.values())
-    return Outcome(out, failed, cut=cut, usage_estimated=estimated)
+    return RunOutcome(out, failed, cut=cut, usage_estimated=estimated)
 
 
 def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, SimHandle]:
@@ -286,7 +286,7 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
     quiet: Log = reporter.info if reporter.progress else (lambda _m: None)
     t = time.perf_counter()
     if subs.scaling:
-        res = SC.scaling_study(
+        res = scaling_analysis.scaling_study(
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
             subsets=subs.scaling, divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes,
             seeds=s.scaling_seeds, about=_about(meta, s, "scaling_subsets"), log=quiet,
@@ -297,14 +297,15 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
     study.timings["scaling_s"] = time.perf_counter() - t
     t = time.perf_counter()
     opt = _routing_options(s, subs)
-    od.write_json(ROUTING_FILE, R.routing_study(records, opt, _about(meta, s, "routing_test")).to_dict())
+    result = routing_analysis.routing_study(records, opt, _about(meta, s, "routing_test"))
+    od.write_json(ROUTING_FILE, result.to_dict())
     study.timings["routing_s"] = time.perf_counter() - t
     return notes
 
 
-def _routing_options(s: Settings, subs: AnalysisSubsets) -> R.Options:
-    return R.Options(k=s.k, train=subs.routing_train, test=subs.routing_test, folds=s.routing_folds,
-                     seed=s.routing_seed)
+def _routing_options(s: Settings, subs: AnalysisSubsets) -> routing_analysis.Options:
+    return routing_analysis.Options(k=s.k, train=subs.routing_train, test=subs.routing_test,
+                                    folds=s.routing_folds, seed=s.routing_seed)
 
 
 def _about(meta: Meta, s: Settings, setting: str) -> About:
@@ -327,21 +328,22 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     meta = od.read_meta() if meta is None else meta
     records = od.read_records() if records is None else sorted(records, key=record_key)
     result = main_study(records, meta)
-    od.write_json(SUMMARY_FILE, S.summary_dict(result.summary, meta.study_view()), indent=1)
+    od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view()), indent=1)
     scaling = od.read_json(SCALING_FILE)
     routing = od.read_json(ROUTING_FILE)
     sections: list[str] = []
     skipped: list[str] = []
     figs: list[Path] = []  # the main study's figures (report.md lists them); the analyses' sit in their sections
     if with_figures:
-        figs = F.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
-                                simulated=RP.labels_of(meta, result.summary.models).simulated, store=figure_store)
+        figs = figures.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
+                                simulated=report.labels_of(meta, result.summary.models).simulated, store=figure_store)
     drawn = list(figs)  # every figure this render drew: the view shows these, not a stale PNG of an earlier run
     # The two analyses that follow the main study: (name, saved data, its typed result, section, figure, command)
     analyses = (
-        ("scaling", scaling, SC.ScalingResult.from_dict, RS.section_md, RS.figure,
-         "Scaling study (Table 10)"),
-        ("routing", routing, R.RoutingResult.from_dict, RR.section_md, RR.figure, "Routing study"),
+        ("scaling", scaling, scaling_analysis.ScalingResult.from_dict, scaling_render.section_md,
+         scaling_render.figure, "Scaling study (Table 10)"),
+        ("routing", routing, routing_analysis.RoutingResult.from_dict, routing_render.section_md,
+         routing_render.figure, "Routing study"),
     )
     for name, data, typed, section_md, draw, title in analyses:
         if data is None:
@@ -360,11 +362,11 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
                            "report on; cross-validation is shown instead.")
         if with_figures:
             png = od.figures / f"{name}.png"
-            drawn += F.drawn(od.figures, name, F.figure_inputs(data),
+            drawn += figures.drawn(od.figures, name, figures.figure_inputs(data),
                             lambda res=res, draw=draw, png=png: [draw(res, png)], figure_store)
-    od.write_text(REPORT_FILE, RP.compose(meta, result, sections=sections, figures=[p.name for p in figs],
+    od.write_text(REPORT_FILE, report.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
-    VW.write(od, meta, records, [p.name for p in drawn] if with_figures else None)  # view.html: every query browsable (evaluator.render.view)
+    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None)  # view.html: every query browsable (evaluator.render.view)
 
 
 # ---------------------------------------------------------------- the analyses alone, on a finished run
@@ -378,7 +380,7 @@ def _records_with_ptr(od: OutputDir, what: str) -> list[Record]:
 
 
 def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = None, device: str = "auto",
-                        reporter: Reporter = SILENT) -> SC.ScalingResult:
+                        reporter: Reporter = SILENT) -> scaling_analysis.ScalingResult:
     """The scaling study on a finished run: its registry re-read, every vector from its embedding cache."""
     meta = od.read_meta()
     records = od.read_records()
@@ -398,7 +400,7 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     encode = lambda texts: embedder.encode(texts, desc="embedding (cache misses)")  # noqa: E731
     api_vecs = encode(registry.texts())
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
-    res = SC.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
+    res = scaling_analysis.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
                            divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
                            about=_about(meta, s, "scaling_subsets"), log=reporter.info,
                            memo=searches_folder(embedder.cache_dir))
@@ -410,7 +412,7 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     return res
 
 
-def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> R.RoutingResult:
+def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> routing_analysis.RoutingResult:
     meta = od.read_meta()
     saved = max([meta.k, *meta.ks])
     if s.k > saved:  # the records hold each top list only to the run's largest k
@@ -418,7 +420,7 @@ def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT)
     records = _records_with_ptr(od, "routing")
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
     opt = _routing_options(s, subs)
-    res = R.routing_study(records, opt, _about(meta, s, "routing_test"), log=reporter.info)
+    res = routing_analysis.routing_study(records, opt, _about(meta, s, "routing_test"), log=reporter.info)
     od.write_json(ROUTING_FILE, res.to_dict())
     render_outputs(od)
     return res

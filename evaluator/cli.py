@@ -1,11 +1,12 @@
 """Command line: `python -m evaluator [run flags]`, plus `cache`, `report`, `scaling`, `routing`, `requests`.
 
 The only module that knows about argv, the terminal and exit codes. Every user mistake ends in one
-line on stderr naming the flag, file or key and what to do — no traceback. Exit codes: 0 done;
-1 the run stopped (bad key, exhausted quota: finished calls are cached); 2 a usage, config or data
-error (before any work); 3 done, but some LLM calls failed for good (a rerun retries them);
-4 stopped at --budget (replies received are cached: a rerun with a larger budget resumes); 130 interrupted
-(Ctrl-C, SIGTERM or SIGHUP: calls already on the wire get a few seconds to arrive and be cached).
+line on stderr naming the flag, file or key and what to do — no traceback. Exit codes (`core.errors`,
+where every error class says its own and its line): 0 done; 1 the run stopped (bad key, exhausted quota:
+finished calls are cached); 2 a usage, config or data error (before any work); 3 done, but some LLM calls
+failed for good (a rerun retries them); 4 stopped at --budget (replies received are cached: a rerun with a
+larger budget resumes); 130 interrupted (Ctrl-C, SIGTERM or SIGHUP: calls already on the wire get a few
+seconds to arrive and be cached).
 
 Progress bars, notes and warnings of the stages reach stderr through the one `Reporter` made here
 (`make_reporter`); the engine's `logging` warnings through the handler `main` installs.
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 from . import app
-from .aio import interrupt_on_stop_signals, stop_signal
 from .analysis.routing import RoutingMeta
 from .analysis.scaling import ScalingMeta
 from .batch.requests import import_files
@@ -33,22 +33,25 @@ from .config import (
     REGISTRY_CHOICES,
     STOP_GRACE_S,
     TOOLS_FORMAT_CHOICES,
-    ConfigError,
     ProfileOverrides,
     Settings,
     load_settings,
     validate,
 )
-from .data import DataError
-from .embed import EmbedderError
-from .llm import FatalLLMError, cache_clear, cache_stats
-from .llm.errors import BudgetExhausted
-from .progress import Reporter
-from .redact import RedactFilter, redact, redacted_traceback
+from .core.aio import interrupt_on_stop_signals, stop_signal
+from .core.errors import (
+    EXIT_FAILED_CALLS,
+    EXIT_INTERRUPTED,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    ConfigError,
+    EvaluatorError,
+)
+from .core.progress import Reporter
+from .core.redact import RedactFilter, redact, redacted_traceback
+from .llm import cache_clear, cache_stats
 from .render import view as view_page
-from .schema import OutputDir, OutputError
-
-EXIT_STOPPED, EXIT_USAGE, EXIT_FAILED_CALLS, EXIT_BUDGET, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+from .schema import OutputDir
 
 
 class Parser(argparse.ArgumentParser):
@@ -450,7 +453,7 @@ def _log_to_stderr() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _log_to_stderr()
-    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (aio.py)
+    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (core/aio.py)
     command = argv[0] if argv and argv[0] in HANDLERS else "run"
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
     sys.excepthook = lambda *exc: sys.stderr.write(redacted_traceback(*exc))  # even a crash's traceback carries no key
@@ -458,16 +461,9 @@ def main(argv: list[str] | None = None) -> int:
         return HANDLERS[command](rest)
     except SystemExit as e:  # argparse: --help (0) or a usage error already printed (2)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    except (DataError, ConfigError, EmbedderError, OutputError) as e:
-        print(redact(f"error: {e}"), file=sys.stderr)
-        return EXIT_USAGE
-    except BudgetExhausted as e:
-        print(redact(str(e)), file=sys.stderr)
-        return EXIT_BUDGET
-    except FatalLLMError as e:
-        print(redact(f"error: {e} Every call finished before the stop is cached: rerun the same command to resume."),
-              file=sys.stderr)
-        return EXIT_STOPPED
+    except EvaluatorError as e:  # each kind says its exit code and its line (core/errors.py)
+        print(redact(e.line()), file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         how = f" by {stop_signal()}" if stop_signal() else ""
         print(f"\ninterrupted{how}: finished LLM calls are cached; rerun the same command to resume.", file=sys.stderr)

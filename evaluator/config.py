@@ -15,11 +15,13 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
+from . import data
+from .core.errors import ConfigError  # one ConfigError for settings and model profiles
+from .core.validation import check_values, checked
 from .data import TOOLS_FORMATS
 from .embed_backends import BACKENDS, PRECISIONS
 from .llm.engine import STOP_GRACE_S
-from .llm.errors import ConfigError  # one ConfigError for settings and model profiles
-from .llm.profiles import ModelProfile, check_values, checked
+from .llm.profiles import ModelProfile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -190,14 +192,9 @@ def validate(s: Settings, where: str = "") -> None:
 
 
 def match_subsets(available: list[str], wanted: list[str], what: str) -> list[str]:
-    """`wanted` holds subset names or prefixes (`G1` matches `G1_instruction`), as on the run's CLI."""
-    out: list[str] = []
-    for w in wanted:
-        hit = [s for s in available if s == w] or [s for s in available if s.startswith(w)]
-        if not hit:
-            raise ConfigError(f"{what}: subset {w!r} is not in this run; it has {', '.join(available) or 'none'}.")
-        out += [s for s in hit if s not in out]
-    return out
+    """`wanted` holds subset names or prefixes, as on the run's CLI (`data.match_subsets`, the one rule)."""
+    return data.match_subsets(available, wanted, lambda w: ConfigError(
+        f"{what}: subset {w!r} is not in this run; it has {', '.join(available) or 'none'}."))
 
 
 @dataclass

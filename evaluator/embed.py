@@ -29,14 +29,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import threads
+from .core import threads
+from .core.cache_layout import CacheLayout
+from .core.errors import EmbedderError as EmbedderError  # defined with its exit code in core.errors
+from .core.files import atomic_write
 
 threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread pools
 
 import numpy as np  # noqa: E402
 
 from . import embed_backends as eb  # noqa: E402
-from .progress import SILENT, Reporter  # noqa: E402
+from .core.progress import SILENT, Reporter  # noqa: E402
 
 DEFAULT_MODEL = "bundled:all-MiniLM-L6-v2"
 BACKENDS = ("auto", *eb.BACKENDS)
@@ -45,10 +48,6 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 # (bench/README.md). The bf16 and int8 paths are faster still but change 9-85% of the top-5 lists.
 AUTO_CPU: tuple[tuple[str, str], ...] = (("openvino", "fp32"), ("onnx", "fp32"))
 _SHARD_ROWS = 4096  # vectors per write: bounds the work a crash can lose
-
-
-class EmbedderError(Exception):
-    """The embedding model or its cache cannot be used; the message says what to do instead."""
 
 
 def _key(text: str) -> bytes:
@@ -124,17 +123,10 @@ class EmbeddingStore:
 
     def add(self, keys: list[bytes], vecs: np.ndarray) -> None:
         name = f"shard-{uuid.uuid4().hex}.npz"
-        tmp = self.root / f".{name}.tmp"
+        arrays = _seal(np.array(keys, dtype="S16"), vecs.astype(np.float32))
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **_seal(np.array(keys, dtype="S16"), vecs.astype(np.float32)))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.root / name)
+            atomic_write(self.root / name, lambda fh: np.savez(fh, **arrays), durable=True)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise EmbedderError(f"cache dir {self.cache_dir} is not writable; use --cache-dir") from None
             fix = "free space on that disk or use --cache-dir on another" if e.errno in (errno.ENOSPC, errno.EDQUOT) \
@@ -232,7 +224,7 @@ def _slug(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)[-120:]
 
 
-def resolve_path(backend: str, precision: str, device: str) -> tuple[str, str]:
+def choose_runtime(backend: str, precision: str, device: str) -> tuple[str, str]:
     """(backend, precision) that will run, from the settings; raises EmbedderError on a bad pair."""
     if backend not in BACKENDS:
         raise EmbedderError(f"embedding backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -277,7 +269,7 @@ class Embedder:
         self.model_name = model
         self.load_path, self.cache_name = resolve_model(model)
         self.device = device if device != "auto" else _auto_device()
-        self.backend, self.precision = resolve_path(backend, precision, self.device)
+        self.backend, self.precision = choose_runtime(backend, precision, self.device)
         if self.backend != "torch":
             self.device = "cpu"  # ONNX Runtime and OpenVINO run here on the CPU
         self.batch_size = batch_size
@@ -294,7 +286,7 @@ class Embedder:
         self.stats = EmbedStats()
 
     def _store_root(self, cache_dir: Path) -> Path:
-        return cache_dir / "embeddings" / _slug(self.cache_name) / self.path_key
+        return CacheLayout(cache_dir).embeddings / _slug(self.cache_name) / self.path_key
 
     @property
     def path_key(self) -> str:

@@ -33,7 +33,6 @@ import logging
 import os
 import shutil
 import threading
-import uuid
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +40,9 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from .core.cache_layout import CacheLayout
+from .core.files import atomic_folder
 
 EXPORT_VERSION = 2  # bump when the export procedure changes: old exports are then ignored (2: tokenizer kept)
 OPSET = 17
@@ -97,26 +99,6 @@ def _fingerprint(load_path: str, kind: str) -> str:
     return h.hexdigest()
 
 
-def _build_atomically(final: Path, build: Callable[[Path], None]) -> Path:
-    """Build into a private folder and rename it into place: a reader never sees half an export,
-    and of two processes exporting at once the first rename wins (the other's copy is dropped)."""
-    if final.is_dir():
-        return final
-    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
-        build(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def _export_onnx(st, out: Path, input_names: list[str]) -> None:
     import torch
 
@@ -161,15 +143,15 @@ def export(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
     gives the SentenceTransformer, called only when the export must be built."""
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in cache_name)[-120:]
     name = f"{kind}-{_fingerprint(load_path, kind)}"
-    final = root / "exports" / slug / name
+    final = CacheLayout(root).exports / slug / name
     if not final.is_dir() and name in _BUILT and _BUILT[name].is_dir():
-        _build_atomically(final, lambda d: _link_tree(_BUILT[name], d))
+        atomic_folder(final, lambda d: _link_tree(_BUILT[name], d))
     shared = os.environ.get(SHARED_EXPORTS_ENV)
     if not final.is_dir() and shared and Path(shared).resolve() != root.resolve():
         # Every cache folder on this machine links one export (the test suite's fresh caches, a user's
         # per-project caches): exporting costs 10-20 s of CPU each time, linking nothing.
         source = export(load, load_path, cache_name, kind, Path(shared))
-        _build_atomically(final, lambda d: _link_tree(source, d))
+        atomic_folder(final, lambda d: _link_tree(source, d))
     if not final.is_dir():
         _build(load, load_path, cache_name, kind, root, final)
     _BUILT[name] = final
@@ -184,7 +166,7 @@ def _build(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
             _export_onnx(st, d, input_names_of(st))
             _keep_tokenizer(st, d)
 
-        return _build_atomically(final, onnx)
+        return atomic_folder(final, onnx)
     base = export(load, load_path, cache_name, "onnx-fp32", root)
     if kind == "onnx-int8":
         convert: Callable[[Path], None] = lambda d: _quantize(base / "model.onnx", d / "model.onnx")  # noqa: E731
@@ -202,7 +184,7 @@ def _build(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
             if (base / f).is_file():
                 shutil.copy2(base / f, d / f)
 
-    return _build_atomically(final, derived)
+    return atomic_folder(final, derived)
 
 
 def _keep_tokenizer(st, out: Path) -> None:

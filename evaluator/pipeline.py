@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from . import prompts, retrieve
-from .aio import cancel_all, gather_all
+from .core.aio import cancel_all, gather_all
 from .data import Query, Registry
 from .index import SearchMemo, searches_folder
 from .llm import ChatResult

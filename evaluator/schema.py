@@ -1,6 +1,6 @@
 """The output folder's contracts: typed `Record` (one line of `queries.jsonl`) and `Meta` (`meta.json`),
 the folder's file names and `FORMAT_VERSION`, the one JSON writer (`dumps`), and the one reader and
-writer of an output folder (every write atomic, in `atomic_write`).
+writer of an output folder (every write atomic, `core.files.atomic_write`).
 
 The types are pydantic dataclasses: their fields are the JSON shape (docs/DESIGN.md), read and written by
 pydantic; an older folder is read through the one migration step in `Meta`. Facts derived from a record
@@ -34,9 +34,13 @@ from pydantic.dataclasses import dataclass
 
 from .batch.cost import BatchStats, Cost
 from .config import Settings
-from .data import qid_key
+from .core.errors import ConfigError
+from .core.errors import OutputError as OutputError  # defined with its exit code in core.errors
+from .core.files import (
+    atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
+)
+from .data import GOLD_SETS, qid_key
 from .llm.accounting import CallStats
-from .llm.errors import ConfigError
 from .llm.profiles import ModelProfile
 from .llm.reply import cut_cause
 from .parse import Stub
@@ -44,7 +48,7 @@ from .parse import Stub
 # re-exported: the sort key for query ids of mixed types, a PtR stub, a model's call counters
 __all__ = ["qid_key", "Stub", "CallStats"]
 
-GOLDS: tuple[str, ...] = ("api_list", "relevant")
+GOLDS = GOLD_SETS  # the data's gold sets (data.model), the ones every record carries
 TRUNCATED = "length"  # the OpenAI-compatible finish_reason of a reply cut off at max_tokens
 
 # The output folder's files. meta.json + queries.jsonl are the saved data; the rest is derived from them.
@@ -57,10 +61,6 @@ ROUTING_FILE = "routing.json"
 # meta.json's `format_version`. A folder without one (format 0) was written by release 0.1.0 or before;
 # `Meta` reads it through `_migrate_meta`. Bump it, and add a step there, when a saved shape changes.
 FORMAT_VERSION = 1
-
-
-class OutputError(Exception):
-    """An output folder cannot be read or written; the message names it and says what to do."""
 
 
 # ---------------------------------------------------------------- records
@@ -383,24 +383,6 @@ _META = TypeAdapter(Meta)
 
 
 # ---------------------------------------------------------------- the output folder
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write via a temporary sibling and rename: a reader never sees half a file, a kill leaves the old one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(path)
-    except OSError as e:
-        # A full disk or an I/O error: no half-written temporary file is left, and the error names the
-        # file the user knows (the CLI prints it as one line saying what to free).
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
 
 
 def dumps(obj: Any, *, indent: int | None = 2) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import retrieve
 from .config import REPO_ROOT, Settings
+from .core.progress import SILENT, Reporter
 from .data import (
     Query,
     Registry,
@@ -25,7 +26,6 @@ from .data import (
 )
 from .embed import Embedder
 from .index import VectorIndex
-from .progress import SILENT, Reporter
 
 
 @dataclass

@@ -15,8 +15,8 @@ import orjson
 import pytest
 from data_fixtures import make_data_dir
 
+from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm import LLMEngine
-from evaluator.llm.budget import prompt_tokens, text_tokens
 from evaluator.llm.cache import CacheEntry, ResponseCache, cache_dir, encode_entry
 from evaluator.llm.decide import GiveUp, Outcome, Reply, decide
 from evaluator.llm.limits import read_server_facts

@@ -128,7 +128,7 @@ def route(signal: np.ndarray, tau: float, direction: str) -> np.ndarray:
 
 
 @dataclass
-class Outcome:
+class PolicyScore:
     """A policy scored on some queries: per metric the per-run means, then mean and std over runs."""
 
     values: dict[str, list[float]]
@@ -149,11 +149,11 @@ class Outcome:
                    for name, v in self.values.items()}}
 
 
-def score_policy(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> Outcome:
+def score_policy(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> PolicyScore:
     return score_policies(d, to_rtp[None, :], sel)[0]
 
 
-def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> list[Outcome]:
+def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> list[PolicyScore]:
     """`score_policy` of each row of `to_rtp` (policies x queries) at once: a threshold sweep scores
     every candidate in one array operation per run and metric instead of one small mean each (4,733
     calls and 112,720 means took 1.9 s of a warm study). Each row's mean is numpy's own reduction
@@ -174,7 +174,7 @@ def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = No
                 values[name][i].append(v)
     shares = np.ascontiguousarray(to_rtp[:, sel]).mean(axis=1).tolist() if sel.any() else [float("nan")] * m
     n = int(sel.sum())
-    return [Outcome({name: values[name][i] for name in d.rtp}, float(shares[i]), n) for i in range(m)]
+    return [PolicyScore({name: values[name][i] for name in d.rtp}, float(shares[i]), n) for i in range(m)]
 
 
 def candidates(values: np.ndarray) -> np.ndarray:
@@ -184,7 +184,7 @@ def candidates(values: np.ndarray) -> np.ndarray:
 
 
 def sweep(d: ModelData, signal: str, sel: np.ndarray | None = None,
-          taus: np.ndarray | None = None) -> list[tuple[float, Outcome]]:
+          taus: np.ndarray | None = None) -> list[tuple[float, PolicyScore]]:
     sel = np.ones(len(d.keys), dtype=bool) if sel is None else sel
     direction = SIGNALS[signal][1]
     s = d.signals[signal]
@@ -193,9 +193,9 @@ def sweep(d: ModelData, signal: str, sel: np.ndarray | None = None,
     return [(float(t), o) for t, o in zip(taus, score_policies(d, policies, sel), strict=True)]
 
 
-def choose(points: Sequence[tuple[float, Outcome]], gold: str) -> tuple[float, Outcome]:
+def choose(points: Sequence[tuple[float, PolicyScore]], gold: str) -> tuple[float, PolicyScore]:
     """The objective: highest mean recall, then fewest tokens, then the lowest threshold."""
-    def key(p: tuple[float, Outcome]) -> tuple[float, float, float]:
+    def key(p: tuple[float, PolicyScore]) -> tuple[float, float, float]:
         # Rounded so that float noise in a mean never outranks a real token saving.
         return (-round(p[1].mean(f"recall:{gold}"), 9), round(p[1].mean("tokens"), 6), p[0])
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
+from ..core.redact import redact, redact_keys
 from ..llm.errors import ConfigError
-from ..redact import redact, redact_keys
 from ..schema import atomic_write
 
 CHAT_URL = "/v1/chat/completions"

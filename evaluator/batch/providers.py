@@ -23,10 +23,10 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from ..core.redact import redact
 from ..llm.errors import ConfigError, FatalLLMError
 from ..llm.profiles import ModelProfile
 from ..llm.retry import backoff_delay, retry_after_from_headers
-from ..redact import redact
 from .files import Request, Result, parse_results
 
 TOKEN_KEY = "evaluator_token"

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import aio
-from ..aio import cancel_all
+from ..core import aio
+from ..core.aio import cancel_all
+from ..core.progress import SILENT, Reporter
 from ..llm import ChatResult, ConfigError, LLMEngine, ModelProfile, ResponseCache, load_profile
 from ..llm.engine import STOP_GRACE_S
 from ..llm.limits import SharedRates, rate_folder
-from ..progress import SILENT, Reporter
 from .files import Request, Result, dedupe, failure_kinds, read_results
 from .store import JobStore
 from .study import offline

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..core.progress import format_eta
+from ..core.redact import redact
 from ..llm.cache import ResponseCache
 from ..llm.profiles import ModelProfile
-from ..progress import format_eta
-from ..redact import redact
 from .cost import BatchStats  # the meta.json contract, beside the cost it feeds
 from .files import Request, Result, dedupe, split
 from .providers import BatchAPI, BatchAPIError, BatchState, batch_limits, is_loopback

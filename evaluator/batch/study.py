@@ -24,7 +24,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from .. import aio
+from ..core import aio
 from ..llm import ChatResult, FatalLLMError, LLMEngine, ModelProfile, Prepared, resolve_api_key
 from ..llm.budget import Budget
 from ..llm.cache import ResponseCache

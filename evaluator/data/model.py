@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-GOLD_SETS = ("api_list", "relevant")
+from ..core.errors import DataError as DataError  # defined with its exit code in core.errors
+
+GOLD_SETS: tuple[str, ...] = ("api_list", "relevant")  # a query's gold sets, in the order tables show them
 REGISTRY_CHOICES = ("full", "described")
+
+T = TypeVar("T")
+
+
+def match_subsets(items: Sequence[T], wanted: Iterable[str], missing: Callable[[str], Exception],
+                  name: Callable[[T], str] = str) -> list[T]:
+    """The one rule for a subset named on the command line or in the config: each of `wanted` picks the
+    items `name`d exactly so, else every item whose name starts with it (`G1` matches `G1_instruction`);
+    the picks in `wanted`'s order, each once. A name that picks nothing raises `missing(name)`."""
+    out: list[T] = []
+    for w in wanted:
+        hit = [x for x in items if name(x) == w] or [x for x in items if name(x).startswith(w)]
+        if not hit:
+            raise missing(w)
+        out += [x for x in hit if x not in out]
+    return out
 
 # The one rule for the text that is embedded for an API, whatever file it came from (see Api.text).
 EMBED_TEXT_RULE = (
@@ -34,10 +53,6 @@ def prompt_description(description: str | None) -> tuple[str, bool]:
     if len(text) <= DESCRIPTION_CAP_CHARS:
         return text, False
     return text[:DESCRIPTION_CAP_CHARS].rstrip() + " [...]", True
-
-
-class DataError(Exception):
-    """Bad or missing input data; the message is one line saying where and what to do."""
 
 
 def api_id(tool_name: str, api_name: str) -> str:

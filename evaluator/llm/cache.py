@@ -53,6 +53,8 @@ import diskcache
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..core.cache_layout import CacheLayout
+from ..core.files import atomic_write
 from .errors import ConfigError, FatalLLMError
 from .reply import CONTEXT, MAX_TOKENS
 
@@ -133,7 +135,7 @@ class StoreError(FatalLLMError):
 
 
 def cache_dir(root: Path | str) -> Path:
-    return Path(root) / "llm"
+    return CacheLayout(root).llm
 
 
 def key_prefix(base_url: str, model: str, sampling: dict[str, Any]) -> hashlib._Hash:
@@ -290,10 +292,11 @@ class ResponseCache:
                 if not _damaged(e) or not self.db_file.is_file():
                     raise
                 self._db = self._repair(str(e))  # a damaged page diskcache itself could not read past
-            opening = self.path / "claims" / "cache.db"
+            claims = CacheLayout(root).claims
+            opening = claims / "cache.db"
             # Claims need not survive a power cut (a lost claim only costs a duplicate), so no fsync.
             self._claims = diskcache.Cache(
-                str(self.path / "claims"), eviction_policy="none", statistics=0, sqlite_synchronous=0
+                str(claims), eviction_policy="none", statistics=0, sqlite_synchronous=0
             )
             with self._db.transact(retry=True):  # BEGIN IMMEDIATE: fails now on a read-only database
                 pass
@@ -381,14 +384,11 @@ class ResponseCache:
         )
         for folder in self._spill_dirs():
             path = folder / f"{self._spill_name()}-{uuid.uuid4().hex[:8]}.jsonl"
-            tmp = path.with_suffix(".tmp")
             try:
-                tmp.write_bytes(lines)
-                os.replace(tmp, path)
+                atomic_write(path, lines)
                 return path
             except OSError:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
+                continue  # the next folder
         return None
 
     def _import_spills(self) -> None:

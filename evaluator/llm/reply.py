@@ -68,7 +68,7 @@ class ChatResult:
     error_kind: str | None = None  # with `error`: `http_400`, `timeout`, `connection`, `http_503`, ...
     reasoning_only: bool = False  # the text came from reasoning_content / reasoning (content was null)
     raw: dict[str, Any] | None = field(default=None, repr=False)  # the provider's body, with `keep_raw`
-    usage_missing: bool = False  # the body carried no usage: the tokens are estimates (llm/budget.py's rule)
+    usage_missing: bool = False  # the body carried no usage: the tokens are estimates (core/tokens.py's rule)
     cut: str | None = None  # why the reply ended early (`cut_cause`), None for a whole reply
 
     @property

@@ -154,30 +154,30 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
     out.append("## Retrieval: k-ablation\n")
     for m in models or [None]:
         for gold in result.golds:
-            out.append(T.table1(c, m, gold))
+            out.append(T.metric_at_k(c, m, gold))
             if m is None:
-                out.append(T.table1(c, m, gold, "precision"))
+                out.append(T.metric_at_k(c, m, gold, "precision"))
     for m in models:
         if not (T.has(summary, m, "ptr") or T.has(summary, m, "rtp")):
             continue
         out.append(f"## Model `{m}`" + (" (simulated LLM)" if m in labels.simulated else "") + "\n")
         if m in result.contrasts:
-            out.append(T.table2(c, result.contrasts[m]))
+            out.append(T.worked_contrasts(c, result.contrasts[m]))
         for gold in result.golds:
-            out.append(T.table3(c, m, gold))
+            out.append(T.main_results(c, m, gold))
         for gold in result.golds:
-            out.append(T.table11(c, m, gold))
+            out.append(T.compact_results(c, m, gold))
         if T.has(summary, m, "ptr"):
             for gold in result.golds:
-                out.append(T.table4(c, m, gold))
+                out.append(T.stub_generation(c, m, gold))
             for gold in result.golds:
-                out.append(T.table5(c, m, gold))
-        out.append(T.table6(c, m))
+                out.append(T.search_width(c, m, gold))
+        out.append(T.trajectories(c, m))
         if T.has(summary, m, "both"):
-            out.append(T.table7(c, m))
-        out.append(T.table8(c, m))
+            out.append(T.selection_divergence(c, m))
+        out.append(T.inference_cost(c, m))
         if m in result.trajectories:
-            out.append(T.table9(c, result.trajectories[m], m))
+            out.append(T.example_trajectory(c, result.trajectories[m], m))
         out.append(T.errors_table(c, m))
     if not models:
         out.append(T.errors_table(c, None))

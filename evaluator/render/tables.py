@@ -1,4 +1,7 @@
-"""The main study's tables (paper Tables 1–9 and 11, errors) as Markdown sections, from `MainResult`."""
+"""The main study's tables (paper Tables 1–9 and 11, errors) as Markdown sections, from `MainResult`.
+
+Each function is named after what its table shows (`main_results`, `search_width`, ...); the caption keeps
+the paper's table number."""
 
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ def has(s: S.Summary, model: str | None, arch: str) -> bool:
     return any(r.model == model and r.arch == arch for r in s.rows)
 
 
-def table1(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
+def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
     subs = c.s.subsets
     with_ptr = model is not None and has(c.s, model, "ptr")
     header = ["k"] + [f"{sub} {a}" for sub in subs for a in (("RtP", "PtR") if with_ptr else ("RtP",))]
@@ -101,7 +104,7 @@ def table1(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
                     table(header, body))
 
 
-def table3(c: Ctx, model: str, gold: str) -> str:
+def main_results(c: Ctx, model: str, gold: str) -> str:
     k = c.r.k
     header = ["Subset", "Metric", "RtP mean", "RtP ±std", "PtR mean", "PtR ±std", "p (t-test)", "p (Wilcoxon)",
               "wins RtP / PtR / ties"]
@@ -131,7 +134,7 @@ def table3(c: Ctx, model: str, gold: str) -> str:
                     "* p<.05, ** p<.01, *** p<.001.", table(header, body))
 
 
-def table11(c: Ctx, model: str, gold: str) -> str:
+def compact_results(c: Ctx, model: str, gold: str) -> str:
     k = c.r.k
     header = ["Subset", "P RtP", "P PtR", "R RtP", "R PtR", "Pass RtP", "Pass PtR"]
     body = []
@@ -150,7 +153,7 @@ def table11(c: Ctx, model: str, gold: str) -> str:
                     "the PtR–RtP difference (one-sample for P/R, two-sample for pass rate).", table(header, body))
 
 
-def table4(c: Ctx, model: str, gold: str) -> str:
+def stub_generation(c: Ctx, model: str, gold: str) -> str:
     header = ["Subset", "Gen.%", "Stubs/q", "Unique%", "Match%", "Cos (correct)", "Cos (incorrect)"]
     body = []
     for sub in c.s.subsets:
@@ -169,7 +172,7 @@ def budget_equivalent_k(width: float | None, ks: Sequence[int]) -> int | None:
     return min(ks, key=lambda kk: (abs(kk - width), kk))
 
 
-def table5(c: Ctx, model: str, gold: str) -> str:
+def search_width(c: Ctx, model: str, gold: str) -> str:
     k = c.r.k
     header = ["Subset", "Stubs/q", f"PtR eff. width (k={k})", "RtP eff. width", "Budget-equiv. k",
               "RtP recall (budget-equiv.)", f"PtR recall (k={k})"] + [f"PtR width k={kk}" for kk in c.r.ks]
@@ -186,7 +189,7 @@ def table5(c: Ctx, model: str, gold: str) -> str:
                     "Budget-equivalent RtP recall from Table 1.", table(header, body))
 
 
-def table6(c: Ctx, model: str) -> str:
+def trajectories(c: Ctx, model: str) -> str:
     k = c.r.k
     spec: list[tuple[str, str, str, str | None, Callable[[S.Row | None], str]]] = [
         ("Selection rate", "ptr", "selection_rate", None, lambda r: fms(r, 1, True)),
@@ -221,7 +224,7 @@ def table6(c: Ctx, model: str) -> str:
                     "(both empty = 1.0).", table(header, body))
 
 
-def table7(c: Ctx, model: str) -> str:
+def selection_divergence(c: Ctx, model: str) -> str:
     k = c.r.k
     header = ["Subset", "n", "Identical", "Divergent"] + [f"Divergent k={kk}" for kk in c.r.ks]
     body = []
@@ -234,7 +237,7 @@ def table7(c: Ctx, model: str) -> str:
                     "PtR top-k sets differ (mean±std over runs).", table(header, body))
 
 
-def table8(c: Ctx, model: str) -> str:
+def inference_cost(c: Ctx, model: str) -> str:
     k = c.r.k
     header = ["Subset", "RtP tokens/q", "PtR tokens/q", "Overhead", "RtP completion/q", "PtR completion/q",
               "Completion overhead"] + [f"ΔR [{g}]" for g in c.r.golds] + [
@@ -297,7 +300,7 @@ def errors_table(c: Ctx, model: str | None) -> str:
 
 
 
-def table2(c: Ctx, ex: Contrasts) -> str:
+def worked_contrasts(c: Ctx, ex: Contrasts) -> str:
     header = ["Side", "Subset", "Query id", "Query", f"RtP R@{c.r.k}", f"PtR R@{c.r.k}", "Stubs", "Lost proper nouns"]
     body = []
     for side, items in (("RtP wins", ex.rtp_wins), ("PtR wins", ex.ptr_wins)):
@@ -311,7 +314,7 @@ def table2(c: Ctx, ex: Contrasts) -> str:
     return section("Table 2: Worked contrasts", f"{c.label(ex.model)}. Rule: {CONTRAST_RULE}", table(header, body))
 
 
-def table9(c: Ctx, t: Trajectory | None, model: str) -> str:
+def example_trajectory(c: Ctx, t: Trajectory | None, model: str) -> str:
     title = "Table 9: Example trajectory"
     if t is None:
         return section(title, f"{c.label(model)}. Rule: {TRAJECTORY_RULE}", "No query meets the rule in this run.")

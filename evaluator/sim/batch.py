@@ -35,6 +35,8 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from ..core.tokens import prompt_tokens
+
 
 class ReplySource(Protocol):
     """What the batch routes need of the online simulator (`server.Simulator`): its key and its replies."""
@@ -193,12 +195,6 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _prompt_tokens(body: dict[str, Any]) -> int:
-    # The same estimate `Simulator.reply_body` bills.
-    messages = body.get("messages") or []
-    return sum(len(m.get("content") or "") for m in messages) // 4 + 4 * len(messages)
-
-
 def _is_gemini(request: web.Request) -> bool:
     """`/v1/batches` and `/v1/files/{id}` are both APIs' paths; google-genai sends its key as x-goog-api-key."""
     return "x-goog-api-key" in request.headers
@@ -241,7 +237,7 @@ class BatchSim:
 
     def _create(self, style: str, file_id: str, lines: list[tuple[str, dict]], metadata: dict, model: str = "") -> _Batch:
         cfg = self.cfg
-        tokens = sum(_prompt_tokens(body) for _, body in lines)
+        tokens = sum(prompt_tokens(body) for _, body in lines)  # as `Simulator.reply_body` bills
         queue_full = self._queue_full(tokens)  # before this batch counts itself
         b = _Batch(self._new_id("batch_"), style, lines, time.monotonic(), file_id, metadata, model, tokens=tokens)
         self.stats.batches_created += 1
@@ -558,7 +554,7 @@ class BatchSim:
         model = request.match_info["model"]
         for _, body in lines:
             body["model"] = model
-        if self._queue_full(sum(_prompt_tokens(body) for _, body in lines)):
+        if self._queue_full(sum(prompt_tokens(body) for _, body in lines)):
             self.stats.rejected_queue_full += 1
             return _g_error(429, "You exceeded your current quota, please check your plan and billing details. "
                                  "Enqueued tokens of unfinished batches exceed the limit.", "RESOURCE_EXHAUSTED")

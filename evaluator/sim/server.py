@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ..core.tokens import prompt_tokens, text_tokens
 from . import batch, behaviour
 
 FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length", "filter")
@@ -312,13 +313,13 @@ class Simulator:
         fault = cfg.script.pop(0) if cfg.script else None
         if fault is None and cfg.daily_quota is not None and self.stats.ok >= cfg.daily_quota:
             fault = "quota"
-        if cfg.n_ctx is not None and (n_prompt := _prompt_tokens(messages)) > cfg.n_ctx:
+        if cfg.n_ctx is not None and (n_prompt := prompt_tokens(req)) > cfg.n_ctx:
             err = {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": n_prompt, "n_ctx": cfg.n_ctx,
                    "message": f"request ({n_prompt} tokens) exceeds the available context size ({cfg.n_ctx} tokens), "
                               "try increasing it"}
             return self._json(400, orjson.dumps({"error": err}))  # llama.cpp's body, word for word
         if fault is None:
-            prompt_est = _prompt_tokens(messages)
+            prompt_est = prompt_tokens(req)
             delay = self.req_bucket.take(1) if self.req_bucket else 0.0
             if not delay and self.tok_bucket:
                 delay = self.tok_bucket.take(prompt_est + int(req.get("max_tokens") or 0))
@@ -383,15 +384,14 @@ class Simulator:
             max_tokens=req.get("max_tokens"), response_format=req.get("response_format"),
             p_stray=cfg.p_stray, p_runaway=cfg.p_runaway, cut_at_max_tokens=cfg.cut_at_max_tokens,
         )
-        pt = _prompt_tokens(messages)
-        ct = max(1, len(text) // 4)
+        pt, ct = prompt_tokens(req), text_tokens(text)  # the engine's token rule: its estimates are exact here
         max_tokens = req.get("max_tokens") if isinstance(req.get("max_tokens"), int) else None
         if fault == "length":  # cut at max_tokens: all of them used
             text, finish = text[: max(1, len(text) // 2)], "length"
-            ct = max_tokens or max(1, len(text) // 4)
+            ct = max_tokens or text_tokens(text)
         elif fault == "filter":
             text, finish = text[: max(1, len(text) // 3)], "content_filter"
-            ct = max(1, len(text) // 4)
+            ct = text_tokens(text)
         if cfg.n_ctx is not None and pt + ct > cfg.n_ctx:  # the context is full: generation stops there
             ct = max(0, cfg.n_ctx - pt)
             text, finish = text[: 4 * ct], "length"
@@ -503,18 +503,6 @@ class Simulator:
             {"error": {"message": "Rate limit reached for requests", "type": "requests", "code": "rate_limit_exceeded"}}
         )
         return self._json(429, body, headers)
-
-
-def _prompt_tokens(messages: list[dict]) -> int:
-    """The simulator's prompt tokens: 4 characters a token (text parts of a list counted), 4 per message."""
-    chars = 0
-    for m in messages:
-        c = m.get("content") if isinstance(m, dict) else None
-        if isinstance(c, str):
-            chars += len(c)
-        elif isinstance(c, list):
-            chars += sum(len(p.get("text") or "") for p in c if isinstance(p, dict))
-    return chars // 4 + 4 * len(messages)
 
 
 async def serve(config: SimConfig, host: str, port: int) -> tuple[web.AppRunner, int]:
