@@ -31,6 +31,7 @@ from .config import (
     BATCH_FALLBACKS,
     PRECISION_CHOICES,
     REGISTRY_CHOICES,
+    RETRIEVER_CHOICES,
     STOP_GRACE_S,
     TOOLS_FORMAT_CHOICES,
     ProfileOverrides,
@@ -113,7 +114,7 @@ def run_parser() -> Parser:
     p.add_argument("--k", type=int, help="retrieval budget handed to the planner (default 5)")
     p.add_argument("--ks", type=_ints, help="k-ablation budgets, e.g. 1,3,5,10,20")
     p.add_argument("--registry", choices=REGISTRY_CHOICES, help="every API, or only described ones")
-    p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), a hub name, or a local folder")
+    p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), bundled:all-mpnet-base-v2 (optional extra), a hub name, or a local folder")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
     p.add_argument("--precision", choices=PRECISION_CHOICES, help="embedding precision")
     p.add_argument("--backend", choices=BACKEND_CHOICES,
@@ -126,6 +127,8 @@ def run_parser() -> Parser:
     p.add_argument("--runs", type=int, help="independent runs per model (default 4)")
     p.add_argument("--archs", type=_csv, help="comma list of rtp,ptr (default both)")
     p.add_argument("--base-url", help="override the model profile's endpoint (for sim: use a running simulator)")
+    p.add_argument("--retriever", choices=RETRIEVER_CHOICES,
+                   help="what every architecture searches with: dense (default), bm25, hybrid (RRF of both)")
     p.add_argument("--fallback-to-query", action="store_true", default=None, help="PtR: embed the raw query when no stub is produced")
     _rate_flags(p)
     p.add_argument("--max-tokens", type=int, help="override the profile's max_tokens (completion limit per call)")
@@ -150,6 +153,7 @@ RUN_FLAGS = {
     "precision": "precision", "backend": "backend", "cache_dir": "cache_dir", "out": "out", "limit": "limit", "models": "models",
     "runs": "runs", "archs": "archs", "fallback_to_query": "fallback_to_query", "tools_format": "tools_format",
     "batch_fallback": "batch_fallback", "stop_grace": "stop_grace_s",
+    "retriever": "retriever",
 }
 
 
@@ -391,7 +395,7 @@ def _requests_run(argv: list[str]) -> int:
                                 **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
     print(f"Wrote {n:,} results to {args.out} in {done.seconds:.1f} s: {n - bad:,} ok, {bad:,} errors; "
-          f"{done.stats['requests']:,} HTTP requests sent, {done.stats['cache_hits']:,} answered from the cache.")
+          f"{done.stats.requests:,} HTTP requests sent, {done.stats.cache_hits:,} answered from the cache.")
     return 0
 
 
@@ -420,16 +424,33 @@ def cmd_view(argv: list[str]) -> int:
     return 0
 
 
+def cmd_export(argv: list[str]) -> int:
+    p = Parser(prog="python -m evaluator export",
+               description="Write a finished run's ranked lists as TREC run files (one per model, run, architecture "
+               "and retriever) and its gold sets as qrels files (one per gold set), for trec_eval, pytrec_eval, "
+               "ranx and ir-measures.")
+    p.add_argument("format", choices=["trec"])
+    p.add_argument("out_dir", type=Path, metavar="OUT", help="output folder of a finished run")
+    p.add_argument("--to", type=Path, required=True, metavar="DIR", help="folder to write the files into")
+    args = p.parse_args(argv)
+    files = app.export_trec(OutputDir(args.out_dir).require(), args.to)
+    runs = sum(f.suffix == ".trec" for f in files)
+    qrels = sum(f.name.startswith("qrels.") for f in files)
+    print(f"Wrote {runs} run file(s) and {qrels} qrels file(s) to {args.to}/ "
+          f"(e.g. trec_eval -c -m ndcg_cut.5 {args.to}/qrels.api_list.txt {args.to}/<run>.trec)")
+    return 0
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "report": cmd_report, "cache": cmd_cache, "scaling": cmd_scaling, "routing": cmd_routing,
-    "requests": cmd_requests, "view": cmd_view,
+    "requests": cmd_requests, "view": cmd_view, "export": cmd_export,
 }
 
 
 class _StderrHandler(logging.StreamHandler):
     """Writes to the `sys.stderr` of the moment (a test's capture, a redirected stream), not the one at start."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         return sys.stderr
 

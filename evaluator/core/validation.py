@@ -96,8 +96,12 @@ def config_error(e: ValidationError, info: FieldInfo, key: str, value: Any, wher
 
 @cache
 def _field_adapter(cls: type, key: str) -> TypeAdapter[Any]:
+    # `cls` is a pydantic dataclass; `type` does not declare the fields pydantic gives it
     info: FieldInfo = cls.__pydantic_fields__[key]  # type: ignore[attr-defined]
-    return TypeAdapter(Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation)
+    tp = info.annotation
+    assert tp is not None  # every field of a pydantic dataclass is annotated
+    form: Any = Annotated[(tp, *info.metadata)] if info.metadata else tp  # built at run time
+    return TypeAdapter(form)
 
 
 def check_values(cls: type, values: Mapping[str, Any], where: str, label: Callable[[str], str]) -> None:
@@ -108,7 +112,7 @@ def check_values(cls: type, values: Mapping[str, Any], where: str, label: Callab
         try:
             _field_adapter(cls, key).validate_python(value, strict=True)
         except ValidationError as e:
-            raise config_error(e, cls.__pydantic_fields__[key], key, value, where, label) from None  # type: ignore[attr-defined]
+            raise config_error(e, cls.__pydantic_fields__[key], key, value, where, label) from None  # type: ignore[attr-defined]  # as above
 
 
 def checked(cls: type[T], values: Mapping[str, Any], where: str, label: Callable[[str], str]) -> T:

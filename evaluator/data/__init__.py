@@ -17,6 +17,7 @@ from .model import (
     Api,
     DataError,
     Query,
+    QueryId,
     Registry,
     Warnings,
     api_id,
@@ -30,5 +31,5 @@ __all__ = [
     "EMBED_TEXT_RULE", "GOLD_SETS", "REGISTRY_CHOICES", "TOOLS_FORMATS", "Api", "DataError", "Query", "Registry",
     "Warnings", "api_id", "find_query_files", "load_queries", "load_query_files", "load_registry", "match_subsets",
     "normalise_qid",
-    "qid_key", "resolve_data_dir", "select_subsets",
+    "QueryId", "qid_key", "resolve_data_dir", "select_subsets",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ..core.errors import DataError as DataError  # defined with its exit code in core.errors
 
@@ -59,7 +59,10 @@ def api_id(tool_name: str, api_name: str) -> str:
     return f"{tool_name}::{api_name}"
 
 
-def qid_key(qid: Any) -> tuple[int, Any]:
+QueryId = int | str  # int when the file's id is integral (ToolBench), else the string (data.queries.normalise_qid)
+
+
+def qid_key(qid: QueryId) -> tuple[int, int | str]:
     """Sort key for query ids that may be ints or strings (ints first, each in natural order)."""
     return (0, qid) if isinstance(qid, int) else (1, str(qid))
 
@@ -143,6 +146,6 @@ class Registry:
 @dataclass(frozen=True)
 class Query:
     subset: str
-    query_id: int | str  # int when the file's id is integral (ToolBench), else the string
+    query_id: QueryId
     text: str
     gold: dict[str, tuple[str, ...]]  # gold set name -> API ids

@@ -245,10 +245,10 @@ def load_query_files(
 ) -> list[Query]:
     """Every query of every file (a folder: its query files), validated together (ids unique per subset);
     an empty result is an error."""
-    paths = [f for p in paths for f in _expand(Path(p))]
-    if not paths:
+    files = [f for p in paths for f in _expand(Path(p))]
+    if not files:
         raise DataError("No query file given; pass --queries FILE... or a --data folder with queries.")
-    raws = [r for p in paths for r in read_query_file(p)]
+    raws = [r for p in files for r in read_query_file(p)]
     _unify_ids(raws)
     raws = _pick_subsets(raws, subsets)
     queries = finish(raws, registry, warnings if warnings is not None else Warnings(), limit)

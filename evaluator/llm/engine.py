@@ -154,6 +154,8 @@ class Prepared:
     """
 
     key: str
+    # Provider request bodies: a deliberate dict[str, Any] (the chat request as the provider takes it,
+    # `extra_body` fields included; the engine reads only the fields it shapes).
     body: dict[str, Any]
     logical: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -163,7 +165,7 @@ class _Call:
     """One fresh call on its way: what it sends and what it went through."""
 
     key: str
-    logical: dict[str, Any]
+    logical: dict[str, Any]  # the provider request body (see `Prepared.body`)
     keep_raw: bool
     est_tokens: int  # for the TPM budget only
     started: float

@@ -41,23 +41,24 @@ class ModelProfile:
     model: str
     base_url: str = ""  # without a trailing slash
     api_key_env: str | None = None
-    concurrency: int = Field(16, ge=1)
-    rpm: float | None = Field(None, gt=0)  # omit it for no limit
-    tpm: float | None = Field(None, gt=0)
-    timeout_s: float = Field(60.0, gt=0)
-    max_retries: int = Field(6, ge=0)
-    max_tokens: int | None = Field(None, ge=1)  # omit it to let the server decide
-    temperature: float = Field(0.0, ge=0, le=2)
+    concurrency: int = Field(default=16, ge=1)
+    rpm: float | None = Field(default=None, gt=0)  # omit it for no limit
+    tpm: float | None = Field(default=None, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=6, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)  # omit it to let the server decide
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    # Provider-defined request fields sent as they are: a deliberate extension point (any JSON a host accepts).
     extra_body: dict[str, Any] = field(default_factory=dict)
     simulated: bool = False
     api_key_required: bool = True
-    truncation_retries: int = Field(1, ge=0)
-    backoff_base_s: float = Field(0.5, gt=0)
-    backoff_max_s: float = Field(30.0, gt=0)
-    max_wait_s: float = Field(120.0, gt=0)
+    truncation_retries: int = Field(default=1, ge=0)
+    backoff_base_s: float = Field(default=0.5, gt=0)
+    backoff_max_s: float = Field(default=30.0, gt=0)
+    max_wait_s: float = Field(default=120.0, gt=0)
     # A server retry hint longer than this stops the run ("resume after HH:MM UTC"); shorter ones past
     # max_wait_s are retried every max_wait_s, with one warning saying what the server asked for.
-    give_up_after_s: float = Field(3600.0, gt=0)
+    give_up_after_s: float = Field(default=3600.0, gt=0)
     # Concurrency: fixed at `concurrency`, or adaptive (AIMD) up to it for servers of unknown capacity.
     adaptive_concurrency: bool = False
     structured: Structured = "none"  # how each prompt's JSON schema is sent (`Structured`)
@@ -66,13 +67,13 @@ class ModelProfile:
     send_seed: bool = True
     # Provider batch API and prices (used by the batch/request-file commands; never in the cache key).
     batch: BatchApi | None = None
-    batch_max_requests: int | None = Field(None, ge=1)
-    batch_max_bytes: int | None = Field(None, ge=1)
-    price_input_per_mtok: float | None = Field(None, ge=0)  # USD per 1M prompt tokens
-    price_output_per_mtok: float | None = Field(None, ge=0)  # USD per 1M completion tokens
-    batch_discount: float | None = Field(None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
+    batch_max_requests: int | None = Field(default=None, ge=1)
+    batch_max_bytes: int | None = Field(default=None, ge=1)
+    price_input_per_mtok: float | None = Field(default=None, ge=0)  # USD per 1M prompt tokens
+    price_output_per_mtok: float | None = Field(default=None, ge=0)  # USD per 1M completion tokens
+    batch_discount: float | None = Field(default=None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
     # Token rule for estimates (dry run, budget): characters of message text per prompt token (core/tokens.py).
-    chars_per_token: float = Field(CHARS_PER_TOKEN, gt=0)
+    chars_per_token: float = Field(default=CHARS_PER_TOKEN, gt=0)
 
     def request_settings(self) -> dict[str, Any]:
         """Every setting that shapes requests or their pacing, for `meta.json`.

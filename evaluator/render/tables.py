@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ..analysis import stats as S
 from ..analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
 from ..analysis.main import MainResult
-from ..analysis.metrics import RETRIEVAL_METRICS
+from ..analysis.metrics import RANK_METRICS, RETRIEVAL_METRICS
 from .fmt import DASH, better, bold, fms, fnum, fpct, ptest, section, table
 
 
@@ -26,6 +26,7 @@ class Labels:
     registry_choice: str
     runs: str
     model_ids: dict[str, str] = field(default_factory=dict)
+    retriever: str = "dense"
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Ctx:
                 if model else "retrieval only (no LLM)"]
         if gold:
             bits.append(f"gold `{gold}`")
+        if self.info.retriever != "dense":
+            bits.append(f"retriever `{self.info.retriever}`")
         bits += [f"embedder `{self.info.embedder}`", f"registry {self.info.registry_size} APIs "
                  f"({self.info.registry_choice})", f"runs {self.info.runs}", f"k = {self.r.k}"]
         return ", ".join(bits) + self.scored(model)
@@ -70,7 +73,7 @@ class Ctx:
         return text
 
     def n(self, subset: str) -> str:
-        return f"{subset} (n={self.s.checks.get('queries_per_subset', {}).get(subset, '?')})"
+        return f"{subset} (n={self.s.checks.queries_per_subset.get(subset, '?')})"
 
     def count(self, model: str | None, subset: str, arch: str, metric: str) -> str:
         r = self.s.row(model, subset, arch, metric)
@@ -102,6 +105,36 @@ def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") ->
                     f"{c.label(model, gold)}. RtP is deterministic (one value)"
                     + ("; PtR mean±std over runs. Bold: better architecture." if with_ptr else "."),
                     table(header, body))
+
+
+RANK_NAMES = {"ndcg": "NDCG", "mrr": "MRR", "comp": "COMP"}
+
+
+def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
+    """NDCG@k, MRR@k and COMP@k per subset and k (the k-ablation of the rank metrics)."""
+    with_ptr = model is not None and has(c.s, model, "ptr")
+    archs = (("rtp", "RtP"), ("ptr", "PtR")) if with_ptr else (("rtp", "RtP"),)
+    header = ["Subset", "k"] + [f"{RANK_NAMES[m]} {a}" for m in RANK_METRICS for _, a in archs]
+    body = []
+    for sub in c.s.subsets:
+        for k in c.r.ks:
+            line = [c.n(sub), str(k)]
+            for metric in RANK_METRICS:
+                r = c.s.row(None, sub, "rtp", metric, k, gold)
+                if with_ptr:
+                    p = c.s.row(model, sub, "ptr", metric, k, gold)
+                    br, bp = better(r, p)
+                    line += [bold(fms(r), br), bold(fms(p), bp)]
+                else:
+                    line.append(fms(r))
+            body.append(line)
+    return section("Table 1c: Rank metrics at retrieval budget k",
+                   f"{c.label(model, gold)}. Binary relevance. NDCG@k: DCG = Σ rel_i/log2(i+1) over the top k, "
+                   "ideal DCG over min(|G|, k) gold APIs; MRR@k: 1/rank of the first gold API in the top k (0 if "
+                   "none); COMP@k: 1 if every gold API is in the top k (0 whenever |G| > k). Per query, equal to "
+                   "pytrec_eval's `ndcg_cut`, `recip_rank` (list cut to k) and `recall` = 1 (tests/test_metrics_ir.py). "
+                   "RtP is deterministic (one value)" + ("; PtR mean±std over runs. Bold: better architecture."
+                                                        if with_ptr else "."), table(header, body))
 
 
 def main_results(c: Ctx, model: str, gold: str) -> str:
@@ -162,8 +195,9 @@ def stub_generation(c: Ctx, model: str, gold: str) -> str:
         body.append([c.n(sub), fms(g("gen"), 1, True), fms(g("stubs_per_query"), 2), fms(g("stub_unique"), 1, True),
                      fms(g("stub_match", gold), 1, True), fms(g("stub_cos_correct", gold)),
                      fms(g("stub_cos_incorrect", gold))])
+    score = "cosine" if c.info.retriever == "dense" else f"{c.info.retriever} score"
     return section("Table 4: Stub generation", f"{c.label(model, gold)}. Match%: stubs whose top-1 API is gold "
-                    "(pooled over stubs); Cos: mean cosine of a stub to its top-1 API.", table(header, body))
+                    f"(pooled over stubs); Cos: mean {score} of a stub to its top-1 API.", table(header, body))
 
 
 def budget_equivalent_k(width: float | None, ks: Sequence[int]) -> int | None:
@@ -214,11 +248,11 @@ def trajectories(c: Ctx, model: str) -> str:
         ]
     header = ["Metric", "Arch."] + c.s.subsets
     body = []
-    for name, arch, metric, gold, f in spec:
+    for name, arch, metric, gold_of, f in spec:
         # RtP's complete-miss rate is pure retrieval: deterministic, stored under model = null.
         m = None if arch == "rtp" and metric in RETRIEVAL_METRICS else model
         body.append([name, {"ptr": "PtR", "rtp": "RtP", "both": "both"}[arch]]
-                    + [f(c.s.row(m, sub, arch, metric, k, gold)) for sub in c.s.subsets])
+                    + [f(c.s.row(m, sub, arch, metric, k, gold_of)) for sub in c.s.subsets])
     return section("Table 6: Trajectories", f"{c.label(model)}. Selection rate = |selected∩R|/|R|; fidelity = "
                     "|selected∩R|/|selected| (queries with a selection); Jaccard of planner-selected sets "
                     "(both empty = 1.0).", table(header, body))
@@ -230,7 +264,7 @@ def selection_divergence(c: Ctx, model: str) -> str:
     body = []
     for sub in c.s.subsets:
         d = c.s.row(model, sub, "both", "divergent", k)
-        n = c.s.checks.get("queries_per_subset", {}).get(sub, "?")
+        n = c.s.checks.queries_per_subset.get(sub, "?")
         body.append([sub, str(n), fpct(1 - d.mean if d and d.mean is not None else None), fms(d, 1, True)]
                     + [fms(c.s.row(model, sub, "both", "divergent", kk), 1, True) for kk in c.r.ks])
     return section("Table 7: Tool selection divergence", f"{c.label(model)}. Fraction of queries whose RtP and "

@@ -38,10 +38,16 @@ from aiohttp import web
 from ..core.tokens import prompt_tokens
 
 
+class _Keyed(Protocol):
+    @property
+    def api_key(self) -> str | None: ...
+
+
 class ReplySource(Protocol):
     """What the batch routes need of the online simulator (`server.Simulator`): its key and its replies."""
 
-    cfg: Any  # SimConfig: `api_key`
+    @property
+    def cfg(self) -> _Keyed: ...  # server.SimConfig
 
     def reply_body(self, req: dict[str, Any], *, fault: str | None = None, reply_id: str = ...) -> dict[str, Any]: ...
 
@@ -90,10 +96,10 @@ class _Stats:
 class _Batch:
     id: str
     style: str  # "openai" | "gemini"
-    lines: list[tuple[str, dict[str, Any]]]  # (custom_id or key, chat request body)
+    lines: list[tuple[str, dict[str, Any]]]  # (custom_id or key, chat request body: the client's JSON)
     created: float
     input_file_id: str
-    metadata: dict[str, Any]
+    metadata: dict[str, Any]  # the client's batch metadata, echoed as given (any JSON object)
     model: str = ""
     fate: str = "complete"  # complete | expire | stuck | oversized | queue_full
     tokens: int = 0  # prompt tokens enqueued (the account-wide limit counts unfinished batches')
@@ -102,7 +108,7 @@ class _Batch:
     output_file_id: str | None = None
     error_file_id: str | None = None
     counts: tuple[int, int] = (0, 0)  # completed, failed (final)
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)  # the provider's error objects, as it writes them
     created_wall: float = field(default_factory=time.time)
     ended: float | None = None  # monotonic time the batch reached a final status
 
@@ -164,7 +170,7 @@ _NOT_RUN = {
     "expired": ("batch_expired", "The request could not be executed before the completion window ended."),
     "cancelled": ("batch_cancelled", "The batch was cancelled before this request executed."),
 }
-_FAILED_LINE = {  # fail_kind -> (HTTP status, OpenAI error body, gRPC code, Gemini message)
+_FAILED_LINE: dict[str, tuple[int, dict[str, Any], int, str]] = {  # fail_kind -> (HTTP status, OpenAI error body, gRPC code, Gemini message)
     "server": (500, {"message": "The server had an error while processing your request.", "type": "server_error",
                      "param": None, "code": None}, _GRPC_INTERNAL, "Internal error encountered."),
     "invalid": (400, {"message": "Invalid value for 'messages': the request is malformed.",

@@ -314,10 +314,10 @@ class Simulator:
         if fault is None and cfg.daily_quota is not None and self.stats.ok >= cfg.daily_quota:
             fault = "quota"
         if cfg.n_ctx is not None and (n_prompt := prompt_tokens(req)) > cfg.n_ctx:
-            err = {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": n_prompt, "n_ctx": cfg.n_ctx,
+            ctx_err: dict[str, Any] = {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": n_prompt, "n_ctx": cfg.n_ctx,
                    "message": f"request ({n_prompt} tokens) exceeds the available context size ({cfg.n_ctx} tokens), "
                               "try increasing it"}
-            return self._json(400, orjson.dumps({"error": err}))  # llama.cpp's body, word for word
+            return self._json(400, orjson.dumps({"error": ctx_err}))  # llama.cpp's body, word for word
         if fault is None:
             prompt_est = prompt_tokens(req)
             delay = self.req_bucket.take(1) if self.req_bucket else 0.0
