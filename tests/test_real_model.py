@@ -207,10 +207,12 @@ def test_a_context_too_small_for_the_prompts_is_a_counted_per_call_error(root):
     assert time.monotonic() - t < 300  # no hang: each call is answered at once
     assert done.returncode == 3, done.stderr[-3000:]  # done, but calls failed for good
     lines = [x for x in done.stderr.splitlines() if x.startswith("error:")]
-    assert len(lines) == 1 and "failed for good" in lines[0] and "http_400" in lines[0], done.stderr[-2000:]
+    assert len(lines) == 1 and "failed for good" in lines[0] and "context_exceeded" in lines[0], done.stderr[-2000:]
+    # ...and the cause is said at once, with what to do
+    assert "exceeds the available context size" in done.stderr and "larger context" in done.stderr
     stats = _meta(root / "tiny")["llm_stats"]["qwen-tiny-ctx"]
     # llama.cpp raises a slot's context to its minimum (256): the planners' prompts (~500 tokens) do not fit
-    assert stats["failed"].get("http_400", 0) >= 1 and stats["retries"] == 0  # answered at once, not retried
+    assert stats["failed"].get("context_exceeded", 0) >= 1 and stats["retries"] == 0  # answered at once, not retried
     records = _records(root / "tiny")
     assert all("exceeds the available context size" in r["rtp"]["plan"]["llm_error"] for r in records)
     # the report's Errors table counts them: planner LLM errors per subset and architecture
