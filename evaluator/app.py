@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import resource
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -182,6 +184,7 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
         notes = run_extras(s, study, records, meta, od, reporter)
         meta.analysis_notes = notes
         od.write_meta(meta)
+    meta.runtime["peak_rss_mib"] = peak_rss_mib()  # before the report, which states it
     t = time.perf_counter()
     render_outputs(od, figure_store=cache_root / "figures", meta=meta, records=records)
     study.timings["render_s"] = time.perf_counter() - t
@@ -189,6 +192,16 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
     od.write_meta(meta)
     failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
     return Outcome(out, failed)
+
+
+def peak_rss_mib() -> dict[str, float]:
+    """Peak resident memory so far (getrusage's ru_maxrss): of this process, of its largest finished
+    child (the model export runs in one) and the larger of the two."""
+    scale = 2**20 if sys.platform == "darwin" else 2**10  # bytes on macOS, KiB on Linux
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale / 2**20
+    return {"largest_process": round(max(own, child), 1), "this_process": round(own, 1),
+            "largest_child": round(child, 1)}
 
 
 def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, SimHandle]:

@@ -64,6 +64,23 @@ def warnings_md(w: Mapping[str, WarningCount]) -> str:
                      for k, v in sorted(w.items())) + "\n"
 
 
+def runtime_md(runtime: Mapping[str, Any]) -> str:
+    """The embedding runtime, what it embedded, and the peak resident memory (meta.json `runtime`)."""
+    peak = runtime.get("peak_rss_mib")
+    if not peak:
+        return ""
+    lines = ["## Runtime\n"]
+    if desc := runtime.get("embed_runtime"):
+        lines.append(f"- Embedding runtime: `{desc}`")
+    if emb := runtime.get("embed"):
+        lines.append(f"- Texts embedded: {int(emb.get('embedded', 0)):,}; from the embedding cache: "
+                     f"{int(emb.get('cache_hits', 0)):,}")
+    lines.append(f"- Peak resident memory of the largest process: {peak['largest_process']:,.0f} MiB (this "
+                 f"process {peak['this_process']:,.0f} MiB; its largest finished child, e.g. the model export, "
+                 f"{peak['largest_child']:,.0f} MiB), up to writing this report")
+    return "\n".join(lines) + "\n"
+
+
 def llm_stats_md(st: Mapping[str, CallStats]) -> str:
     """One row per model, one column per counter (the percentiles and per-kind counts stay in meta.json)."""
     if not st:
@@ -189,6 +206,8 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
         out.append(st)
     if cost := cost_section_md(meta.cost, meta.batch):
         out.append(cost)
+    if rt := runtime_md(meta.runtime):
+        out.append(rt)
     all_skipped = [*result.skipped, *skipped]
     out.append("## Skipped tables and analyses\n\n" + ("\n".join(f"- {s}" for s in all_skipped) if all_skipped
                                                          else "None: every table and analysis was made.") + "\n")
