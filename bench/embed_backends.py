@@ -143,8 +143,8 @@ def equivalence(paths, progress: bool = True) -> dict[str, dict[str, Any]]:
 
 
 def run(paths=PATHS, do_speed: bool = True, do_equivalence: bool = True) -> Result:
-    from evaluator import threads
     from evaluator.config import load_settings
+    from evaluator.core import threads
     from evaluator.study import load_inputs
 
     paths = _installed(paths)

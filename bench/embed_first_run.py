@@ -97,7 +97,7 @@ def compute_floor() -> dict[str, float]:
     import numpy as np
     from tokenizers import Tokenizer
 
-    from evaluator import threads
+    from evaluator.core import threads
     from evaluator.embed import DEFAULT_MODEL, resolve_model
 
     threads.configure_env()
@@ -150,7 +150,7 @@ def _sgemm_rates(shapes, env: dict[str, str]) -> dict[str, Any]:
     """numpy float32 matmul GFLOP/s on each shape, in a child process with `env`, and OpenBLAS's kernel set."""
     import json
 
-    from evaluator import threads
+    from evaluator.core import threads
 
     env = env | {"OMP_NUM_THREADS": str(threads.available_cpus()), "OPENBLAS_NUM_THREADS": str(threads.available_cpus())}
     out = subprocess.run([sys.executable, "-c", _SGEMM, json.dumps(shapes)], env=env, capture_output=True, text=True,

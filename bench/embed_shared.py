@@ -92,7 +92,7 @@ def _busy(neighbour: str, backend: str, precision: str, seconds: float, config: 
 
 
 def _cpus() -> int:
-    from evaluator import threads
+    from evaluator.core import threads
 
     return threads.available_cpus()
 

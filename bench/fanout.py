@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evaluator.core.progress import Progress
 from evaluator.llm import ChatResult, LLMEngine, ModelStats, load_profile
 from evaluator.pipeline import StudyRunner, Unit
-from evaluator.progress import Progress
 from evaluator.retrieve import Retrieved
 from evaluator.sim.harness import SimHandle, start_simulator
 from evaluator.study import Study

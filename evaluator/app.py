@@ -9,40 +9,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from . import __version__
-from .analysis import routing as R
-from .analysis import scaling as SC
-from .analysis import stats as S
+from .analysis import routing as routing_analysis
+from .analysis import scaling as scaling_analysis
 from .analysis.main import main_study
+from .analysis.stats import summary_dict
 from .batch import study as batch_study
-from .batch.cost import accounting
+from .batch.cost import BatchStats, accounting
 from .batch.files import Result, read_requests, write_lines
 from .batch.requests import offline_profile, run_requests
 from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
+from .core.cache_layout import CacheLayout
+from .core.progress import SILENT, Progress, Reporter
 from .data import DataError, Registry, load_registry
 from .index import searches_folder
+from .lexical import BM25Index, load_index
 from .llm import LLMEngine, ModelProfile, load_profile
+from .llm.accounting import CallStats
 from .llm.budget import Budget, check_priced
 from .llm.errors import BudgetExhausted
 from .llm.limits import SharedRates, rate_folder
 from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
 from .plan import PLAN_FILE, plan_requests, plan_study, write_plan
-from .progress import SILENT, Progress, Reporter
-from .render import figures as F
-from .render import report as RP
-from .render import routing as RR
-from .render import scaling as RS
-from .render import view as VW
+from .render import figures, report, trec, view
+from .render import routing as routing_render
+from .render import scaling as scaling_render
+from .retrievers import Hybrid, Lexical
 from .schema import (
     REPORT_FILE,
     ROUTING_FILE,
@@ -53,8 +58,11 @@ from .schema import (
     ModelInfo,
     OutputDir,
     OutputError,
+    PeakMemory,
     Record,
     RegistryInfo,
+    Runtime,
+    SimulatorStats,
     check_writable,
     record_key,
 )
@@ -65,7 +73,7 @@ Log = Callable[[str], None]
 
 
 @dataclass
-class Outcome:
+class RunOutcome:
     out: Path
     failed: Counter[str] = field(default_factory=Counter)  # calls that failed for good, per error kind
     message: str = ""  # set when the invocation did something else than a study (--batch-cancel)
@@ -132,7 +140,7 @@ def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
 # ---------------------------------------------------------------- the run
 
 
-def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> Outcome:
+def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> RunOutcome:
     out = output_path(s)
     cache_root = s.resolve_path(s.cache_dir)
     check_writable(cache_root, "--cache-dir")
@@ -146,7 +154,7 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
             if s.dry_run:  # a dry run sends nothing, and cancelling is a request
                 raise ConfigError("--dry-run and --batch-cancel do not go together: drop one of them.")
             stats = batch_study.cancel(profiles, cache_root, reporter.info)
-            return Outcome(out, message=batch_study.cancel_message(stats))
+            return RunOutcome(out, message=batch_study.cancel_message(stats))
     with contextlib.ExitStack() as stack:
         # Simulated models' servers start now and get ready beside the loading and embedding below.
         sims = _start_simulators(stack, profiles) if profiles and not s.dry_run else {}
@@ -154,11 +162,11 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
 
 
 def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
-               sims: dict[str, SimHandle], reporter: Reporter, retrieval_only: bool) -> Outcome:
+               sims: dict[str, SimHandle], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
     inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
     study = prepare(s, reporter.progress, inputs, reporter=reporter)
     if s.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
-        return Outcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
+        return RunOutcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
     od = OutputDir(out)
     if retrieval_only:
         records = retrieval_only_records(study)
@@ -175,7 +183,7 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
             raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
         meta = build_meta(study, profiles)
         meta.llm_stats = llm_stats
-        meta.runtime["simulator_stats"] = sim_stats
+        meta.runtime.simulator_stats = sim_stats
         meta.batch = batch_stats
         meta.cost = {n: accounting(p, meta.llm_stats.get(n), meta.batch.get(n)) for n, p in profiles.items()}
     od.write_meta(meta)
@@ -184,24 +192,24 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
         notes = run_extras(s, study, records, meta, od, reporter)
         meta.analysis_notes = notes
         od.write_meta(meta)
-    meta.runtime["peak_rss_mib"] = peak_rss_mib()  # before the report, which states it
+    meta.runtime.peak_rss_mib = peak_rss_mib()  # before the report, which states it
     t = time.perf_counter()
-    render_outputs(od, figure_store=cache_root / "figures", meta=meta, records=records)
+    render_outputs(od, figure_store=CacheLayout(cache_root).figures, meta=meta, records=records)
     study.timings["render_s"] = time.perf_counter() - t
-    meta.runtime["timings"] = study.timings  # every stage's seconds (bench/warm_run.py reads them)
+    meta.runtime.timings = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
     failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
-    return Outcome(out, failed)
+    return RunOutcome(out, failed)
 
 
-def peak_rss_mib() -> dict[str, float]:
+def peak_rss_mib() -> PeakMemory:
     """Peak resident memory so far (getrusage's ru_maxrss): of this process, of its largest finished
     child (the model export runs in one) and the larger of the two."""
     scale = 2**20 if sys.platform == "darwin" else 2**10  # bytes on macOS, KiB on Linux
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale / 2**20
-    return {"largest_process": round(max(own, child), 1), "this_process": round(own, 1),
-            "largest_child": round(child, 1)}
+    return PeakMemory(largest_process=round(max(own, child), 1), this_process=round(own, 1),
+                      largest_child=round(child, 1))
 
 
 def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, SimHandle]:
@@ -219,7 +227,7 @@ def _use_simulators(profiles: dict[str, ModelProfile], sims: dict[str, SimHandle
 
 def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
                budget: Budget | None = None, sims: dict[str, SimHandle] | None = None,
-               ) -> tuple[list[Record], dict[str, Any], dict[str, Any], dict[str, Any]]:
+               ) -> tuple[list[Record], dict[str, CallStats], dict[str, SimulatorStats], dict[str, BatchStats]]:
     """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator
     (`sims`: ones already started for them). With `--batch`, the calls first go through the batch
     APIs; the run then answers them from the cache."""
@@ -227,7 +235,7 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
     with contextlib.ExitStack() as stack:
         sims = sims if sims is not None else _start_simulators(stack, profiles)
         _use_simulators(profiles, sims)
-        batch_stats: dict[str, Any] = {}
+        batch_stats: dict[str, BatchStats] = {}
         if s.batch == "submit":
             batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget)
         per_unit = calls_per_unit(study) * s.runs
@@ -237,14 +245,14 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
             records, llm_stats = asyncio.run(_run_async(study, profiles, cache_root, bar, budget))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered: a rerun from the cache shows zero requests.
-        sim_stats = {n: sim.stats() for n, sim in sims.items()}
+        sim_stats = {n: SimulatorStats.from_dict(sim.stats()) for n, sim in sims.items()}
         for sim in sims.values():
             sim.stop()  # idle from here on: the analyses and the render need none
     return records, llm_stats, sim_stats, batch_stats
 
 
 async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
-                     bar: Progress, budget: Budget | None = None) -> tuple[list[Record], dict[str, Any]]:
+                     bar: Progress, budget: Budget | None = None) -> tuple[list[Record], dict[str, CallStats]]:
     s = study.settings
     # one RPM per key for every process on this folder (the cache's, or --rate-dir)
     rates = SharedRates(rate_folder(s.resolve_path(s.rate_dir) if s.rate_dir else None, cache_root))
@@ -258,22 +266,29 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
         try:
             await runner.run(units)
         finally:
-            stats = {n: e.stats.as_dict() for n, e in engines.items()}
+            stats = {n: e.stats.summary() for n, e in engines.items()}
     return runner.records, stats
+
+
+# meta.json states the settings and each profile as saved (their JSON shape, secrets and per-invocation
+# fields left out), read back into their types
+_SETTINGS = TypeAdapter(Settings)
+_PROFILE = TypeAdapter(ModelProfile)
 
 
 def build_meta(study: Study, profiles: dict[str, ModelProfile]) -> Meta:
     s = study.settings
     return Meta(
-        version=__version__, settings=s.study_dict(), data_dir=str(study.data_dir or ""),
+        version=__version__, settings=_SETTINGS.validate_python(s.study_dict()), data_dir=str(study.data_dir or ""),
         embedder=study.embedder.cache_name, precision=study.embedder.precision, backend=study.embedder.backend,
         registry=RegistryInfo(s.registry, len(study.registry), study.registry.source, study.registry.format),
         subsets=study.subsets, k=s.k, ks=sorted(set(s.ks)), runs=s.runs if profiles else 1,
-        models=[ModelInfo(n, p.model, p.simulated, p.request_settings()) for n, p in profiles.items()],
+        models=[ModelInfo(n, p.model, p.simulated, _PROFILE.validate_python(p.request_settings()))
+                for n, p in profiles.items()],
         retrieval_only=not profiles, warnings=study.warnings.as_dict(),
         # Everything that changes from one invocation to the next lives here and stays out of summary.json.
-        runtime={"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "timings": study.timings,
-                 "embed": dataclasses.asdict(study.embedder.stats), "embed_runtime": study.embedder.description},
+        runtime=Runtime(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), timings=study.timings,
+                        embed=dataclasses.asdict(study.embedder.stats), embed_runtime=study.embedder.description),
     )
 
 
@@ -293,25 +308,33 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
     quiet: Log = reporter.info if reporter.progress else (lambda _m: None)
     t = time.perf_counter()
     if subs.scaling:
-        res = SC.scaling_study(
+        res = scaling_analysis.scaling_study(
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
             subsets=subs.scaling, divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes,
             seeds=s.scaling_seeds, about=_about(meta, s, "scaling_subsets"), log=quiet,
-            memo=searches_folder(study.embedder.cache_dir))
+            memo=searches_folder(study.embedder.cache_dir), retriever=s.retriever, lexical=_lexical(study.retriever))
         od.write_json(SCALING_FILE, res.to_dict())
     else:
         notes["scaling"] = "no subset to run it on"
     study.timings["scaling_s"] = time.perf_counter() - t
     t = time.perf_counter()
     opt = _routing_options(s, subs)
-    od.write_json(ROUTING_FILE, R.routing_study(records, opt, _about(meta, s, "routing_test")).to_dict())
+    result = routing_analysis.routing_study(records, opt, _about(meta, s, "routing_test"))
+    od.write_json(ROUTING_FILE, result.to_dict())
     study.timings["routing_s"] = time.perf_counter() - t
     return notes
 
 
-def _routing_options(s: Settings, subs: AnalysisSubsets) -> R.Options:
-    return R.Options(k=s.k, train=subs.routing_train, test=subs.routing_test, folds=s.routing_folds,
-                     seed=s.routing_seed)
+def _lexical(retriever: object) -> BM25Index | None:
+    """The BM25 index a bm25 / hybrid retriever searches (the scaling study filters its scores)."""
+    if isinstance(retriever, Hybrid):
+        retriever = retriever.lexical
+    return retriever.index if isinstance(retriever, Lexical) else None
+
+
+def _routing_options(s: Settings, subs: AnalysisSubsets) -> routing_analysis.Options:
+    return routing_analysis.Options(k=s.k, train=subs.routing_train, test=subs.routing_test,
+                                    folds=s.routing_folds, seed=s.routing_seed)
 
 
 def _about(meta: Meta, s: Settings, setting: str) -> About:
@@ -326,6 +349,10 @@ def _about(meta: Meta, s: Settings, setting: str) -> About:
 # ---------------------------------------------------------------- render
 
 
+def _draw_one(draw: Callable[[Any, Path], Path], result: Any, png: Path) -> list[Path]:
+    return [draw(result, png)]
+
+
 def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None,
                    meta: Meta | None = None, records: list[Record] | None = None) -> None:
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
@@ -334,21 +361,23 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     meta = od.read_meta() if meta is None else meta
     records = od.read_records() if records is None else sorted(records, key=record_key)
     result = main_study(records, meta)
-    od.write_json(SUMMARY_FILE, S.summary_dict(result.summary, meta.study_view()), indent=1)
+    od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view()), indent=1)
     scaling = od.read_json(SCALING_FILE)
     routing = od.read_json(ROUTING_FILE)
     sections: list[str] = []
     skipped: list[str] = []
     figs: list[Path] = []  # the main study's figures (report.md lists them); the analyses' sit in their sections
     if with_figures:
-        figs = F.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
-                                simulated=RP.labels_of(meta, result.summary.models).simulated, store=figure_store)
+        figs = figures.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
+                                simulated=report.labels_of(meta, result.summary.models).simulated, store=figure_store)
     drawn = list(figs)  # every figure this render drew: the view shows these, not a stale PNG of an earlier run
     # The two analyses that follow the main study: (name, saved data, its typed result, section, figure, command)
-    analyses = (
-        ("scaling", scaling, SC.ScalingResult.from_dict, RS.section_md, RS.figure,
-         "Scaling study (Table 10)"),
-        ("routing", routing, R.RoutingResult.from_dict, RR.section_md, RR.figure, "Routing study"),
+    analyses: tuple[tuple[str, dict[str, Any] | None, Callable[[Mapping[str, Any]], Any], Callable[[Any], str],
+                          Callable[[Any, Path], Path], str], ...] = (
+        ("scaling", scaling, scaling_analysis.ScalingResult.from_dict, scaling_render.section_md,
+         scaling_render.figure, "Scaling study (Table 10)"),
+        ("routing", routing, routing_analysis.RoutingResult.from_dict, routing_render.section_md,
+         routing_render.figure, "Routing study"),
     )
     for name, data, typed, section_md, draw, title in analyses:
         if data is None:
@@ -362,16 +391,16 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
             raise OutputError(f"{od.path / f'{name}.json'}: not a {name} result ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:160]}); rerun `python -m evaluator {name} OUT`.") from None
         sections.append(section_md(res))
-        if name == "routing" and not res.meta.has_split:
+        if isinstance(res, routing_analysis.RoutingResult) and not res.meta.has_split:
             skipped.append("Routing held-out subset split: it needs two subsets, one to tune τ on and one to "
                            "report on; cross-validation is shown instead.")
         if with_figures:
             png = od.figures / f"{name}.png"
-            drawn += F.drawn(od.figures, name, F.figure_inputs(data),
-                            lambda res=res, draw=draw, png=png: [draw(res, png)], figure_store)
-    od.write_text(REPORT_FILE, RP.compose(meta, result, sections=sections, figures=[p.name for p in figs],
+            drawn += figures.drawn(od.figures, name, figures.figure_inputs(data),
+                            functools.partial(_draw_one, draw, res, png), figure_store)
+    od.write_text(REPORT_FILE, report.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
-    VW.write(od, meta, records, [p.name for p in drawn] if with_figures else None)  # view.html: every query browsable (evaluator.render.view)
+    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None)  # view.html: every query browsable (evaluator.render.view)
 
 
 # ---------------------------------------------------------------- the analyses alone, on a finished run
@@ -385,7 +414,7 @@ def _records_with_ptr(od: OutputDir, what: str) -> list[Record]:
 
 
 def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = None, device: str = "auto",
-                        reporter: Reporter = SILENT) -> SC.ScalingResult:
+                        reporter: Reporter = SILENT) -> scaling_analysis.ScalingResult:
     """The scaling study on a finished run: its registry re-read, every vector from its embedding cache."""
     meta = od.read_meta()
     records = od.read_records()
@@ -405,10 +434,12 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     encode = lambda texts: embedder.encode(texts, desc="embedding (cache misses)")  # noqa: E731
     api_vecs = encode(registry.texts())
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
-    res = SC.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
+    retriever = meta.settings.retriever
+    lexical = load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0] if retriever != "dense" else None
+    res = scaling_analysis.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
                            divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
                            about=_about(meta, s, "scaling_subsets"), log=reporter.info,
-                           memo=searches_folder(embedder.cache_dir))
+                           memo=searches_folder(embedder.cache_dir), retriever=retriever, lexical=lexical)
     res.meta.embed = dataclasses.asdict(embedder.stats)
     if embedder.stats.embedded:
         reporter.info(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")
@@ -417,7 +448,7 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     return res
 
 
-def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> R.RoutingResult:
+def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> routing_analysis.RoutingResult:
     meta = od.read_meta()
     saved = max([meta.k, *meta.ks])
     if s.k > saved:  # the records hold each top list only to the run's largest k
@@ -425,10 +456,25 @@ def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT)
     records = _records_with_ptr(od, "routing")
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
     opt = _routing_options(s, subs)
-    res = R.routing_study(records, opt, _about(meta, s, "routing_test"), log=reporter.info)
+    res = routing_analysis.routing_study(records, opt, _about(meta, s, "routing_test"), log=reporter.info)
     od.write_json(ROUTING_FILE, res.to_dict())
     render_outputs(od)
     return res
+
+
+# ---------------------------------------------------------------- `export trec`
+
+
+def export_trec(od: OutputDir, to: Path) -> list[Path]:
+    """`export trec OUT --to DIR`: the run's ranked lists and gold sets as TREC run and qrels files."""
+    records = od.read_records()
+    check_writable(to, "--to")
+    target = OutputDir(to)
+    written = []
+    for name, text in trec.export(records).items():
+        target.write_text(name, text)
+        written.append(to / name)
+    return written
 
 
 # ---------------------------------------------------------------- request files (`requests export|run`)
@@ -469,7 +515,7 @@ def export_requests(s: Settings, out: Path, reporter: Reporter = SILENT) -> Expo
 @dataclass
 class RanFile:
     results: list[Result]
-    stats: dict[str, Any]  # the engine's accounting (requests sent, cache hits, ...)
+    stats: CallStats  # the engine's accounting (requests sent, cache hits, ...)
     seconds: float
 
 

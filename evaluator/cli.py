@@ -1,11 +1,12 @@
 """Command line: `python -m evaluator [run flags]`, plus `cache`, `report`, `scaling`, `routing`, `requests`.
 
 The only module that knows about argv, the terminal and exit codes. Every user mistake ends in one
-line on stderr naming the flag, file or key and what to do — no traceback. Exit codes: 0 done;
-1 the run stopped (bad key, exhausted quota: finished calls are cached); 2 a usage, config or data
-error (before any work); 3 done, but some LLM calls failed for good (a rerun retries them);
-4 stopped at --budget (replies received are cached: a rerun with a larger budget resumes); 130 interrupted
-(Ctrl-C, SIGTERM or SIGHUP: calls already on the wire get a few seconds to arrive and be cached).
+line on stderr naming the flag, file or key and what to do — no traceback. Exit codes (`core.errors`,
+where every error class says its own and its line): 0 done; 1 the run stopped (bad key, exhausted quota:
+finished calls are cached); 2 a usage, config or data error (before any work); 3 done, but some LLM calls
+failed for good (a rerun retries them); 4 stopped at --budget (replies received are cached: a rerun with a
+larger budget resumes); 130 interrupted (Ctrl-C, SIGTERM or SIGHUP: calls already on the wire get a few
+seconds to arrive and be cached).
 
 Progress bars, notes and warnings of the stages reach stderr through the one `Reporter` made here
 (`make_reporter`); the engine's `logging` warnings through the handler `main` installs.
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 from . import app
-from .aio import interrupt_on_stop_signals, stop_signal
 from .analysis.routing import RoutingMeta
 from .analysis.scaling import ScalingMeta
 from .batch.requests import import_files
@@ -30,23 +30,27 @@ from .config import (
     BACKEND_CHOICES,
     PRECISION_CHOICES,
     REGISTRY_CHOICES,
+    RETRIEVER_CHOICES,
     TOOLS_FORMAT_CHOICES,
-    ConfigError,
     ProfileOverrides,
     Settings,
     load_settings,
     validate,
 )
-from .data import DataError
-from .embed import EmbedderError
-from .llm import FatalLLMError, cache_clear, cache_stats
-from .llm.errors import BudgetExhausted
-from .progress import Reporter
-from .redact import RedactFilter, redact, redacted_traceback
+from .core.aio import interrupt_on_stop_signals, stop_signal
+from .core.errors import (
+    EXIT_FAILED_CALLS,
+    EXIT_INTERRUPTED,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    ConfigError,
+    EvaluatorError,
+)
+from .core.progress import Reporter
+from .core.redact import RedactFilter, redact, redacted_traceback
+from .llm import cache_clear, cache_stats
 from .render import view as view_page
-from .schema import OutputDir, OutputError
-
-EXIT_STOPPED, EXIT_USAGE, EXIT_FAILED_CALLS, EXIT_BUDGET, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+from .schema import OutputDir
 
 
 class Parser(argparse.ArgumentParser):
@@ -108,7 +112,7 @@ def run_parser() -> Parser:
     p.add_argument("--k", type=int, help="retrieval budget handed to the planner (default 5)")
     p.add_argument("--ks", type=_ints, help="k-ablation budgets, e.g. 1,3,5,10,20")
     p.add_argument("--registry", choices=REGISTRY_CHOICES, help="every API, or only described ones")
-    p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), a hub name, or a local folder")
+    p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), bundled:all-mpnet-base-v2 (optional extra), a hub name, or a local folder")
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
     p.add_argument("--precision", choices=PRECISION_CHOICES, help="embedding precision")
     p.add_argument("--backend", choices=BACKEND_CHOICES,
@@ -121,6 +125,8 @@ def run_parser() -> Parser:
     p.add_argument("--runs", type=int, help="independent runs per model (default 4)")
     p.add_argument("--archs", type=_csv, help="comma list of rtp,ptr (default both)")
     p.add_argument("--base-url", help="override the model profile's endpoint (for sim: use a running simulator)")
+    p.add_argument("--retriever", choices=RETRIEVER_CHOICES,
+                   help="what every architecture searches with: dense (default), bm25, hybrid (RRF of both)")
     p.add_argument("--fallback-to-query", action="store_true", default=None, help="PtR: embed the raw query when no stub is produced")
     _rate_flags(p)
     p.add_argument("--max-tokens", type=int, help="override the profile's max_tokens (completion limit per call)")
@@ -140,6 +146,7 @@ RUN_FLAGS = {
     "subsets": "subsets", "k": "k", "ks": "ks", "registry": "registry", "embedder": "embedder", "device": "device",
     "precision": "precision", "backend": "backend", "cache_dir": "cache_dir", "out": "out", "limit": "limit", "models": "models",
     "runs": "runs", "archs": "archs", "fallback_to_query": "fallback_to_query", "tools_format": "tools_format",
+    "retriever": "retriever",
 }
 
 
@@ -371,7 +378,7 @@ def _requests_run(argv: list[str]) -> int:
                                 reporter=make_reporter(not args.no_progress), **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
     print(f"Wrote {n:,} results to {args.out} in {done.seconds:.1f} s: {n - bad:,} ok, {bad:,} errors; "
-          f"{done.stats['requests']:,} HTTP requests sent, {done.stats['cache_hits']:,} answered from the cache.")
+          f"{done.stats.requests:,} HTTP requests sent, {done.stats.cache_hits:,} answered from the cache.")
     return 0
 
 
@@ -400,16 +407,33 @@ def cmd_view(argv: list[str]) -> int:
     return 0
 
 
+def cmd_export(argv: list[str]) -> int:
+    p = Parser(prog="python -m evaluator export",
+               description="Write a finished run's ranked lists as TREC run files (one per model, run, architecture "
+               "and retriever) and its gold sets as qrels files (one per gold set), for trec_eval, pytrec_eval, "
+               "ranx and ir-measures.")
+    p.add_argument("format", choices=["trec"])
+    p.add_argument("out_dir", type=Path, metavar="OUT", help="output folder of a finished run")
+    p.add_argument("--to", type=Path, required=True, metavar="DIR", help="folder to write the files into")
+    args = p.parse_args(argv)
+    files = app.export_trec(OutputDir(args.out_dir).require(), args.to)
+    runs = sum(f.suffix == ".trec" for f in files)
+    qrels = sum(f.name.startswith("qrels.") for f in files)
+    print(f"Wrote {runs} run file(s) and {qrels} qrels file(s) to {args.to}/ "
+          f"(e.g. trec_eval -c -m ndcg_cut.5 {args.to}/qrels.api_list.txt {args.to}/<run>.trec)")
+    return 0
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "report": cmd_report, "cache": cmd_cache, "scaling": cmd_scaling, "routing": cmd_routing,
-    "requests": cmd_requests, "view": cmd_view,
+    "requests": cmd_requests, "view": cmd_view, "export": cmd_export,
 }
 
 
 class _StderrHandler(logging.StreamHandler):
     """Writes to the `sys.stderr` of the moment (a test's capture, a redirected stream), not the one at start."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         return sys.stderr
 
@@ -433,7 +457,7 @@ def _log_to_stderr() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _log_to_stderr()
-    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (aio.py)
+    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (core/aio.py)
     command = argv[0] if argv and argv[0] in HANDLERS else "run"
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
     sys.excepthook = lambda *exc: sys.stderr.write(redacted_traceback(*exc))  # even a crash's traceback carries no key
@@ -441,16 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         return HANDLERS[command](rest)
     except SystemExit as e:  # argparse: --help (0) or a usage error already printed (2)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    except (DataError, ConfigError, EmbedderError, OutputError) as e:
-        print(redact(f"error: {e}"), file=sys.stderr)
-        return EXIT_USAGE
-    except BudgetExhausted as e:
-        print(redact(str(e)), file=sys.stderr)
-        return EXIT_BUDGET
-    except FatalLLMError as e:
-        print(redact(f"error: {e} Every call finished before the stop is cached: rerun the same command to resume."),
-              file=sys.stderr)
-        return EXIT_STOPPED
+    except EvaluatorError as e:  # each kind says its exit code and its line (core/errors.py)
+        print(redact(e.line()), file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         how = f" by {stop_signal()}" if stop_signal() else ""
         print(f"\ninterrupted{how}: finished LLM calls are cached; rerun the same command to resume.", file=sys.stderr)

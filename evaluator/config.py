@@ -10,15 +10,17 @@ import dataclasses
 import tomllib
 from dataclasses import field
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args
 
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
+from . import data
+from .core.errors import ConfigError  # one ConfigError for settings and model profiles
+from .core.validation import check_values, checked
 from .data import TOOLS_FORMATS
 from .embed_backends import BACKENDS, PRECISIONS
-from .llm.errors import ConfigError  # one ConfigError for settings and model profiles
-from .llm.profiles import ModelProfile, check_values, checked
+from .llm.profiles import ModelProfile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -28,16 +30,23 @@ __all__ = ["ConfigError", "Settings", "ProfileOverrides", "load_settings", "vali
            "analysis_subsets"]
 
 # The choices of each setting, declared once (the config file, the flags' `choices` and the checks use these).
-Backend = Literal[("auto", *BACKENDS)]  # type: ignore[valid-type]  # auto: see evaluator/embed.py AUTO_CPU
-Precision = Literal[("auto", *dict.fromkeys(p for ps in PRECISIONS.values() for p in ps))]  # type: ignore[valid-type]
-ToolsFormat = Literal[TOOLS_FORMATS]  # type: ignore[valid-type]  # auto: detected per file
+if TYPE_CHECKING:  # a Literal built from the tables is no type to a static checker: it sees strings
+    Backend: TypeAlias = str
+    Precision: TypeAlias = str
+    ToolsFormat: TypeAlias = str
+else:  # pydantic checks the choices
+    Backend = Literal[("auto", *BACKENDS)]  # auto: see evaluator/embed.py AUTO_CPU
+    Precision = Literal[("auto", *dict.fromkeys(p for ps in PRECISIONS.values() for p in ps))]
+    ToolsFormat = Literal[TOOLS_FORMATS]  # auto: detected per file
 RegistryChoice = Literal["full", "described"]
 Arch = Literal["rtp", "ptr"]
+RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrievers.py
 BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
 PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
 TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
 REGISTRY_CHOICES: tuple[str, ...] = get_args(RegistryChoice)
 ARCHS: tuple[str, ...] = get_args(Arch)
+RETRIEVER_CHOICES: tuple[str, ...] = get_args(RetrieverChoice)
 AtLeast1 = Annotated[int, Field(ge=1)]
 
 
@@ -57,13 +66,15 @@ class ProfileOverrides:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
+_BOTH: list[Arch] = ["rtp", "ptr"]
+
 @dataclass
 class Settings:
     # [data]
     data_dir: str = "../shared/toolbench"
     registry: RegistryChoice = "full"
     subsets: list[str] = field(default_factory=list)
-    limit: int = Field(0, ge=0)  # 0: all
+    limit: int = Field(default=0, ge=0)  # 0: all
     tools: str = ""  # a registry file or folder in any supported format (else the data folder's)
     queries: list[str] = field(default_factory=list)  # query files or folders (else the data folder's)
     tools_format: ToolsFormat = "auto"
@@ -72,36 +83,37 @@ class Settings:
     device: str = "auto"
     precision: Precision = "auto"
     backend: Backend = "auto"
-    batch_size: int = Field(128, ge=1)
+    batch_size: int = Field(default=128, ge=1)
     # [retrieval]
-    k: int = Field(5, ge=1)
+    k: int = Field(default=5, ge=1)
     ks: list[AtLeast1] = field(default_factory=lambda: [1, 3, 5, 10, 20])
     fallback_to_query: bool = False
+    retriever: RetrieverChoice = "dense"
     # [run]
     models: list[str] = field(default_factory=lambda: ["sim"])
-    runs: int = Field(4, ge=1)
-    archs: list[Arch] = Field(default_factory=lambda: ["rtp", "ptr"], min_length=1)
+    runs: int = Field(default=4, ge=1)
+    archs: list[Arch] = Field(default_factory=lambda: list(_BOTH), min_length=1)
     cache_dir: str = "cache"
     out: str = ""
     # --budget: the most this invocation may spend (USD, online prices)
-    budget_usd: float | None = Field(None, ge=0, allow_inf_nan=False, exclude=True)
+    budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False, exclude=True)
     # --rate-dir: share RPM/TPM pacing with other processes here (else the cache folder)
-    rate_dir: str = Field("", exclude=True)
+    rate_dir: str = Field(default="", exclude=True)
     # [analysis] subset names or prefixes; empty = derived from the subsets present (see analysis_subsets)
     routing_train: list[str] = field(default_factory=list)
     routing_test: list[str] = field(default_factory=list)
-    routing_folds: int = Field(5, ge=2)
+    routing_folds: int = Field(default=5, ge=2)
     routing_seed: int = 0
     scaling_subsets: list[str] = field(default_factory=list)
     scaling_sizes: list[AtLeast1] = field(default_factory=lambda: [1000, 2000, 5000, 10000, 20000])
-    scaling_seeds: int = Field(5, ge=1)
+    scaling_seeds: int = Field(default=5, ge=1)
     divergence_subset: str = ""
     # not in the file: command line only, and not in meta.json (excluded)
-    data_from_cli: bool = Field(False, exclude=True)  # --data or EVALUATOR_DATA must exist; else may fall back
-    extras: bool = Field(True, exclude=True)  # the scaling and routing studies after a full run
+    data_from_cli: bool = Field(default=False, exclude=True)  # --data or EVALUATOR_DATA must exist; else may fall back
+    extras: bool = Field(default=True, exclude=True)  # the scaling and routing studies after a full run
     # --batch: "submit" through the profiles' batch APIs; --batch-cancel: "cancel"
-    batch: Literal["submit", "cancel"] | None = Field(None, exclude=True)
-    dry_run: bool = Field(False, exclude=True)  # --dry-run: plan the calls, tokens, cost and time; send nothing
+    batch: Literal["submit", "cancel"] | None = Field(default=None, exclude=True)
+    dry_run: bool = Field(default=False, exclude=True)  # --dry-run: plan the calls, tokens, cost and time; send nothing
     overrides: ProfileOverrides = Field(default_factory=ProfileOverrides, exclude=True)
     cli_keys: set[str] = Field(default_factory=set, exclude=True)  # settings given as flags (not from the file)
 
@@ -129,7 +141,7 @@ SECTIONS: dict[str, dict[str, str]] = {
              "queries": "queries", "tools_format": "tools_format"},
     "embed": {"model": "embedder", "device": "device", "precision": "precision", "backend": "backend",
               "batch_size": "batch_size"},
-    "retrieval": {"k": "k", "ks": "ks", "fallback_to_query": "fallback_to_query"},
+    "retrieval": {"k": "k", "ks": "ks", "fallback_to_query": "fallback_to_query", "retriever": "retriever"},
     "run": {"models": "models", "runs": "runs", "archs": "archs", "cache_dir": "cache_dir", "out": "out",
             "budget_usd": "budget_usd", "rate_dir": "rate_dir"},
     "analysis": {"routing_train": "routing_train", "routing_test": "routing_test", "routing_folds": "routing_folds",
@@ -172,8 +184,8 @@ def load_settings(path: Path | None = None) -> Settings:
 def validate(s: Settings, where: str = "") -> None:
     """Every setting and profile flag against its declared type and range, after flags were set;
     `where` prefixes the message (nothing for flags: the message names the flag)."""
-    fields = s.__pydantic_fields__  # type: ignore[attr-defined]
-    check_values(Settings, {k: getattr(s, k) for k in fields if k != "overrides"}, where, flag)
+    names = [f.name for f in dataclasses.fields(s)]
+    check_values(Settings, {k: getattr(s, k) for k in names if k != "overrides"}, where, flag)
     check_values(ModelProfile, s.overrides.as_kwargs(), where, flag)
 
 
@@ -181,14 +193,9 @@ def validate(s: Settings, where: str = "") -> None:
 
 
 def match_subsets(available: list[str], wanted: list[str], what: str) -> list[str]:
-    """`wanted` holds subset names or prefixes (`G1` matches `G1_instruction`), as on the run's CLI."""
-    out: list[str] = []
-    for w in wanted:
-        hit = [s for s in available if s == w] or [s for s in available if s.startswith(w)]
-        if not hit:
-            raise ConfigError(f"{what}: subset {w!r} is not in this run; it has {', '.join(available) or 'none'}.")
-        out += [s for s in hit if s not in out]
-    return out
+    """`wanted` holds subset names or prefixes, as on the run's CLI (`data.match_subsets`, the one rule)."""
+    return data.match_subsets(available, wanted, lambda w: ConfigError(
+        f"{what}: subset {w!r} is not in this run; it has {', '.join(available) or 'none'}."))
 
 
 @dataclass

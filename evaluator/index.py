@@ -2,7 +2,7 @@
 
 Every stage hands all its query vectors to one `search` call; FAISS then parallelises over queries
 and uses BLAS, which per-query calls cannot. Its OpenMP pool is sized to the CPUs this process may
-use and waits passively (threads.py), set before faiss loads.
+use and waits passively (core/threads.py), set before faiss loads.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-import os
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import threads
+from .core import threads
+from .core.cache_layout import CacheLayout
+from .core.files import atomic_write
 
 threads.configure_env()
 
@@ -112,7 +113,7 @@ class SubsetSearch:
         if folder is not None:
             h = hashlib.blake2b(digest_size=16)
             h.update(f"subsets|{matrix_digest or digest(self.vectors)}|{k}|{smallest}|{_MARGIN}|".encode())
-            h.update(self._queries_in.view(np.uint8).reshape(-1))
+            h.update(self._queries_in.view(np.uint8).reshape(-1).data)
             self._file = folder / f"subsets-{h.hexdigest()}.npz"
             self._memo = _read_memo(self._file)
 
@@ -163,7 +164,7 @@ class SubsetSearch:
     def search(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """`VectorIndex(vectors, rows).exact_search(queries, k)`: (scores, registry rows), (n, min(k, len(rows)))."""
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        key = hashlib.blake2b(rows.view(np.uint8), digest_size=16, person=str(k).encode()[:16]).hexdigest()
+        key = hashlib.blake2b(rows.view(np.uint8).data, digest_size=16, person=str(k).encode()[:16]).hexdigest()
         if key not in self._memo:
             self._build()
             self._memo[key] = self._search(rows, k)
@@ -210,12 +211,12 @@ class SubsetSearch:
 
 def searches_folder(cache: Path | None) -> Path | None:
     """Where a cache folder keeps searches between runs (`SearchMemo`'s and `SubsetSearch`'s)."""
-    return cache / "searches" if cache is not None else None
+    return CacheLayout(cache).searches if cache is not None else None
 
 
 def digest(vectors: np.ndarray) -> str:
     """A key for a matrix's content (blake2b of its bytes: ~0.1 s for the 47k registry's)."""
-    return hashlib.blake2b(np.ascontiguousarray(vectors).view(np.uint8).reshape(-1), digest_size=16).hexdigest()
+    return hashlib.blake2b(np.ascontiguousarray(vectors).view(np.uint8).reshape(-1).data, digest_size=16).hexdigest()
 
 
 def _read_memo(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -234,16 +235,9 @@ def _read_memo(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def _write_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Written to a temporary name and renamed; an unwritable folder is silently skipped."""
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    """Written atomically; an unwritable folder is silently skipped (the next run searches again)."""
+    with contextlib.suppress(OSError):
+        atomic_write(path, lambda fh: np.savez(fh, allow_pickle=False, **arrays))  # numbers and strings only
 
 
 class SearchMemo:

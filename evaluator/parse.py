@@ -43,7 +43,7 @@ import pydantic.dataclasses
 
 from .prompts import DISCOVERY_EXAMPLES
 
-__all__ = ["Plan", "Selection", "Stub", "parse_plan", "parse_stubs", "stub_text"]
+__all__ = ["Plan", "ParseAudit", "Selection", "Stub", "parse_plan", "parse_stubs", "stub_text"]
 
 
 @pydantic.dataclasses.dataclass
@@ -56,6 +56,16 @@ class Stub:
     rule: str = field(default="", compare=False)
     # A copy of the prompt's own example rather than the model's need; left out of Match%.
     example_copy: bool = False
+
+
+@pydantic.dataclasses.dataclass
+class ParseAudit:
+    """The provenance of every parsed field of a plan, as `queries.jsonl` keeps it (`PlanBlock.parse_audit`)."""
+
+    source: str = ""  # where the answer object came from: "<where>[/repaired|/truncated]"
+    steps_rule: str = ""
+    selected_rule: str = ""
+    names: list[tuple[str, str, str, bool]] = field(default_factory=list)  # per name: raw, api, rule, offered
 
 
 @dataclass
@@ -78,14 +88,10 @@ class Plan:
     selected_rule: str = ""  # e.g. "key:selected_apis", "step apis", "bare list", "none"
     names: list[Selection] = field(default_factory=list)
 
-    def audit(self) -> dict[str, Any]:
-        """The provenance of every parsed field, JSON-ready (for queries.jsonl)."""
-        return {
-            "source": self.source,
-            "steps_rule": self.steps_rule,
-            "selected_rule": self.selected_rule,
-            "names": [[s.raw, s.api, s.rule, s.offered] for s in self.names],
-        }
+    def audit(self) -> ParseAudit:
+        """The provenance of every parsed field (for queries.jsonl)."""
+        return ParseAudit(self.source, self.steps_rule, self.selected_rule,
+                          [(s.raw, s.api, s.rule, s.offered) for s in self.names])
 
 
 def stub_text(stub: Stub) -> str:
@@ -107,7 +113,7 @@ _MAX_CUTS = 60
 
 @dataclass
 class _Found:
-    value: Any
+    value: Any  # a JSON value found in a model's reply: of any shape until the parse rules read it
     where: str  # "reply" | "fence" | "prose"
     state: str  # "json" | "repaired" | "truncated"
 

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
 from . import prompts, retrieve
-from .aio import cancel_all
+from .core.aio import cancel_all
 from .data import Query, Registry
-from .index import SearchMemo, searches_folder
+from .index import searches_folder
 from .llm import ChatResult
 from .parse import Plan, parse_plan, parse_stubs, stub_text
 from .retrieve import Retrieved
+from .retrievers import Dense, Retriever
 from .schema import ArchBlock, PlanBlock, PtrBlock, Record, Tokens, round6
 from .study import Study
 
@@ -74,9 +73,10 @@ class StubBatcher:
         self.study = study
         self.queue: asyncio.Queue[tuple[list[str], asyncio.Future[Retrieved]]] = asyncio.Queue()
         self.batches = 0
-        # Every stub vector searched once, ever: a rerun's stubs come from the cache folder's
-        # `searches/` (the stub search was most of a warm rerun's LLM stage).
-        self.memo: SearchMemo | None = None
+        # The study's retriever. Dense (the default, and a `Study` built without one) searches every stub
+        # vector once, ever: a rerun's stubs come from the cache folder's `searches/` (the stub search was
+        # most of a warm rerun's LLM stage).
+        self.retriever: Retriever | None = study.retriever  # made on the first search when None
 
     async def retrieve(self, texts: list[str]) -> Retrieved:
         fut: asyncio.Future[Retrieved] = asyncio.get_running_loop().create_future()
@@ -107,20 +107,20 @@ class StubBatcher:
         s = self.study.settings
         texts = [t for ts in per_query for t in ts]
         owners = [q for q, ts in enumerate(per_query) for _ in ts]
-        vecs = self.study.embedder.encode(texts, progress=False) if texts else np.zeros((0, self.study.api_vecs.shape[1]), np.float32)
-        if self.memo is None:
-            cache = self.study.embedder.cache_dir
-            self.memo = SearchMemo(self.study.index, s.k_max, searches_folder(cache))
-        scores, rows = self.memo.search(vecs)
+        # every stub searched by the retriever; merged by the retriever's own score, the best over stubs
+        if self.retriever is None:
+            self.retriever = Dense(self.study.embedder, self.study.index, searches_folder(self.study.embedder.cache_dir))
+        scores, rows = self.retriever.search(texts, s.k_max)
         return retrieve.ptr_from_hits(scores, rows, owners, len(per_query), s.k_max, sorted(set(s.ks)))
 
 
 # ---------------------------------------------------------------- record blocks
 
 
-def base_record(q: Query, model: str | None, run: int) -> Record:
+def base_record(q: Query, model: str | None, run: int, retriever: str = "dense") -> Record:
     return Record(model=model, run=run, subset=q.subset, query_id=q.query_id, query=q.text,
-                  gold={g: list(ids) for g, ids in q.gold.items()})
+                  gold={g: list(ids) for g, ids in q.gold.items()},
+                  retriever=None if retriever == "dense" else retriever)
 
 
 def retrieval_block(r: Retrieved, registry: Registry) -> ArchBlock:
@@ -153,7 +153,7 @@ def _tokens(result: ChatResult | None) -> Tokens:
 def retrieval_only_records(study: Study) -> list[Record]:
     out = []
     for q, r in zip(study.queries, study.rtp, strict=True):
-        rec = base_record(q, None, 0)
+        rec = base_record(q, None, 0, study.settings.retriever)
         rec.rtp = retrieval_block(r, study.registry)
         out.append(rec)
     return out
@@ -163,7 +163,7 @@ def retrieval_only_records(study: Study) -> list[Record]:
 
 
 class StudyRunner:
-    def __init__(self, study: Study, clients: dict[str, ChatClient], progress: Ticker | None = None,
+    def __init__(self, study: Study, clients: Mapping[str, ChatClient], progress: Ticker | None = None,
                  batcher: StubSearch | None = None) -> None:
         self.study = study
         self.clients = clients
@@ -228,7 +228,7 @@ class StudyRunner:
             self._rtp(unit, qi) if "rtp" in archs else _none(),
             self._ptr(unit, qi) if "ptr" in archs else _none(),
         )
-        rec = base_record(self.study.queries[qi], unit.model, unit.run)
+        rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.settings.retriever)
         rec.rtp = rtp if rtp is not None else retrieval_block(self.study.rtp[qi], self.reg)
         rec.ptr = ptr
         self.records.append(rec)

@@ -8,7 +8,7 @@ bound (no planner is called when the reply yields no stub). Their prompt tokens 
 same query's RtP planner prompt (same instructions, query and number of APIs; other APIs).
 
 Per model: calls in total, already cached, to send; prompt tokens by the profile's token rule
-(`llm.budget.prompt_tokens`); completion tokens as the mean of this study's cached replies of the
+(`core.tokens.prompt_tokens`); completion tokens as the mean of this study's cached replies of the
 same prompt version, else `max_tokens` (an upper bound; the plan says which); USD online and through
 the batch API from the profile's prices; and the time floor the RPM/TPM pacing and concurrency set.
 """
@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from . import prompts
-from .batch.cost import price, usd
+from .batch.cost import usd
 from .batch.files import Request
 from .batch.study import collect, offline
+from .core.money import cost_usd
+from .core.tokens import MESSAGE_TOKENS, prompt_tokens
 from .llm import ChatResult, LLMEngine, ModelProfile, Prepared
-from .llm.budget import MESSAGE_TOKENS, prompt_tokens
 from .llm.limits import RPM_SAFETY
 from .schema import OutputDir
 from .study import Study
@@ -60,7 +61,7 @@ class ModelPlan:
 
 
 @dataclass
-class Plan:
+class DryRunPlan:
     models: list[ModelPlan]
     token_rule: str = TOKEN_RULE
     notes: list[str] = field(default_factory=list)
@@ -108,7 +109,7 @@ def _dur(s: float) -> str:
 class _Call:
     key: str
     version: str  # prompt version, or the system prompt's head for a request file
-    body: dict[str, Any]
+    body: dict[str, Any]  # the provider request body (llm.engine.Prepared.body)
     hit: ChatResult | None
 
 
@@ -147,8 +148,8 @@ def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[str, d
             est = sum(int(c) for c in caps if c is not None)
         ct = None if ct is None else ct + est
     n = len(todo)
-    usd = price(p, pt, ct) if ct is not None else None
-    usd_b = price(p, pt, ct, batch=True) if ct is not None else None
+    usd = cost_usd(p, pt, ct) if ct is not None else None
+    usd_b = cost_usd(p, pt, ct, batch=True) if ct is not None else None
     # The engine's pacing: one second's worth may go at once, then RPM (x RPM_SAFETY) and TPM (each call
     # holds its prompt estimate + max_tokens) set the pace.
     floors = {"none": 0.0}
@@ -208,11 +209,11 @@ class _Planner:
         return p.logical or p.body
 
 
-def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path) -> Plan:
+def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path) -> DryRunPlan:
     """The plan of `study` on these models; reads the cache, sends nothing."""
     planner = _Planner(study, profiles)
     asyncio.run(collect(study, profiles, cache_root, on_call=planner))
-    plan = Plan([_model_plan(p, planner.calls[n], planner.planners[n]) for n, p in profiles.items()])
+    plan = DryRunPlan([_model_plan(p, planner.calls[n], planner.planners[n]) for n, p in profiles.items()])
     if any(m.ptr_planners_upper_bound for m in plan.models):
         plan.notes.append("PtR planners behind discovery replies not cached yet are counted once each (an upper "
                           "bound: a reply without stubs calls no planner), priced with the same query's RtP planner "
@@ -220,7 +221,7 @@ def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
     return plan
 
 
-def write_plan(plan: Plan, path: Path) -> str:
+def write_plan(plan: DryRunPlan, path: Path) -> str:
     """The plan as JSON at `path` (a study's `OUT/plan.json`); returns the text the CLI prints."""
     OutputDir(path.parent).write_json(path.name, plan.to_dict())
     return plan.text() + f"\nPlan in {path}."
@@ -236,7 +237,7 @@ def _system_head(body: dict[str, Any]) -> str:
     return "requests without a system prompt"
 
 
-def plan_requests(requests: list[Request], profile: ModelProfile, cache_root: Path) -> Plan:
+def plan_requests(requests: list[Request], profile: ModelProfile, cache_root: Path) -> DryRunPlan:
     """The plan of a request file on one model (as `requests run` sends it); sends nothing."""
     engine = LLMEngine(offline(profile), cache_root=cache_root, api_key="")
     try:
@@ -246,4 +247,4 @@ def plan_requests(requests: list[Request], profile: ModelProfile, cache_root: Pa
             calls.append(_Call(prepared.key, _system_head(r.body), prepared.logical, engine.lookup(prepared.key)))
     finally:
         engine.close_cache()
-    return Plan([_model_plan(profile, calls, [])])
+    return DryRunPlan([_model_plan(profile, calls, [])])

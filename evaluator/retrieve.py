@@ -27,7 +27,12 @@ class Retrieved:
 
 
 def rtp(index: VectorIndex, query_vecs: np.ndarray, k_max: int) -> list[Retrieved]:
-    scores, rows = index.exact_search(query_vecs, k_max)
+    return from_hits(index.exact_search(query_vecs, k_max))
+
+
+def from_hits(hits: tuple[np.ndarray, np.ndarray]) -> list[Retrieved]:
+    """One `Retrieved` per searched text, from a retriever's (scores, rows)."""
+    scores, rows = hits
     return [Retrieved(r.tolist(), s.tolist()) for s, r in zip(scores, rows, strict=True)]
 
 

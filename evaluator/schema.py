@@ -1,9 +1,9 @@
 """The output folder's contracts: typed `Record` (one line of `queries.jsonl`) and `Meta` (`meta.json`),
 the folder's file names and `FORMAT_VERSION`, the one JSON writer (`dumps`), and the one reader and
-writer of an output folder (every write atomic, in `atomic_write`).
+writer of an output folder (every write atomic, `core.files.atomic_write`).
 
 The types are pydantic dataclasses: their fields are the JSON shape (docs/DESIGN.md), read and written by
-pydantic; an older folder is read through the one migration step in `Meta`. Facts derived from a record
+pydantic; every older saved file is read through its step in `migrate`. Facts derived from a record
 ("refused", "excluded because discovery failed", "truncated") are defined here once, as properties; every
 analysis reads them from here.
 """
@@ -17,7 +17,6 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import field, is_dataclass
-from functools import cache
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -32,18 +31,23 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
+from . import migrate
 from .batch.cost import BatchStats, Cost
 from .config import Settings
-from .data import qid_key
+from .core.errors import ConfigError
+from .core.errors import OutputError as OutputError  # defined with its exit code in core.errors
+from .core.files import (
+    atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
+)
+from .data import GOLD_SETS, QueryId, qid_key
 from .llm.accounting import CallStats
-from .llm.errors import ConfigError
 from .llm.profiles import ModelProfile
-from .parse import Stub
+from .parse import ParseAudit, Stub
 
-# re-exported: the sort key for query ids of mixed types, a PtR stub, a model's call counters
-__all__ = ["qid_key", "Stub", "CallStats"]
+# re-exported: query ids (int or str) and their sort key, a PtR stub, a model's call counters, the version
+__all__ = ["qid_key", "QueryId", "Stub", "CallStats", "FORMAT_VERSION"]
 
-GOLDS: tuple[str, ...] = ("api_list", "relevant")
+GOLDS = GOLD_SETS  # the data's gold sets (data.model), the ones every record carries
 TRUNCATED = "length"  # the OpenAI-compatible finish_reason of a reply cut off at max_tokens
 
 # The output folder's files. meta.json + queries.jsonl are the saved data; the rest is derived from them.
@@ -53,13 +57,9 @@ SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 SCALING_FILE = "scaling.json"
 ROUTING_FILE = "routing.json"
-# meta.json's `format_version`. A folder without one (format 0) was written by release 0.1.0 or before;
-# `Meta` reads it through `_migrate_meta`. Bump it, and add a step there, when a saved shape changes.
-FORMAT_VERSION = 1
-
-
-class OutputError(Exception):
-    """An output folder cannot be read or written; the message names it and says what to do."""
+# Every saved file's `format_version` (queries.jsonl: meta.json's); older shapes are read through the one
+# module `migrate`. Bump it, and add a step there, when a saved shape changes.
+FORMAT_VERSION = migrate.FORMAT_VERSION
 
 
 # ---------------------------------------------------------------- records
@@ -94,7 +94,7 @@ class PlanBlock:
     llm_error_kind: str | None = None  # with llm_error: http_400, timeout, connection, ...
     # The selected APIs that were offered to the planner (None: a record from before this field).
     selected_offered: list[str] | None = None
-    parse_audit: dict[str, Any] | None = None  # which parse rule produced each field (parse.Plan.audit)
+    parse_audit: ParseAudit | None = None  # which parse rule produced each field (parse.Plan.audit)
 
     @property
     def unique_selected(self) -> list[str]:
@@ -109,7 +109,9 @@ class PlanBlock:
             return self.unique_selected
         return list(dict.fromkeys(self.selected_offered))
 
-    @computed_field  # written for readers of queries.jsonl; recomputed, never read back
+    # written for readers of queries.jsonl; recomputed, never read back. The ignore is pydantic's documented
+    # form (mypy does not support a decorator above @property).
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def refused(self) -> bool:
         """The planner answered, its reply parsed, and it chose no API. A PtR query with no stub (no
@@ -188,11 +190,17 @@ class Record:
     model: str | None
     run: int
     subset: str
-    query_id: Any  # int in ToolBench; any JSON scalar is kept as given
+    query_id: QueryId
     query: str
     gold: dict[str, list[str]]
     rtp: ArchBlock | None = Field(default=None, exclude_if=_absent)
     ptr: PtrBlock | None = Field(default=None, exclude_if=_absent)
+    # What made the lists (config.RETRIEVER_CHOICES); absent means "dense", as in every record before it.
+    retriever: str | None = Field(default=None, exclude_if=_absent)
+
+    @property
+    def retriever_name(self) -> str:
+        return self.retriever or "dense"
 
     def block(self, arch: str) -> ArchBlock | None:
         return self.rtp if arch == "rtp" else self.ptr
@@ -219,7 +227,7 @@ class Record:
 _RECORD = TypeAdapter(Record)
 
 
-def record_key(r: Record) -> tuple[Any, ...]:
+def record_key(r: Record) -> tuple[str, int, str, tuple[int, int | str]]:
     return (r.model or "", r.run, r.subset, qid_key(r.query_id))
 
 
@@ -262,6 +270,7 @@ class About:
     simulated_models: list[str] = field(default_factory=list)
     subsets_rule: str = "as set"
     split_rule: str = "as set"
+    retriever: str = "dense"  # what made the lists (routing's τ is on its top-1 score)
 
 
 def about_fields(about: About | Mapping[str, Any] | None) -> dict[str, Any]:
@@ -272,25 +281,52 @@ def about_fields(about: About | Mapping[str, Any] | None) -> dict[str, Any]:
 _ABOUT = TypeAdapter(About)
 
 
-def _migrate_meta(d: dict[str, Any]) -> dict[str, Any]:
-    """The one step from an older `meta.json` to FORMAT_VERSION. Format 0 (release 0.1.0 and before, no
-    `format_version`): null stood for "the default", `subsets` may be a list of names (no counts), a model
-    may be its bare name, `ks` unsorted. Every later change of the format adds its step here."""
-    version = d.get("format_version", 0)
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise ValueError(f"format_version {version!r} is newer than this evaluator's {FORMAT_VERSION}; "
-                         "upgrade the evaluator to read it")
-    if version == 0:
-        d = {k: v for k, v in d.items() if v is not None}
-        if isinstance(d.get("subsets"), list):
-            d["subsets"] = {str(s): 0 for s in d["subsets"]}
-        d["models"] = [{"name": m} if isinstance(m, str) else m for m in d.get("models") or []]
-        if isinstance(d.get("ks"), list):
-            d["ks"] = sorted({int(x) for x in d["ks"]})
-        if not isinstance(d.get("registry"), Mapping):
-            d.pop("registry", None)
-    d["format_version"] = FORMAT_VERSION
-    return d
+@dataclass
+class SimulatorStats:
+    """A simulator's own count of what it answered (`GET /stats` of `evaluator.sim`), as meta.json keeps it."""
+
+    requests: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)  # HTTP status -> replies
+    in_flight: int = 0
+    max_in_flight: int = 0
+    ok: int = 0
+    distinct_ok: int = 0  # distinct request bodies answered 200
+    repeated_ok: int = 0  # bodies answered 200 more than once
+    faults: dict[str, int] = field(default_factory=dict)  # injected fault -> times
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    abandoned: int = 0  # requests whose client hung up before the reply
+    max_waiting: int = 0  # serial simulator: most requests waiting for its one worker at once
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SimulatorStats:
+        """From the simulator's JSON (`SimHandle.stats()`); a key this version does not know is left out."""
+        return _adapter(cls).validate_python(d)
+
+
+@dataclass
+class PeakMemory:
+    """Peak resident memory up to writing the report, MiB (getrusage's ru_maxrss): this process, its largest
+    finished child (the model export runs in one), and the larger of the two (issue 29's bound: 1.5 GiB)."""
+
+    largest_process: float = 0.0
+    this_process: float = 0.0
+    largest_child: float = 0.0
+
+
+@dataclass(config=ConfigDict(validate_assignment=True))
+class Runtime:
+    """meta.json's `runtime`: what changes between otherwise identical invocations (never in summary.json)."""
+
+    created: str = ""  # local time the run started, ISO 8601
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (bench/warm_run.py reads them)
+    # The embedding cache's work (embed.EmbedStats's counters and seconds; schema does not import the embedder).
+    embed: dict[str, int | float] = field(default_factory=dict)
+    embed_runtime: str = ""  # which runtime path produced the vectors (Embedder.description)
+    # Per simulated model: the simulator's own count (a rerun from the cache shows zero requests); absent in
+    # a retrieval-only run.
+    simulator_stats: dict[str, SimulatorStats] | None = Field(default=None, exclude_if=_absent)
+    peak_rss_mib: PeakMemory | None = Field(default=None, exclude_if=_absent)  # absent in runs before 29
 
 
 @dataclass(config=ConfigDict(validate_assignment=True))
@@ -300,7 +336,7 @@ class Meta:
 
     format_version: int = FORMAT_VERSION
     version: str = "?"
-    settings: Settings = field(default_factory=Settings)
+    settings: Settings = field(default_factory=lambda: Settings())
     data_dir: str = ""
     embedder: str = "?"
     precision: str = "?"
@@ -314,7 +350,7 @@ class Meta:
     retrieval_only: bool = False
     warnings: dict[str, WarningCount] = field(default_factory=dict)
     llm_stats: dict[str, CallStats] = field(default_factory=dict)
-    runtime: dict[str, Any] = field(default_factory=dict)  # timings, embedding stats, simulator stats
+    runtime: Runtime = field(default_factory=Runtime)
     # Why an analysis that follows the run (scaling, routing) did not run, by analysis.
     analysis_notes: dict[str, str] = field(default_factory=dict)
     # Per model: the batch API's work (--batch) and tokens + USD online/batch (evaluator.batch.cost).
@@ -324,9 +360,9 @@ class Meta:
     @model_validator(mode="before")
     @classmethod
     def _older_formats(cls, data: Any) -> Any:
-        return _migrate_meta(dict(data)) if isinstance(data, Mapping) else data
+        return migrate.meta(data) if isinstance(data, Mapping) else data
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # as PlanBlock.refused
     @property
     def simulated(self) -> bool:
         return any(m.simulated for m in self.models)
@@ -337,7 +373,7 @@ class Meta:
 
     def about(self, subsets_rule: str, split_rule: str) -> About:
         return About(self.embedder, self.precision, self.backend, self.registry.choice, self.simulated_models,
-                     subsets_rule, split_rule)
+                     subsets_rule, split_rule, self.settings.retriever)
 
     def to_dict(self) -> dict[str, Any]:
         return plain(self)
@@ -365,24 +401,6 @@ _META = TypeAdapter(Meta)
 # ---------------------------------------------------------------- the output folder
 
 
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write via a temporary sibling and rename: a reader never sees half a file, a kill leaves the old one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
-        tmp.replace(path)
-    except OSError as e:
-        # A full disk or an I/O error: no half-written temporary file is left, and the error names the
-        # file the user knows (the CLI prints it as one line saying what to free).
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
-
-
 def dumps(obj: Any, *, indent: int | None = 2) -> str:
     """The one JSON writer of the output folder: sorted keys, so a rerun reproduces a file byte for byte.
     `indent=None` gives one line (a queries.jsonl record). Typed values (records, meta, results) are
@@ -395,9 +413,15 @@ def plain(obj: Any) -> Any:
     return _adapter(type(obj)).dump_python(obj, mode="json")
 
 
-@cache
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {}
+
+
 def _adapter(tp: type) -> TypeAdapter[Any]:
-    return TypeAdapter(tp)
+    """One TypeAdapter per type (building one costs ~1 ms; `plain` runs per record)."""
+    a = _ADAPTERS.get(tp)
+    if a is None:
+        a = _ADAPTERS[tp] = TypeAdapter(tp)
+    return a
 
 
 def _json_default(x: Any) -> Any:
@@ -438,17 +462,31 @@ class OutputDir:
 
     def read_records(self) -> list[Record]:
         self.require()
+        version = self._saved_version()
         out: list[Record] = []
         with open(self.path / QUERIES_FILE, "rb") as fh:  # bytes: a bad encoding is caught per line below
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
                 try:
-                    out.append(_RECORD.validate_json(line))
-                except ValidationError as e:
-                    raise OutputError(f"{self.path / QUERIES_FILE}: line {n} is not a record ({_first_error(e)}); "
+                    if version == FORMAT_VERSION:  # the common case: pydantic parses the bytes itself
+                        out.append(_RECORD.validate_json(line))
+                    else:
+                        out.append(_RECORD.validate_python(migrate.record(json.loads(line), version)))
+                except ValueError as e:  # pydantic's ValidationError, or json's JSONDecodeError
+                    why = _first_error(e) if isinstance(e, ValidationError) else f"not JSON: {e}"
+                    raise OutputError(f"{self.path / QUERIES_FILE}: line {n} is not a record ({why}); "
                                       "rerun the study to rewrite it.") from None
         return out
+
+    def _saved_version(self) -> int:
+        """The folder's format version (meta.json's; its queries.jsonl lines carry none)."""
+        p = self.path / META_FILE
+        try:
+            d = json.loads(p.read_bytes()) if p.is_file() else {}
+            return migrate.version_of(d if isinstance(d, Mapping) else {}, META_FILE)
+        except (ValueError, migrate.FormatError) as e:  # no JSON, or a newer version than this evaluator's
+            raise OutputError(f"{p}: {e}") from None
 
     def read_meta(self) -> Meta:
         p = self.path / META_FILE
@@ -458,6 +496,8 @@ class OutputDir:
             return _META.validate_json(p.read_bytes())
         except ValidationError as e:
             raise OutputError(f"{p}: unreadable meta.json ({_first_error(e)}); rerun the study to rewrite it.") from None
+        except migrate.FormatError as e:
+            raise OutputError(f"{p}: {e}") from None
 
     def write_records(self, records: Iterable[Record]) -> int:
         recs = sorted(records, key=record_key)
@@ -480,14 +520,26 @@ class OutputDir:
             names = sorted(p.name for p in self.figures.glob("*.png")) if self.figures.is_dir() else []
         return {n: (self.figures / n).read_bytes() for n in names if (self.figures / n).is_file()}
 
-    def read_json(self, name: str) -> Any:
+    def read_json(self, name: str) -> dict[str, Any] | None:
+        """A derived JSON file (scaling.json, routing.json, summary.json) in the shape of FORMAT_VERSION
+        (migrated by `migrate`, not yet typed); None when the folder has none."""
         p = self.path / name
         if not p.is_file():
             return None
         try:
-            return json.loads(p.read_text(encoding="utf-8"))
+            d = json.loads(p.read_text(encoding="utf-8"))
         except ValueError as e:
             raise OutputError(f"{p}: unreadable JSON ({e}); delete it or rerun the analysis that writes it.") from None
+        if not isinstance(d, dict):
+            raise OutputError(f"{p}: not a JSON object; delete it or rerun the analysis that writes it.")
+        step = _MIGRATIONS.get(name)
+        try:
+            return step(d) if step else d
+        except migrate.FormatError as e:
+            raise OutputError(f"{p}: {e}") from None
+
+
+_MIGRATIONS = {SCALING_FILE: migrate.scaling, ROUTING_FILE: migrate.routing, SUMMARY_FILE: migrate.summary}
 
 
 def check_writable(path: Path, what: str) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import retrieve
 from .config import REPO_ROOT, Settings
+from .core.progress import SILENT, Reporter
 from .data import (
     Query,
     Registry,
@@ -24,8 +25,9 @@ from .data import (
     resolve_data_dir,
 )
 from .embed import Embedder
-from .index import VectorIndex
-from .progress import SILENT, Reporter
+from .index import VectorIndex, searches_folder
+from .lexical import load_index
+from .retrievers import Dense, Hybrid, Lexical, Retriever
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Study:
     rtp: list[retrieve.Retrieved]
     warnings: Warnings
     timings: dict[str, float] = field(default_factory=dict)
+    retriever: Retriever | None = None  # what every architecture searches with (None: dense over `index`)
 
     @property
     def subsets(self) -> dict[str, int]:
@@ -74,15 +77,21 @@ class Inputs:
     load_s: float
 
 
+def _resolved(data_dir: Path | None) -> Path:
+    assert data_dir is not None  # resolved whenever --tools or --queries is missing
+    return data_dir
+
+
 def load_inputs(s: Settings) -> Inputs:
     t = time.perf_counter()
     warnings = Warnings()
     data_dir = None
     if not (s.tools and s.queries) or s.data_from_cli:
         data_dir = resolve_data_dir(s.data_dir if s.data_from_cli else None, s.data_dir, REPO_ROOT)
-    tools = s.resolve_path(s.tools) if s.tools else data_dir
+    # without --tools and --queries both, the data folder was resolved above
+    tools = s.resolve_path(s.tools) if s.tools else _resolved(data_dir)
     registry = load_registry(tools, s.registry, warnings, fmt=s.tools_format)
-    files = [s.resolve_path(q) for q in s.queries] if s.queries else find_query_files(data_dir)
+    files = [s.resolve_path(q) for q in s.queries] if s.queries else find_query_files(_resolved(data_dir))
     queries = load_query_files(files, registry, warnings, limit=s.limit or None, subsets=s.subsets or None)
     return Inputs(data_dir, registry, queries, warnings, time.perf_counter() - t)
 
@@ -101,7 +110,21 @@ def prepare(s: Settings, progress: bool = True, inputs: Inputs | None = None, *,
 
     t = time.perf_counter()
     index = VectorIndex(api_vecs)
-    rtp = retrieve.rtp(index, query_vecs, s.k_max)
+    retriever = make_retriever(s, embedder, index, registry, reporter)
+    if isinstance(retriever, Dense):
+        rtp = retrieve.rtp(index, query_vecs, s.k_max)  # the vectors are at hand: no second encode
+    else:
+        rtp = retrieve.from_hits(retriever.search([q.text for q in queries], s.k_max))
     timings["rtp_search_s"] = time.perf_counter() - t
     return Study(s, inputs.data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp,
-                 inputs.warnings, timings)
+                 inputs.warnings, timings, retriever)
+
+
+def make_retriever(s: Settings, embedder: Embedder, index: VectorIndex, registry: Registry,
+                   reporter: Reporter = SILENT) -> Retriever:
+    """The `--retriever` of the settings over this registry; the BM25 index from the cache when there."""
+    dense = Dense(embedder, index, searches_folder(embedder.cache_dir))
+    if s.retriever == "dense":
+        return dense
+    lexical = Lexical(load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0])
+    return lexical if s.retriever == "bm25" else Hybrid(dense, lexical)

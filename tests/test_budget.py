@@ -7,11 +7,13 @@ and "paid twice" is the simulator's count of request bodies it answered more tha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from study_fixtures import REPO, run_cli, study_args, workspace
 
+from evaluator.core.money import capped_usd, cost_usd
 from evaluator.sim.harness import batch_stats, configure_batch, reset_batch_stats
 
 SIM_TOML = REPO / "configs" / "models" / "sim.toml"
@@ -101,3 +103,19 @@ def test_batch_mode_checks_the_budget_before_submitting_a_batch(ws):
     assert r.returncode == 0, r.stderr
     st = batch_stats(sim.base_url)
     assert st["batches_created"] >= 2 and st["repeated_ok"] == 0 and sim.stats()["requests"] == 0
+
+
+def test_one_price_rule_unknown_is_never_zero_and_the_batch_discount_applies_once():
+    @dataclass
+    class P:
+        price_input_per_mtok: float | None = 1.0
+        price_output_per_mtok: float | None = 2.0
+        batch_discount: float | None = 0.5
+
+    assert cost_usd(P(), 1_000_000, 1_000_000) == 3.0
+    assert cost_usd(P(), 1_000_000, 1_000_000, batch=True) == capped_usd(P(), 1_000_000, 1_000_000, batch=True) == 1.5
+    assert cost_usd(P(batch_discount=None), 1, 1, batch=True) is None  # the report says "unknown"
+    assert capped_usd(P(batch_discount=None), 1_000_000, 0, batch=True) == 1.0  # a cap assumes no saving it can't see
+    assert cost_usd(P(price_output_per_mtok=None), 1, 1) is None
+    with pytest.raises(ValueError):  # a capped run checks prices first (check_priced): unpriced here is a bug
+        capped_usd(P(price_input_per_mtok=None), 1, 1)

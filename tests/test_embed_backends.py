@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from evaluator.embed import Embedder, EmbedderError, resolve_path
-from evaluator.progress import Reporter
+from evaluator.core.progress import Reporter
+from evaluator.embed import Embedder, EmbedderError, choose_runtime
 
 TEXTS = [
     "Flight Search/search flights: find flights between two airports on a date",
@@ -63,12 +63,12 @@ def test_missing_backend_package_is_one_line_naming_the_install(monkeypatch, bac
 
 
 def test_auto_keeps_the_gpu_path_and_rejects_impossible_pairs():
-    assert resolve_path("auto", "auto", "cuda") == ("torch", "fp16")
-    assert resolve_path("torch", "auto", "cpu") == ("torch", "fp32")
+    assert choose_runtime("auto", "auto", "cuda") == ("torch", "fp16")
+    assert choose_runtime("torch", "auto", "cpu") == ("torch", "fp32")
     with pytest.raises(EmbedderError, match="has no bf16 path"):
-        resolve_path("onnx", "bf16", "cpu")
+        choose_runtime("onnx", "bf16", "cpu")
     with pytest.raises(EmbedderError, match="backend must be one of"):
-        resolve_path("tensorrt", "auto", "cpu")
+        choose_runtime("tensorrt", "auto", "cpu")
 
 
 def test_auto_on_cpu_takes_the_verified_path_and_falls_back_to_torch_without_it(monkeypatch):
@@ -76,10 +76,10 @@ def test_auto_on_cpu_takes_the_verified_path_and_falls_back_to_torch_without_it(
 
     monkeypatch.setattr(embed, "AUTO_CPU", (("onnx", "fp32"),))
     pytest.importorskip("onnxruntime")
-    assert resolve_path("auto", "auto", "cpu") == ("onnx", "fp32")
-    assert resolve_path("auto", "fp32", "cpu") == ("torch", "fp32")  # an explicit precision keeps torch
+    assert choose_runtime("auto", "auto", "cpu") == ("onnx", "fp32")
+    assert choose_runtime("auto", "fp32", "cpu") == ("torch", "fp32")  # an explicit precision keeps torch
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    assert resolve_path("auto", "auto", "cpu") == ("torch", "fp32")
+    assert choose_runtime("auto", "auto", "cpu") == ("torch", "fp32")
     e = Embedder(cache_dir=None, progress=False)
     assert (e.backend, e.precision) == ("torch", "fp32") and e.description.startswith("torch fp32")
 

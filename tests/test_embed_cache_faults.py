@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from evaluator.core.progress import Reporter
 from evaluator.embed import Embedder, EmbedderError
-from evaluator.progress import Reporter
 
 TEXTS = ["Weather/current: the current weather for a city", "Maps/route: a route between two places"]
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from evaluator import threads
+from evaluator.core import threads
 
 
 def test_cgroup_quota_v2_and_unlimited(tmp_path):
@@ -59,7 +59,7 @@ def test_libraries_loaded_through_the_evaluator_wait_passively_on_the_allowed_cp
     code = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
         "import evaluator.index, torch, faiss;"
-        "from evaluator import threads; threads.configure_torch();"
+        "from evaluator.core import threads; threads.configure_torch();"
         "print(os.environ['OMP_WAIT_POLICY'], torch.get_num_threads(), faiss.omp_get_max_threads())"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "EVALUATOR_THREADS")}

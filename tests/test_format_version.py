@@ -1,5 +1,5 @@
-"""Output folders carry `format_version`; a folder written by the release before it (0.1.0, no version)
-still re-renders with `report`, through the one migration step in `schema.Meta`."""
+"""Every saved file carries `format_version`; folders written before it (release 0.1.0: commits 9ca467f and
+2acddc3, no version anywhere) still re-render with `report`, through the one module `evaluator.migrate`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 
+from evaluator import migrate
+from evaluator.analysis.metrics import RANK_METRICS
+from evaluator.analysis.routing import RoutingResult
+from evaluator.analysis.scaling import ScalingResult
 from evaluator.cli import main
 from evaluator.schema import (
     FORMAT_VERSION,
     META_FILE,
     QUERIES_FILE,
     REPORT_FILE,
+    ROUTING_FILE,
+    SCALING_FILE,
     SUMMARY_FILE,
     Meta,
     OutputDir,
@@ -22,6 +28,8 @@ from evaluator.schema import (
 
 # Written by release 0.1.0 (commit 9ca467f), see tests/fixtures/release-0.1.0/README.md.
 OLD = Path(__file__).parent / "fixtures" / "release-0.1.0"
+# Written by commit 2acddc3 (ToolBench queries, a small registry), see tests/fixtures/commit-2acddc3/README.md.
+OLDER = Path(__file__).parent / "fixtures" / "commit-2acddc3"
 
 
 @pytest.fixture
@@ -38,9 +46,15 @@ def test_release_0_1_0_folder_re_renders_with_report(old_copy: Path) -> None:
     assert "format_version" not in json.loads((old_copy / META_FILE).read_text(encoding="utf-8"))
     assert main(["report", str(old_copy)]) == 0
     again = json.loads((old_copy / SUMMARY_FILE).read_text(encoding="utf-8"))
-    assert again["rows"] == written["rows"] and again["tests"] == written["tests"]
-    # The version field stays out of the study view; a profile gains the fields added since, at their defaults.
+    # Every row the release wrote comes back unchanged; the only rows added since are the rank metrics.
+    added = [r for r in again["rows"] if r not in written["rows"]]
+    assert [r for r in again["rows"] if r["metric"] not in RANK_METRICS] == written["rows"]
+    assert added and {r["metric"] for r in added} == set(RANK_METRICS)
+    assert again["tests"] == written["tests"]
+    # The version field stays out of the study view; a profile gains the fields added since, at their defaults,
+    # and the settings the settings added since (the retriever: dense, as every run of that release).
     old_profile, new_profile = written["meta"]["models"][0].pop("profile"), again["meta"]["models"][0].pop("profile")
+    assert again["meta"]["settings"].pop("retriever") == "dense"
     assert again["meta"] == written["meta"] and new_profile.items() >= old_profile.items()
     report = (old_copy / REPORT_FILE).read_text(encoding="utf-8")
     assert "## Scaling study (Table 10)" in report and "## Complexity-adaptive routing" in report
@@ -78,3 +92,92 @@ def test_older_shapes_and_a_newer_version(tmp_path: Path) -> None:
     (tmp_path / QUERIES_FILE).write_text("", encoding="utf-8")
     with pytest.raises(Exception, match="newer than this evaluator"):
         OutputDir(tmp_path).read_meta()
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    (dst / "README.md").unlink()
+    return dst
+
+
+def _rows(summary: dict) -> dict[tuple, dict]:
+    return {(r["model"], r["subset"], r["arch"], r["metric"], r["k"], r["gold"]): r for r in summary["rows"]}
+
+
+def test_commit_2acddc3_folder_re_renders_with_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _copy(OLDER, tmp_path / "older")
+    written = json.loads((OLDER / SUMMARY_FILE).read_text(encoding="utf-8"))
+    (out / SUMMARY_FILE).unlink()
+    assert main(["report", str(out)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    again = json.loads((out / SUMMARY_FILE).read_text(encoding="utf-8"))
+    old_rows, new_rows = _rows(written), _rows(again)
+    # Every RtP/PtR row that commit wrote comes back with the same values; the rows of metrics added
+    # since (truncated replies, the rank metrics) are the only new ones.
+    assert {"rtp", "ptr"} <= {a for (_, _, a, *_) in old_rows}
+    assert {k: new_rows[k] for k in old_rows} == old_rows
+    assert {k[3] for k in new_rows.keys() - old_rows.keys()} <= {"planner_truncated", "discovery_truncated",
+                                                                  *RANK_METRICS}
+    assert again["tests"] == written["tests"]
+    assert again["format_version"] == FORMAT_VERSION and "format_version" not in written
+    report = (out / REPORT_FILE).read_text(encoding="utf-8")
+    assert "## Scaling study (Table 10)" in report and "## Complexity-adaptive routing" in report
+    # what the sections state about that run comes from its files
+    assert "2,594 APIs" in report and "(simulated LLM)" in report
+    # written before the embedding runtimes: torch, as the migration says (not "?")
+    assert "(torch fp32)" in report and OutputDir(out).read_meta().backend == "torch"
+
+
+def test_every_older_analysis_file_is_read_through_migrate(tmp_path: Path) -> None:
+    for folder in (OLD, OLDER):
+        od = OutputDir(_copy(folder, tmp_path / folder.name))
+        for name, typed in ((SCALING_FILE, ScalingResult), (ROUTING_FILE, RoutingResult)):
+            saved = json.loads((folder / name).read_text(encoding="utf-8"))
+            assert "format_version" not in saved
+            data = od.read_json(name)
+            assert data is not None and data["format_version"] == FORMAT_VERSION
+            result = typed.from_dict(data)
+            assert result.meta.models == ["sim"]
+        assert od.read_json(SUMMARY_FILE)["rows"] == json.loads((folder / SUMMARY_FILE).read_text())["rows"]
+    # 2acddc3 kept seconds per stage in scaling.json: the total is what the section states now
+    older = ScalingResult.from_dict(json.loads((OLDER / SCALING_FILE).read_text(encoding="utf-8")))
+    assert older.meta.timing_s == 3.21
+
+
+def test_analysis_files_written_now_carry_the_version(tmp_path: Path) -> None:
+    out = _copy(OLDER, tmp_path / "older")
+    assert main(["report", str(out)]) == 0
+    od = OutputDir(out)
+    for name, typed in ((SCALING_FILE, ScalingResult), (ROUTING_FILE, RoutingResult)):
+        result = typed.from_dict(od.read_json(name))
+        od.write_json(name, result.to_dict())
+        saved = json.loads((out / name).read_text(encoding="utf-8"))
+        assert saved["format_version"] == FORMAT_VERSION
+        assert typed.from_dict(saved).to_dict() == saved  # a written file reads back to itself
+
+
+@pytest.mark.parametrize("name", [META_FILE, SCALING_FILE, ROUTING_FILE])
+def test_a_newer_file_is_one_line_naming_it(tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    out = _copy(OLDER, tmp_path / "older")
+    d = json.loads((out / name).read_text(encoding="utf-8"))
+    (out / name).write_text(json.dumps({**d, "format_version": FORMAT_VERSION + 1}), encoding="utf-8")
+    assert main(["report", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert name in err and "newer than this evaluator" in err and "Traceback" not in err
+
+
+def test_records_of_an_older_folder_go_through_the_record_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+
+    def step(d: dict, version: int) -> dict:
+        seen.append(version)
+        return d
+
+    monkeypatch.setattr(migrate, "record", step)
+    older = OutputDir(_copy(OLDER, tmp_path / "older")).read_records()
+    assert older and seen == [0] * len(older)
+    seen.clear()
+    new = OutputDir(tmp_path / "new")
+    new.write_meta(Meta())
+    new.write_records(older)
+    assert new.read_records() == older and seen == []  # a current folder's lines are parsed as they are

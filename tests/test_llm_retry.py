@@ -9,6 +9,7 @@ import time
 import orjson
 import pytest
 
+from evaluator.core.redact import redact
 from evaluator.llm.accounting import ModelStats, percentile
 from evaluator.llm.retry import (
     Kind,
@@ -19,7 +20,6 @@ from evaluator.llm.retry import (
     rejected_fields,
     retry_after_from_headers,
 )
-from evaluator.redact import redact
 
 
 @pytest.mark.parametrize(

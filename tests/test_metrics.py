@@ -131,7 +131,7 @@ def test_retrieval_only_record() -> None:
     rec = F.retrieval_only()[0]
     obs = obs_of(rec)
     assert {key[0] for key in obs} == {"rtp"}
-    assert {key[1] for key in obs} == {"recall", "precision", "miss", "n_queries"}
+    assert {key[1] for key in obs} == {"recall", "precision", "miss", "ndcg", "mrr", "comp", "n_queries"}
 
 
 def test_against_ranx() -> None:

@@ -233,8 +233,8 @@ def test_every_selected_name_records_its_rule() -> None:
     ]
     assert [o for _, _, o in rules] == [True] * 6 + [False, False]
     audit = plan.audit()
-    assert audit["source"] == "reply" and audit["steps_rule"] == "key:steps"
-    assert audit["names"][-1] == ["Made Up/api", "Made Up/api", "unresolved", False]
+    assert audit.source == "reply" and audit.steps_rule == "key:steps"
+    assert audit.names[-1] == ("Made Up/api", "Made Up/api", "unresolved", False)
 
 
 def test_repaired_and_truncated_answers_say_so() -> None:

@@ -6,7 +6,7 @@ import io
 import time
 from types import SimpleNamespace
 
-from evaluator.progress import SILENT, Progress, Reporter, format_eta, format_rate
+from evaluator.core.progress import SILENT, Progress, Reporter, format_eta, format_rate
 
 
 def test_rates_stay_readable_for_slow_servers() -> None:

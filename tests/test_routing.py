@@ -91,8 +91,8 @@ def test_threshold_limits_are_the_always_policies() -> None:
         assert outcome.mean("recall:api_list") == pytest.approx(recall)
         assert outcome.mean("tokens") == pytest.approx(tokens)
     b = R.baselines(d, "api_list")
-    assert b["always_rtp"]["recall:api_list"]["mean"] == pytest.approx(lo.mean("recall:api_list"))
-    assert b["always_ptr"]["tokens"]["mean"] == pytest.approx(hi.mean("tokens"))
+    assert b.always_rtp.mean("recall:api_list") == pytest.approx(lo.mean("recall:api_list"))
+    assert b.always_ptr.mean("tokens") == pytest.approx(hi.mean("tokens"))
     # Proxies route the other way round: RtP when the query is short.
     words = R.sweep(d, "words")
     assert words[0][1].to_rtp == 0.0 and words[-1][1].to_rtp == 1.0
@@ -102,10 +102,10 @@ def test_routing_beats_both_always_policies_here_and_saves_tokens() -> None:
     d = R.model_data(as_records(make_records()), "sim", K)
     tau, best = R.choose(R.sweep(d, "score"), "api_list")
     b = R.baselines(d, "api_list")
-    assert best.mean("recall:api_list") >= max(b["always_rtp"]["recall:api_list"]["mean"],
-                                               b["always_ptr"]["recall:api_list"]["mean"])
-    assert best.mean("tokens") < b["always_ptr"]["tokens"]["mean"]
-    assert b["oracle"]["choice"] == {"G1_instruction": "rtp", "G2_instruction": "ptr", "G3_instruction": "ptr"}
+    assert best.mean("recall:api_list") >= max(b.always_rtp.mean("recall:api_list"),
+                                               b.always_ptr.mean("recall:api_list"))
+    assert best.mean("tokens") < b.always_ptr.mean("tokens")
+    assert b.oracle.choice == {"G1_instruction": "rtp", "G2_instruction": "ptr", "G3_instruction": "ptr"}
 
 
 def test_subset_split_never_looks_at_the_test_queries() -> None:
@@ -121,9 +121,9 @@ def test_subset_split_never_looks_at_the_test_queries() -> None:
             r["rtp"]["scores"] = [0.99 - 0.001 * i for i in range(20)]
             r["rtp"]["retrieved"] = r["gold"]["api_list"] + r["rtp"]["retrieved"][4:]
     after = R.heldout_split(R.model_data(as_records(changed), "sim", K), "score", "api_list", train, test)
-    assert after["tau"] == before["tau"]
-    assert after["train"] == before["train"]
-    assert after["test"] != before["test"]  # the test score does see them
+    assert after.tau == before.tau
+    assert after.train == before.train
+    assert after.test != before.test  # the test score does see them
 
 
 def test_cross_validation_folds_never_choose_on_themselves() -> None:
@@ -142,7 +142,7 @@ def test_cross_validation_folds_never_choose_on_themselves() -> None:
             r["rtp"]["scores"] = [0.05 - 0.001 * i for i in range(20)]
             r["rtp"]["retrieved"] = r["gold"]["api_list"] + r["rtp"]["retrieved"][4:]
     after = R.cross_validate(R.model_data(as_records(changed), "sim", K), "score", "api_list", folds)
-    assert after["taus"][target] == before["taus"][target]
+    assert after.taus[target] == before.taus[target]
 
 
 def test_proxies() -> None:

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from evaluator import cli  # noqa: E402
-from evaluator.redact import known_keys, redact, redact_keys, watch_env  # noqa: E402
+from evaluator.core.redact import known_keys, redact, redact_keys, watch_env  # noqa: E402
 from evaluator.sim.harness import configure_batch, start_simulator  # noqa: E402
 
 MCP = REPO / "examples" / "mcp"
@@ -152,8 +152,8 @@ def test_no_canary_key_in_anything_written(tmp_path, monkeypatch, capfd):
 def test_a_key_written_into_the_base_url_never_reaches_meta():
     """A user who puts the key in the URL itself (userinfo, `?key=`) gets meta.json's profile echo masked;
     the rest of the URL (host, path, other parameters) stays as written."""
+    from evaluator.core.redact import redact_url
     from evaluator.llm.profiles import load_profile
-    from evaluator.redact import redact_url
 
     secret = "AIzaSyD-not-a-real-key-0123456789abcdef"
     for url in (f"https://me:{secret}@proxy.example/v1", f"https://host.example/v1beta/openai?key={secret}",

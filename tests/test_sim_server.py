@@ -11,6 +11,7 @@ import llm_fixtures as F
 import orjson
 import pytest
 
+from evaluator.core.tokens import prompt_tokens
 from evaluator.sim import behaviour
 from evaluator.sim.harness import start_simulator
 from evaluator.sim.server import SimConfig
@@ -41,6 +42,19 @@ async def test_models_and_chat_format(sim):
     assert choice["message"]["content"] == behaviour.answer(F.msgs(0), seed=1, temperature=0.0)
     u = reply["usage"]
     assert u["prompt_tokens"] > 0 and u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+
+
+async def test_the_simulator_bills_the_engines_token_rule_response_format_included(sim):
+    """The dry run's and the budget's prompt estimate (core.tokens) is the simulator's bill, with a schema too."""
+    plain = {"model": "sim-1", "messages": F.msgs(0), "seed": 1, "temperature": 0}
+    schema = {"type": "json_schema", "json_schema": {"name": "stubs", "schema": {"type": "object", "properties": {
+        "stubs": {"type": "array", "items": {"type": "string"}}}}}}
+    billed = []
+    for body in (plain, {**plain, "response_format": schema}):
+        _, _, raw = await _post(sim, body)
+        billed.append(orjson.loads(raw)["usage"]["prompt_tokens"])
+        assert billed[-1] == prompt_tokens(body)
+    assert billed[1] > billed[0]  # the schema is part of the prompt a provider reads
 
 
 async def test_stats_count_concurrency_and_repeats(sim):

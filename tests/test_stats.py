@@ -35,7 +35,7 @@ def test_rtp_retrieval_once_with_model_null(summary: S.Summary) -> None:
     # planner metrics of RtP vary by model and run
     p = summary.row("sim", "G1_instruction", "rtp", "pass", 5)
     assert p is not None and len(p.values) == 4
-    assert summary.checks["rtp_inconsistent_queries"] == 0
+    assert summary.checks.rtp_inconsistent_queries == 0
 
 
 def test_mean_and_sample_std(summary: S.Summary) -> None:
@@ -127,4 +127,4 @@ def test_rows_sorted_and_unique(summary: S.Summary) -> None:
 def test_inconsistent_rtp_is_counted(recs: list[dict]) -> None:
     changed = [dict(r) for r in recs]
     changed[-1] = dict(changed[-1], rtp=dict(changed[-1]["rtp"], retrieved=["Z::z"] * 3))
-    assert summarize(changed).checks["rtp_inconsistent_queries"] == 1
+    assert summarize(changed).checks.rtp_inconsistent_queries == 1

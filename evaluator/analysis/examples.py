@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..schema import PtrBlock, Record, qid_key
+from ..schema import PtrBlock, QueryId, Record, qid_key
 from .metrics import recall
 
 CONTRAST_RULE = (
@@ -55,7 +55,7 @@ def _norm(s: str) -> str:
 @dataclass
 class Contrast:
     subset: str
-    query_id: object
+    query_id: QueryId
     query: str
     rtp_recall: float
     ptr_recall: float
@@ -101,7 +101,7 @@ def contrasts(records: Sequence[Record], model: str, k: int, n: int = 3) -> Cont
 class Trajectory:
     model: str
     subset: str
-    query_id: object
+    query_id: QueryId
     query: str
     k: int
     rtp_top: list[str]

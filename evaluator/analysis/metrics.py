@@ -12,7 +12,10 @@ metric does not depend on them. `arch` is "rtp", "ptr" or "both" (cross-architec
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import TypeVar
 
 from ..schema import GOLDS, ArchBlock, PlanBlock, PtrBlock, Record, Tokens
 
@@ -24,7 +27,10 @@ Obs = dict[MetricKey, tuple[float, float]]
 
 # Pure retrieval metrics of RtP need no LLM, so they are one deterministic value per query whatever
 # the model or run: stats reports them once, with model = null.
-RETRIEVAL_METRICS = frozenset({"recall", "precision", "miss"})
+RETRIEVAL_METRICS = frozenset({"recall", "precision", "miss", "ndcg", "mrr", "comp"})
+# The rank metrics the IR literature reports beside recall (ToolRet: NDCG@10, C@10; COLT: COMP@k; MRR),
+# defined on a ranked list and a gold set (`rank_metrics`), checked against pytrec_eval.
+RANK_METRICS: tuple[str, ...] = ("ndcg", "mrr", "comp")
 # Aggregated per run as a sum (how many), not as a ratio.
 COUNT_METRICS = frozenset(
     {
@@ -42,19 +48,39 @@ COUNT_METRICS = frozenset(
 PAIRED_METRICS = frozenset({"recall", "precision", "pass"})
 
 
-def hits(retrieved: Sequence[str], gold: set[str]) -> int:
+H = TypeVar("H", bound=Hashable)  # an API id, or a registry row (scaling)
+
+
+def hits(retrieved: Sequence[H], gold: AbstractSet[H]) -> int:
     return len(set(retrieved) & gold)
 
 
-def recall(retrieved: Sequence[str], gold: set[str], n_gold: int | None = None) -> float:
+def recall(retrieved: Sequence[H], gold: AbstractSet[H], n_gold: int | None = None) -> float:
     """|R∩G| / |G|; `n_gold` when G counts APIs the retrieval could never return (scaling)."""
     n = len(gold) if n_gold is None else n_gold
     return hits(retrieved, gold) / n if n else float("nan")
 
 
+def rank_metrics(ranked: Sequence[str], gold: set[str], k: int) -> dict[str, float]:
+    """NDCG@k, MRR@k and COMP@k of one ranked list (best first, no duplicates) against a gold set.
+
+    Binary relevance. NDCG@k = DCG@k / IDCG@k with DCG@k = sum_{i<=k, R_i in G} 1 / log2(i + 1) and IDCG@k
+    the DCG of an ideal list, min(|G|, k) gold items on top (trec_eval's `ndcg_cut`). MRR@k = 1 / rank of
+    the first gold item within the top k, 0 if none (`recip_rank` on the list cut to k). COMP@k = 1 when
+    every gold API is within the top k, else 0 (COLT's completeness; 0 whenever |G| > k). Any architecture's
+    list can be scored: nothing here knows RtP or PtR."""
+    top = ranked[:k]
+    dcg = math.fsum(1.0 / math.log2(i + 2) for i, t in enumerate(top) if t in gold)
+    idcg = math.fsum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
+    first = next((i for i, t in enumerate(top) if t in gold), None)
+    return {"ndcg": dcg / idcg if idcg else 0.0, "mrr": 0.0 if first is None else 1.0 / (first + 1),
+            "comp": float(bool(gold) and gold <= set(top))}
+
+
 def retrieval_obs(arch: str, retrieved: Sequence[str], golds: Mapping[str, Sequence[str]], ks: Sequence[int],
                   out: Obs) -> None:
-    """recall@k = |R∩G|/|G|, precision@k = |R∩G|/k (k nominal, as in the paper), miss = R∩G = ∅."""
+    """recall@k = |R∩G|/|G|, precision@k = |R∩G|/k (k nominal, as in the paper), miss = R∩G = ∅, and
+    the rank metrics (`rank_metrics`)."""
     for gold_name, gold in golds.items():
         g = set(gold)
         if not g:  # recall undefined without a gold set; data validation should prevent this
@@ -64,6 +90,8 @@ def retrieval_obs(arch: str, retrieved: Sequence[str], golds: Mapping[str, Seque
             out[(arch, "recall", k, gold_name)] = (h / len(g), 1.0)
             out[(arch, "precision", k, gold_name)] = (h / k, 1.0)
             out[(arch, "miss", k, gold_name)] = (float(h == 0), 1.0)
+            for name, v in rank_metrics(retrieved, g, k).items():
+                out[(arch, name, k, gold_name)] = (v, 1.0)
 
 
 def planner_obs(arch: str, plan: PlanBlock, top: Sequence[str], golds: Mapping[str, Sequence[str]],
@@ -172,11 +200,12 @@ def record_obs(record: Record, ks: Sequence[int] = DEFAULT_KS, k: int = DEFAULT_
                     out[("both", "recall_win_ptr", kk, gold_name)] = (float(b[0] > a[0]), 1.0)
                     out[("both", "recall_tie", kk, gold_name)] = (float(a[0] == b[0]), 1.0)
         if "rtp" in plans and "ptr" in plans:
-            a = set(plans["rtp"].unique_selected)
-            b = set(plans["ptr"].unique_selected)
+            sel_r = set(plans["rtp"].unique_selected)
+            sel_p = set(plans["ptr"].unique_selected)
             # Both empty = the same (empty) intended trajectory, hence 1.0; `both_refused` shows how often.
-            out[("both", "jaccard_selected", k, None)] = (len(a & b) / len(a | b) if a | b else 1.0, 1.0)
-            out[("both", "both_refused", k, None)] = (float(not a and not b), 1.0)
+            union = sel_r | sel_p
+            out[("both", "jaccard_selected", k, None)] = (len(sel_r & sel_p) / len(union) if union else 1.0, 1.0)
+            out[("both", "both_refused", k, None)] = (float(not sel_r and not sel_p), 1.0)
     return out
 
 

@@ -29,7 +29,8 @@ import numpy as np
 import pydantic
 import pydantic.dataclasses
 
-from ..schema import GOLDS, About, ArchBlock, Record, about_fields, plain, qid_key
+from .. import migrate
+from ..schema import FORMAT_VERSION, GOLDS, About, ArchBlock, QueryId, Record, about_fields, plain, qid_key
 from .metrics import retrieval_obs
 
 # name -> (label, direction): "high" sends high values to RtP, "low" sends low values to RtP.
@@ -67,7 +68,7 @@ class ModelData:
 
     model: str
     runs: list[int]
-    keys: list[tuple[str, Any]]  # (subset, query_id)
+    keys: list[tuple[str, QueryId]]  # (subset, query_id)
     subsets: np.ndarray  # (n,) subset name per query
     signals: dict[str, np.ndarray]  # name -> (n,)
     rtp: dict[str, np.ndarray]  # "recall:api_list", ..., "tokens" -> (R, n)
@@ -128,7 +129,7 @@ def route(signal: np.ndarray, tau: float, direction: str) -> np.ndarray:
 
 
 @dataclass
-class Outcome:
+class PolicyScore:
     """A policy scored on some queries: per metric the per-run means, then mean and std over runs."""
 
     values: dict[str, list[float]]
@@ -143,17 +144,119 @@ class Outcome:
         v = self.values[name]
         return float(np.std(v, ddof=1)) if len(v) >= 2 else None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"to_rtp": self.to_rtp, "n_queries": self.n_queries,
-                **{name: {"mean": self.mean(name), "std": self.std(name), "values": v}
-                   for name, v in self.values.items()}}
+    def scored(self) -> Policy:
+        """The typed, saved form: per metric the runs' values with their mean and std."""
+        return Policy(to_rtp=self.to_rtp, n_queries=self.n_queries,
+                      metrics={name: Stat(mean=self.mean(name), std=self.std(name), values=v)
+                               for name, v in self.values.items()})
 
 
-def score_policy(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> Outcome:
+# ---------------------------------------------------------------- typed results (routing.json)
+# Each is the JSON shape of routing.json (unchanged since release 0.1.0): a policy's metrics sit beside
+# its other fields there ("recall:api_list": {...}, "to_rtp": ...); here they are gathered in `metrics`.
+
+
+class Stat(pydantic.BaseModel):
+    """One metric of a policy over runs: mean, std (None below two runs), per-run values (not in a sweep)."""
+
+    mean: float | None
+    std: float | None
+    values: list[float] | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
+
+
+class Scored(pydantic.BaseModel):
+    """A policy's metrics ("recall:api_list", "precision:relevant", "tokens"), saved beside its fields."""
+
+    to_rtp: float  # share of the scored queries sent to RtP
+    metrics: dict[str, Stat] = pydantic.Field(default_factory=dict)
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _gather(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or "metrics" in data:
+            return data
+        fields = cls.model_fields
+        return {**{k: v for k, v in data.items() if k in fields},
+                "metrics": {k: v for k, v in data.items() if k not in fields}}
+
+    @pydantic.model_serializer(mode="wrap")
+    def _spread(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, Any]:
+        d = handler(self)
+        return {**{k: v for k, v in d.items() if k != "metrics"}, **d.get("metrics", {})}
+
+    def metric(self, name: str) -> Stat:
+        return self.metrics[name]
+
+    def mean(self, name: str) -> float | None:
+        return self.metrics[name].mean
+
+
+class SweepPoint(Scored):
+    tau: float
+
+
+class Policy(Scored):
+    n_queries: int  # queries it was scored on
+
+
+class BestTau(Policy):
+    """The in-sample best threshold of one signal, for one gold set."""
+
+    tau: float
+    to_rtp_by_subset: dict[str, float] = pydantic.Field(default_factory=dict)
+
+
+class Oracle(Policy):
+    choice: dict[str, str] = pydantic.Field(default_factory=dict)  # subset -> "rtp" | "ptr"
+
+
+class Baselines(pydantic.BaseModel):
+    always_rtp: Policy
+    always_ptr: Policy
+    oracle: Oracle
+
+
+class SplitEval(pydantic.BaseModel):
+    """τ chosen on the tuning subsets, scored on the test subsets."""
+
+    tau: float
+    train: Policy
+    test: Policy
+    test_baselines: Baselines
+
+
+class CrossVal(pydantic.BaseModel):
+    """Every query routed by a τ chosen without its fold (one τ per fold)."""
+
+    taus: list[float]
+    test: Policy
+    test_baselines: Baselines
+
+
+class Heldout(pydantic.BaseModel):
+    """Per signal; a kind of evaluation that was not possible is absent."""
+
+    subset_split: dict[str, SplitEval] = pydantic.Field(default_factory=dict, exclude_if=lambda v: not v)
+    cv: dict[str, CrossVal] = pydantic.Field(default_factory=dict, exclude_if=lambda v: not v)
+
+
+class ModelRouting(pydantic.BaseModel):
+    """One model's routing study: sweeps and best τ per signal, baselines and held-out results per gold set."""
+
+    n_queries: int
+    runs: list[int]
+    excluded_run_queries: int  # (run, query) pairs left out: PtR discovery failed or a record is missing
+    baselines: dict[str, Baselines] = pydantic.Field(default_factory=dict)  # gold ->
+    sweeps: dict[str, list[SweepPoint]] = pydantic.Field(default_factory=dict)  # signal ->
+    best_in_sample: dict[str, dict[str, BestTau]] = pydantic.Field(default_factory=dict)  # signal -> gold ->
+    heldout: dict[str, Heldout] = pydantic.Field(default_factory=dict)  # gold ->
+
+
+def score_policy(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> PolicyScore:
     return score_policies(d, to_rtp[None, :], sel)[0]
 
 
-def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> list[Outcome]:
+def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> list[PolicyScore]:
     """`score_policy` of each row of `to_rtp` (policies x queries) at once: a threshold sweep scores
     every candidate in one array operation per run and metric instead of one small mean each (4,733
     calls and 112,720 means took 1.9 s of a warm study). Each row's mean is numpy's own reduction
@@ -174,7 +277,7 @@ def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = No
                 values[name][i].append(v)
     shares = np.ascontiguousarray(to_rtp[:, sel]).mean(axis=1).tolist() if sel.any() else [float("nan")] * m
     n = int(sel.sum())
-    return [Outcome({name: values[name][i] for name in d.rtp}, float(shares[i]), n) for i in range(m)]
+    return [PolicyScore({name: values[name][i] for name in d.rtp}, float(shares[i]), n) for i in range(m)]
 
 
 def candidates(values: np.ndarray) -> np.ndarray:
@@ -184,7 +287,7 @@ def candidates(values: np.ndarray) -> np.ndarray:
 
 
 def sweep(d: ModelData, signal: str, sel: np.ndarray | None = None,
-          taus: np.ndarray | None = None) -> list[tuple[float, Outcome]]:
+          taus: np.ndarray | None = None) -> list[tuple[float, PolicyScore]]:
     sel = np.ones(len(d.keys), dtype=bool) if sel is None else sel
     direction = SIGNALS[signal][1]
     s = d.signals[signal]
@@ -193,9 +296,9 @@ def sweep(d: ModelData, signal: str, sel: np.ndarray | None = None,
     return [(float(t), o) for t, o in zip(taus, score_policies(d, policies, sel), strict=True)]
 
 
-def choose(points: Sequence[tuple[float, Outcome]], gold: str) -> tuple[float, Outcome]:
+def choose(points: Sequence[tuple[float, PolicyScore]], gold: str) -> tuple[float, PolicyScore]:
     """The objective: highest mean recall, then fewest tokens, then the lowest threshold."""
-    def key(p: tuple[float, Outcome]) -> tuple[float, float, float]:
+    def key(p: tuple[float, PolicyScore]) -> tuple[float, float, float]:
         # Rounded so that float noise in a mean never outranks a real token saving.
         return (-round(p[1].mean(f"recall:{gold}"), 9), round(p[1].mean("tokens"), 6), p[0])
 
@@ -218,14 +321,13 @@ def oracle(d: ModelData, gold: str, sel: np.ndarray | None = None) -> tuple[np.n
     return to_rtp, choice
 
 
-def baselines(d: ModelData, gold: str, sel: np.ndarray | None = None) -> dict[str, Any]:
+def baselines(d: ModelData, gold: str, sel: np.ndarray | None = None) -> Baselines:
     n = len(d.keys)
     o_mask, o_choice = oracle(d, gold, sel)
-    return {
-        "always_rtp": score_policy(d, np.ones(n, dtype=bool), sel).as_dict(),
-        "always_ptr": score_policy(d, np.zeros(n, dtype=bool), sel).as_dict(),
-        "oracle": score_policy(d, o_mask, sel).as_dict() | {"choice": o_choice},
-    }
+    best = score_policy(d, o_mask, sel).scored()
+    return Baselines(always_rtp=score_policy(d, np.ones(n, dtype=bool), sel).scored(),
+                     always_ptr=score_policy(d, np.zeros(n, dtype=bool), sel).scored(),
+                     oracle=Oracle(to_rtp=best.to_rtp, n_queries=best.n_queries, metrics=best.metrics, choice=o_choice))
 
 
 def split_masks(d: ModelData, train: Sequence[str], test: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -244,14 +346,14 @@ def fold_ids(d: ModelData, folds: int, seed: int) -> np.ndarray:
     return out
 
 
-def heldout_split(d: ModelData, signal: str, gold: str, train: np.ndarray, test: np.ndarray) -> dict[str, Any]:
+def heldout_split(d: ModelData, signal: str, gold: str, train: np.ndarray, test: np.ndarray) -> SplitEval:
     tau, fit = choose(sweep(d, signal, train), gold)
     applied = route(d.signals[signal], tau, SIGNALS[signal][1])
-    return {"tau": tau, "train": fit.as_dict(), "test": score_policy(d, applied, test).as_dict(),
-            "test_baselines": baselines(d, gold, test)}
+    return SplitEval(tau=tau, train=fit.scored(), test=score_policy(d, applied, test).scored(),
+                     test_baselines=baselines(d, gold, test))
 
 
-def cross_validate(d: ModelData, signal: str, gold: str, folds: np.ndarray) -> dict[str, Any]:
+def cross_validate(d: ModelData, signal: str, gold: str, folds: np.ndarray) -> CrossVal:
     to_rtp = np.zeros(len(d.keys), dtype=bool)
     taus: list[float] = []
     for f in sorted(set(folds.tolist())):
@@ -259,7 +361,7 @@ def cross_validate(d: ModelData, signal: str, gold: str, folds: np.ndarray) -> d
         tau, _ = choose(sweep(d, signal, ~test), gold)  # chosen without the fold it is scored on
         to_rtp[test] = route(d.signals[signal], tau, SIGNALS[signal][1])[test]
         taus.append(tau)
-    return {"taus": taus, "test": score_policy(d, to_rtp).as_dict(), "test_baselines": baselines(d, gold)}
+    return CrossVal(taus=taus, test=score_policy(d, to_rtp).scored(), test_baselines=baselines(d, gold))
 
 
 # ---------------------------------------------------------------- study
@@ -274,28 +376,28 @@ class Options:
     seed: int = 0
 
 
-def analyse_model(d: ModelData, opt: Options) -> dict[str, Any]:
-    out: dict[str, Any] = {"n_queries": len(d.keys), "runs": d.runs, "excluded_run_queries": d.excluded,
-                           "baselines": {}, "sweeps": {}, "best_in_sample": {}, "heldout": {}}
+def analyse_model(d: ModelData, opt: Options) -> ModelRouting:
+    out = ModelRouting(n_queries=len(d.keys), runs=d.runs, excluded_run_queries=d.excluded)
     train, test = split_masks(d, opt.train, opt.test)
     folds = fold_ids(d, opt.folds, opt.seed)
     for signal in SIGNALS:
         pts = sweep(d, signal)
-        out["sweeps"][signal] = [{"tau": t, "to_rtp": o.to_rtp,
-                                  **{name: {"mean": o.mean(name), "std": o.std(name)} for name in o.values}}
-                                 for t, o in pts]
+        out.sweeps[signal] = [SweepPoint(tau=t, to_rtp=o.to_rtp, metrics={
+            name: Stat(mean=o.mean(name), std=o.std(name)) for name in o.values}) for t, o in pts]
         for gold in GOLDS:
             tau, best = choose(pts, gold)
-            out["best_in_sample"].setdefault(signal, {})[gold] = {"tau": tau, **best.as_dict(),
-                                                                  "to_rtp_by_subset": _share_by_subset(d, signal, tau)}
+            p = best.scored()
+            out.best_in_sample.setdefault(signal, {})[gold] = BestTau(
+                tau=tau, to_rtp=p.to_rtp, n_queries=p.n_queries, metrics=p.metrics,
+                to_rtp_by_subset=_share_by_subset(d, signal, tau))
     for gold in GOLDS:
-        out["baselines"][gold] = baselines(d, gold)
-        h = out["heldout"].setdefault(gold, {})
+        out.baselines[gold] = baselines(d, gold)
+        h = out.heldout.setdefault(gold, Heldout())
         for signal in SIGNALS:
             if train.any() and test.any():
-                h.setdefault("subset_split", {})[signal] = heldout_split(d, signal, gold, train, test)
+                h.subset_split[signal] = heldout_split(d, signal, gold, train, test)
             if len(set(folds.tolist())) >= 2:
-                h.setdefault("cv", {})[signal] = cross_validate(d, signal, gold, folds)
+                h.cv[signal] = cross_validate(d, signal, gold, folds)
     return out
 
 
@@ -351,14 +453,19 @@ class RoutingResult:
     """`routing.json`: `meta` (signals, objective, split) and per model the sweeps, baselines and held-out results."""
 
     meta: RoutingMeta
-    models: dict[str, dict[str, Any]]
+    models: dict[str, ModelRouting]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"meta": plain(self.meta), "models": self.models}
+        return {"format_version": FORMAT_VERSION, "meta": plain(self.meta), "models": _MODELS.dump_python(self.models)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RoutingResult:
-        return cls(_ROUTING_META.validate_python(d["meta"]), dict(d.get("models") or {}))
+        d = migrate.routing(d)  # any saved version (a no-op on what OutputDir.read_json returns)
+        return cls(_ROUTING_META.validate_python(d["meta"]), _MODELS.validate_python(d.get("models") or {}))
+
+
+# python mode: ±inf (the "always" thresholds) and NaN stay floats, as json writes them
+_MODELS = pydantic.TypeAdapter(dict[str, ModelRouting])
 
 
 def routing_study(records: Sequence[Record], opt: Options, about: About | Mapping[str, Any] | None = None,
@@ -368,7 +475,7 @@ def routing_study(records: Sequence[Record], opt: Options, about: About | Mappin
     models = sorted({r.model for r in records if r.model is not None and r.ptr is not None})
     meta = RoutingMeta(**about_fields(about), models=models, k=opt.k, subsets=sorted({r.subset for r in records}),
                        split=Split(opt.train, opt.test), folds=opt.folds, fold_seed=opt.seed)
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ModelRouting] = {}
     for m in models:
         d = model_data(records, m, opt.k)
         out[m] = analyse_model(d, opt)

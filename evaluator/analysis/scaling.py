@@ -27,11 +27,13 @@ import numpy as np
 import pydantic
 import pydantic.dataclasses
 
-from .. import retrieve
+from .. import migrate, retrieve
 from ..data import Registry
 from ..index import SubsetSearch, digest
+from ..lexical import BM25Index
 from ..parse import stub_text
-from ..schema import GOLDS, About, PtrBlock, Record, about_fields, plain, qid_key
+from ..retrievers import FUSION_DEPTH, HybridSubsets, LexicalSubsets, SubSearch
+from ..schema import FORMAT_VERSION, GOLDS, About, PtrBlock, QueryId, Record, about_fields, plain, qid_key
 from .metrics import recall
 from .stats import mean_std
 
@@ -106,7 +108,7 @@ class SubsetInput:
     """Everything one subset's points need, embedded once."""
 
     name: str
-    query_ids: list[Any]
+    query_ids: list[QueryId]
     query_vecs: np.ndarray  # (n, d)
     gold: dict[str, list[set[int]]]  # gold set -> per query, registry rows of its gold APIs
     gold_len: dict[str, list[int]]  # |G| per query, gold APIs missing from the registry included
@@ -118,6 +120,7 @@ class SubsetInput:
     ptr_valid: np.ndarray | None = None  # (units, n): PtR evaluable (record present, discovery call ok)
     saved_rtp: list[list[str]] = field(default_factory=list)  # saved top-k, for the full-registry check
     saved_ptr: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)  # the queries', then the stubs' texts (bm25 / hybrid search them)
 
 
 def _stub_texts(ptr: PtrBlock) -> list[str]:
@@ -163,7 +166,7 @@ def build_inputs(
             gold_rows=np.asarray(sorted(row[i] for i in union if i in row), dtype=np.int64),
             gold_missing=sum(i not in row for i in union),
             units=sorted(units_of[name]),
-            saved_rtp=[list(qs[q].rtp.retrieved[:k]) if qs[q].rtp else [] for q in qids],
+            saved_rtp=[list(b.retrieved[:k]) if (b := qs[q].rtp) else [] for q in qids],
         )
         first_query = len(query_texts)
         query_texts += [qs[q].query for q in qids]
@@ -198,6 +201,8 @@ def build_inputs(
         si.owners = [owner for owner, _ in stub_plan]
         vecs = [si.query_vecs[owner % n] if t is None else sv[t] for owner, t in stub_plan]
         si.stub_vecs = np.stack(vecs).astype(np.float32) if vecs else np.zeros((0, qv.shape[1]), np.float32)
+        si.texts = query_texts[first : first + n] + [query_texts[first + owner % n] if t is None else stub_texts[t]
+                                                     for owner, t in stub_plan]
         out.append(si)
     return out
 
@@ -218,15 +223,24 @@ class Searched:
 
 def searcher(api_vecs: np.ndarray, si: SubsetInput, k: int, smallest: int,
              api64: Callable[[], np.ndarray] | None = None, memo: Path | None = None,
-             matrix_digest: str | None = None) -> SubsetSearch:
-    """One float32 pass of the subset's queries and stubs over the full registry, which every
+             matrix_digest: str | None = None, lexical: BM25Index | None = None,
+             retriever: str = "dense") -> SubSearch:
+    """Dense: one float32 pass of the subset's queries and stubs over the full registry, which every
     sub-registry's search then reads (with `memo`, a folder where an unchanged study's results are
-    kept: the pass is then not made)."""
+    kept: the pass is then not made). bm25: the texts' BM25 scores made once, filtered per sub-registry;
+    hybrid: both, each to the fusion depth, fused per sub-registry (retrievers.HybridSubsets)."""
+    if retriever == "bm25":
+        assert lexical is not None
+        return LexicalSubsets(lexical, si.texts)
     vecs = si.query_vecs if si.stub_vecs is None else np.concatenate([si.query_vecs, si.stub_vecs])
+    if retriever == "hybrid":
+        assert lexical is not None
+        return HybridSubsets(SubsetSearch(api_vecs, vecs, max(k, FUSION_DEPTH), smallest, api64, memo, matrix_digest),
+                             LexicalSubsets(lexical, si.texts))
     return SubsetSearch(api_vecs, vecs, k, smallest, api64, memo, matrix_digest)
 
 
-def search(found: SubsetSearch, si: SubsetInput, rows: np.ndarray, k: int) -> Searched:
+def search(found: SubSearch, si: SubsetInput, rows: np.ndarray, k: int) -> Searched:
     """Top-k on the sub-registry `rows`, as `VectorIndex(api_vecs, rows).exact_search` gives it: every
     query, then every stub of every (model, run), re-ranked per (run, query) as the run did."""
     n = len(si.query_ids)
@@ -262,23 +276,31 @@ def score(si: SubsetInput, found: Searched) -> dict[Key, float]:
         acc.setdefault(("divergent", None), []).append(float(np.mean([tops[q] != set(found.rtp[q]) for q in valid])))
         acc.setdefault(("disjoint", None), []).append(float(np.mean([not tops[q] & set(found.rtp[q]) for q in valid])))
     for model, acc in per_model.items():
-        for (metric, g), vals in acc.items():
-            out[("ptr" if metric == "recall" else "both", model, metric, g)] = statistics.fmean(vals)
+        for (metric, gold), vals in acc.items():
+            out[("ptr" if metric == "recall" else "both", model, metric, gold)] = statistics.fmean(vals)
     return out
 
 
-def full_check(registry: Registry, si: SubsetInput, found: Searched) -> dict[str, Any]:
+@pydantic.dataclasses.dataclass
+class FullCheck:
+    """Per subset: the share of queries whose recomputed full-registry top-k equals the saved one."""
+
+    rtp_same_topk: float | None = None  # None: no saved RtP list to compare
+    ptr_same_topk: float | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)  # absent: no PtR
+
+
+def full_check(registry: Registry, si: SubsetInput, found: Searched) -> FullCheck:
     """Share of queries whose recomputed full-registry top-k equals the saved one: a low value means
     the embedder, cache or registry differ from the run's."""
     ids = registry.ids
     same = [{ids[r] for r in rows} == set(saved) for rows, saved in zip(found.rtp, si.saved_rtp, strict=True) if saved]
-    out: dict[str, Any] = {"rtp_same_topk": float(np.mean(same)) if same else None}
+    out = FullCheck(float(np.mean(same)) if same else None)
     if si.units and si.saved_ptr:
         assert si.ptr_valid is not None
         n = len(si.query_ids)
         same = [{ids[r] for r in found.ptr[u * n + q]} == set(saved)
                 for (u, q), saved in si.saved_ptr.items() if si.ptr_valid[u, q]]
-        out["ptr_same_topk"] = float(np.mean(same)) if same else None
+        out.ptr_same_topk = float(np.mean(same)) if same else None
     return out
 
 
@@ -296,16 +318,17 @@ class Point:
 def run_points(
     registry: Registry, api_vecs: np.ndarray, inputs: Sequence[SubsetInput], sizes: Sequence[int],
     seeds: int, k: int, log: Callable[[str], None] = lambda _: None, memo: Path | None = None,
+    lexical: BM25Index | None = None, retriever: str = "dense",
 ) -> tuple[list[Point], dict[str, Any]]:
     cats = [a.category for a in registry.apis]
     points: list[Point] = []
-    checks: dict[str, Any] = {}
+    checks: dict[str, FullCheck] = {}
     all_rows = np.arange(len(registry))
     api64 = functools.cache(lambda: np.asarray(api_vecs, dtype=np.float64))  # the re-scoring's copy, made once
     matrix = digest(api_vecs) if memo is not None else None
     for si in inputs:
         pool = strata(cats, si.gold_rows)
-        found = searcher(api_vecs, si, k, min([*sizes, len(registry)]), api64, memo, matrix)
+        found = searcher(api_vecs, si, k, min([*sizes, len(registry)]), api64, memo, matrix, lexical, retriever)
         for size in sizes:
             if size >= len(registry):
                 log(f"{si.name}: size {size:,} is not below the registry's {len(registry):,}; the full point covers it")
@@ -377,11 +400,13 @@ class ScalingMeta(About):
                      "largest-remainder allocation proportional to the pool's category sizes, "
                      "numpy.random.default_rng([seed, size])")
     timing_s: float = 0.0
-    # The embedding cache's work when the `scaling` command re-embedded (EmbedStats); absent after a run.
-    embed: dict[str, Any] | None = pydantic.Field(None, exclude_if=lambda v: v is None)
+    # The embedding cache's work when the `scaling` command re-embedded (embed.EmbedStats's counters and
+    # seconds); absent after a run.
+    embed: dict[str, int | float] | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
 
 
 _SCALING_META = pydantic.TypeAdapter(ScalingMeta)
+_CHECKS = pydantic.TypeAdapter(dict[str, FullCheck])
 
 
 @dataclass
@@ -390,43 +415,48 @@ class ScalingResult:
 
     meta: ScalingMeta
     points: list[Point]
-    full_registry_check: dict[str, Any]
+    full_registry_check: dict[str, FullCheck]  # subset ->
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "format_version": FORMAT_VERSION,
             "meta": plain(self.meta),
             "points": [{"subset": p.subset, "size": p.size, "n_apis": p.n_apis, "gold_only": p.gold_only,
                         "seeds": p.seeds, "distractors_per_stratum": p.distractors_per_stratum} for p in self.points],
             "rows": tidy_rows(self.points),
-            "full_registry_check": self.full_registry_check,
+            "full_registry_check": {s: plain(c) for s, c in self.full_registry_check.items()},
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScalingResult:
+        d = migrate.scaling(d)  # any saved version (a no-op on what OutputDir.read_json returns)
         pts = {(p["subset"], p["size"]): Point(p["subset"], p["size"], list(p["n_apis"]), bool(p["gold_only"]),
                                                list(p["seeds"]), {}, dict(p.get("distractors_per_stratum") or {}))
                for p in d.get("points") or []}
         for r in d.get("rows") or []:
             pts[(r["subset"], r["size"])].values[(r["arch"], r["model"], r["metric"], r["gold"])] = list(r["values"])
-        return cls(_SCALING_META.validate_python(d["meta"]), list(pts.values()), dict(d.get("full_registry_check") or {}))
+        return cls(_SCALING_META.validate_python(d["meta"]), list(pts.values()),
+                   _CHECKS.validate_python(d.get("full_registry_check") or {}))
 
 
 def scaling_study(
     records: Sequence[Record], registry: Registry, api_vecs: np.ndarray, encode: Encode, *, subsets: Sequence[str],
     divergence_subset: str, k: int, sizes: Sequence[int] = DEFAULT_SIZES, seeds: int = DEFAULT_SEEDS,
     about: About | Mapping[str, Any] | None = None, log: Callable[[str], None] = lambda _: None,
-    memo: Path | None = None,
+    memo: Path | None = None, retriever: str = "dense", lexical: BM25Index | None = None,
 ) -> ScalingResult:
     """`subsets` are full subset names present in `records`; `about` is copied into the result's meta
     (embedder, registry choice, simulated models: what the section states). `memo`: a folder where
     the sub-registry searches are kept (index.SubsetSearch), so an unchanged rerun reads them."""
     t0 = time.perf_counter()
     inputs = build_inputs(records, registry, subsets, encode, k)
-    points, checks = run_points(registry, api_vecs, inputs, sorted(set(sizes)), seeds, k, log, memo)
+    points, checks = run_points(registry, api_vecs, inputs, sorted(set(sizes)), seeds, k, log, memo, lexical,
+                                retriever)
     models = sorted({m for si in inputs for m, _ in si.units})
     runs = sorted({r for si in inputs for _, r in si.units})
     meta = ScalingMeta(
-        **about_fields(about), models=models, runs=len(runs), registry_size=len(registry), k=k,
+        **(about_fields(about) | {"retriever": retriever}), models=models, runs=len(runs),
+        registry_size=len(registry), k=k,
         sizes=sorted(set(sizes)), seeds=seeds, subsets=list(subsets), divergence_subset=divergence_subset,
         gold_union={si.name: GoldUnion(len(si.gold_rows) + si.gold_missing, len(si.gold_rows), si.gold_missing,
                                        len(si.query_ids), int(len(si.owners))) for si in inputs},

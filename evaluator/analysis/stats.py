@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import Record, qid_key, record_key
+from ..schema import FORMAT_VERSION, Record, qid_key, record_key
 from . import metrics as M
 
 
@@ -70,10 +70,19 @@ class Test:
 
 
 @dataclass
+class Checks:
+    """summary.json's `checks`: record counts and the consistency check of the saved RtP lists."""
+
+    records: int = 0
+    queries_per_subset: dict[str, int] = field(default_factory=dict)
+    rtp_inconsistent_queries: int = 0  # queries whose saved RtP lists differ between models or runs
+
+
+@dataclass
 class Summary:
     rows: list[Row]
     tests: list[Test]
-    checks: dict[str, Any] = field(default_factory=dict)
+    checks: Checks = field(default_factory=Checks)
 
     def __post_init__(self) -> None:
         self._rows = {(r.model, r.subset, r.arch, r.metric, r.k, r.gold): r for r in self.rows}
@@ -256,11 +265,8 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
     rows.extend(extra_rows)
     rows.sort(key=_row_sort_key)
     tests.sort(key=lambda t: (t.model or "", t.subset, t.metric, t.k if t.k is not None else -1, t.gold or "", t.test))
-    checks = {
-        "records": len(recs),
-        "queries_per_subset": {s: len(q) for s, q in sorted(queries.items())},
-        "rtp_inconsistent_queries": inconsistent,
-    }
+    checks = Checks(records=len(recs), queries_per_subset={s: len(q) for s, q in sorted(queries.items())},
+                    rtp_inconsistent_queries=inconsistent)
     return Summary(rows=rows, tests=tests, checks=checks)
 
 
@@ -352,8 +358,9 @@ def _clean(x: Any) -> Any:
 
 def summary_dict(summary: Summary, meta: Mapping[str, Any]) -> dict[str, Any]:
     return _clean({
+        "format_version": FORMAT_VERSION,
         "meta": dict(meta),
         "rows": [asdict(r) for r in summary.rows],
         "tests": [asdict(t) for t in summary.tests],
-        "checks": summary.checks,
+        "checks": asdict(summary.checks),
     })

@@ -2,7 +2,7 @@
 
 A provider's batch API takes one call per batch, so the check is per batch: the worst case of every
 request in it (prompt tokens by the token rule, plus all of `max_tokens`) at the batch price
-(online price x (1 - `batch_discount`)). A batch that could pass the budget is not submitted; the run
+(`core.money`: online price x (1 - `batch_discount`); the online price when no discount is given). A batch that could pass the budget is not submitted; the run
 stops with `BudgetExhausted` (batches already submitted are recorded and polled by the rerun). When a
 batch's results are fetched its reservation is settled with the tokens the provider reports.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..llm.budget import Budget, cost_usd, worst_case_usd
+from ..core.money import capped_usd
+from ..llm.budget import Budget, worst_case_usd
 from ..llm.errors import BudgetExhausted
 from ..llm.profiles import ModelProfile
 from .files import Request, Result
@@ -25,11 +26,10 @@ class BudgetedBatches:
         self._api = api
         self._budget = budget
         self._profile = profile
-        self._share = 1.0 - (profile.batch_discount or 0.0)  # what a batch token costs of an online one
         self._reserved: dict[str, float] = {}  # batch id -> its reservation
 
     async def submit(self, requests: list[Request], token: str) -> str:
-        usd = self._share * sum(worst_case_usd(self._profile, r.body) for r in requests)
+        usd = sum(worst_case_usd(self._profile, r.body, batch=True) for r in requests)
         if not self._budget.reserve(usd):
             raise BudgetExhausted(self._budget.stop_message())
         try:
@@ -49,7 +49,7 @@ class BudgetedBatches:
             usage = ((r.body or {}).get("usage") or {}) if r.ok else {}
             pt += int(usage.get("prompt_tokens") or 0)
             ct += int(usage.get("completion_tokens") or 0)
-        self._budget.settle(self._reserved.pop(batch_id), self._share * cost_usd(self._profile, pt, ct))
+        self._budget.settle(self._reserved.pop(batch_id), capped_usd(self._profile, pt, ct, batch=True))
         return results
 
     async def state(self, batch_id: str) -> Any:

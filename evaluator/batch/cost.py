@@ -1,8 +1,6 @@
-"""Tokens and cost per model, online and batch, under the profile's prices (absent = unknown).
+"""Tokens and cost per model, online and batch, under the profile's prices (`core.money`: absent = unknown).
 
-Profile keys: `price_input_per_mtok`, `price_output_per_mtok` (USD per million prompt / completion
-tokens, online) and `batch_discount` (the share off for batch requests, 0.5 = half price). Cached
-replies cost nothing: only tokens billed in this invocation are counted.
+Cached replies cost nothing: only tokens billed in this invocation are counted.
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ from typing import Any
 from pydantic import TypeAdapter
 from pydantic.dataclasses import dataclass
 
+from ..core.money import cost_usd
 from ..llm.profiles import ModelProfile
 
 
@@ -76,33 +75,19 @@ def usd(x: float | None, missing: str) -> str:
     return missing if x is None else f"${x:,.4f}"
 
 
-def price(profile: ModelProfile, prompt_tokens: int, completion_tokens: int, *, batch: bool = False) -> float | None:
-    """USD for these tokens, or None when the profile gives no price (or no discount for batch)."""
-    pin, pout = profile.price_input_per_mtok, profile.price_output_per_mtok
-    if pin is None or pout is None:
-        return None
-    usd = (prompt_tokens * pin + completion_tokens * pout) / 1e6
-    if batch:
-        discount = profile.batch_discount
-        if discount is None:
-            return None
-        usd *= 1.0 - discount
-    return usd
-
-
 def accounting(profile: ModelProfile, online: Any | None, batch: Any | None) -> Cost:
     """The `meta.json` block for one model from its online and batch counters (`CallStats`/`BatchStats`,
     or None for a channel not used): tokens and USD per channel, and the total (None = unknown)."""
     on_pt, on_ct = _tokens(online)
     b_pt, b_ct = _tokens(batch)
-    on_usd = price(profile, on_pt, on_ct)
-    b_usd = price(profile, b_pt, b_ct, batch=True) if (b_pt or b_ct) else (0.0 if on_usd is not None else None)
+    on_usd = cost_usd(profile, on_pt, on_ct)
+    b_usd = cost_usd(profile, b_pt, b_ct, batch=True) if (b_pt or b_ct) else (0.0 if on_usd is not None else None)
     total = None if on_usd is None or b_usd is None else on_usd + b_usd
     return Cost(
         Prices(profile.price_input_per_mtok, profile.price_output_per_mtok, profile.batch_discount),
         Channel(on_pt, on_ct, _r(on_usd)), Channel(b_pt, b_ct, _r(b_usd)), _r(total),
         # the saving the batch API bought
-        _r(price(profile, on_pt + b_pt, on_ct + b_ct)),
+        _r(cost_usd(profile, on_pt + b_pt, on_ct + b_ct)),
     )
 
 

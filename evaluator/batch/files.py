@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
+from ..core.redact import redact, redact_keys
 from ..llm.errors import ConfigError
-from ..redact import redact, redact_keys
 from ..schema import atomic_write
 
 CHAT_URL = "/v1/chat/completions"
@@ -30,9 +30,22 @@ class RequestFileError(ConfigError):
     """A request or result file the user handed us is not in the format; the message names file and line."""
 
 
+@dataclass(frozen=True)
+class BatchError:
+    """Why a result line, or a whole batch, is not a reply: one shape whatever the provider wrote."""
+
+    code: str | int | None  # OpenAI's string code, vLLM's HTTP code, a gRPC status name; None if none given
+    message: str
+
+    def as_json(self) -> dict[str, str | int | None]:
+        return {"code": self.code, "message": self.message}
+
+
 @dataclass
 class Request:
     custom_id: str
+    # A deliberate extension point: the provider's chat request body, passed through as the caller built
+    # it (model, messages, response_format and every `extra_body` field a provider may define).
     body: dict[str, Any]
 
     def line(self) -> bytes:
@@ -43,8 +56,10 @@ class Request:
 class Result:
     custom_id: str
     status_code: int | None  # None when the request never ran (expired, cancelled)
-    body: dict[str, Any] | None  # the chat.completion on 200, the error body otherwise
-    error: dict[str, Any] | None = None  # why it is not a reply: {"code", "message"} (see `error_dict`)
+    # A deliberate extension point: the provider's reply body as it came (a chat.completion on 200, the
+    # provider's error body otherwise), handed to the engine's reply parser unchanged.
+    body: dict[str, Any] | None
+    error: BatchError | None = None  # why it is not a reply (see `error_dict`)
 
     @property
     def ok(self) -> bool:
@@ -56,12 +71,13 @@ class Result:
             return "ok"
         if self.status_code is not None and self.status_code != 200:
             return f"HTTP {self.status_code}"
-        code = (self.error or {}).get("code")
+        code = self.error.code if self.error else None
         return str(code) if code not in (None, "") else "no reply"
 
     def as_json(self) -> dict[str, Any]:
         response = None if self.status_code is None else {"status_code": self.status_code, "body": self.body}
-        return {"id": f"req_{self.custom_id[:24]}", "custom_id": self.custom_id, "response": response, "error": self.error}
+        error = None if self.error is None else self.error.as_json()
+        return {"id": f"req_{self.custom_id[:24]}", "custom_id": self.custom_id, "response": response, "error": error}
 
     def line(self) -> bytes:
         return orjson.dumps(self.as_json()) + b"\n"
@@ -71,29 +87,30 @@ class Result:
         err = (self.body or {}).get("error") if isinstance(self.body, dict) else None
         msg = err.get("message") if isinstance(err, dict) else None
         if self.error:
-            msg = msg or self.error.get("message")
+            msg = msg or self.error.message
             if self.status_code is None or self.status_code == 200:  # never ran, or an error beside a 200
-                return redact(f"{self.error.get('code') or 'error'}: {msg or ''}".strip().rstrip(":"))
+                return redact(f"{self.error.code or 'error'}: {msg or ''}".strip().rstrip(":"))
         return redact(f"HTTP {self.status_code}" + (f": {msg}" if msg else ""))
 
 
-def error_dict(error: Any) -> dict[str, Any] | None:
-    """A result line's `error` as `{"code", "message"}`: OpenAI's object as it is; vLLM's plain string or
-    its `ErrorResponse` (flat, or nested under "error") unwrapped; None when the line carries none."""
+def error_dict(error: object) -> BatchError | None:
+    """A result line's `error` as a `BatchError`: OpenAI's {"code", "message"}; vLLM's plain string or its
+    `ErrorResponse` (flat, or nested under "error") unwrapped; None when the line carries none. Other
+    fields of the provider's object (type, param, line) are not kept."""
     if error is None or error == "" or error == {}:
         return None
     if isinstance(error, str):
-        return {"code": None, "message": error}
+        return BatchError(None, error)
     if not isinstance(error, dict):
-        return {"code": None, "message": str(error)}
+        return BatchError(None, str(error))
     inner = error.get("error")
     if isinstance(inner, dict):  # vLLM >= 0.10: ErrorResponse(error=ErrorInfo(message, type, param, code))
         error = inner
-    out = dict(error)
-    out["message"] = str(out.get("message") or "")
-    if out.get("code") in (None, ""):
-        out["code"] = error.get("type")
-    return out
+    code = error.get("code")
+    if code in (None, ""):
+        code = error.get("type")
+    return BatchError(code if isinstance(code, str | int) and not isinstance(code, bool) else None,
+                      str(error.get("message") or ""))
 
 
 def failure_kinds(results: Iterable[Result]) -> dict[str, int]:

@@ -23,11 +23,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
+from ..core.redact import redact
 from ..llm.errors import ConfigError, FatalLLMError
 from ..llm.profiles import ModelProfile
 from ..llm.retry import backoff_delay, retry_after_from_headers
-from ..redact import redact
-from .files import Request, Result, parse_results
+from .files import BatchError, Request, Result, error_dict, parse_results
 
 TOKEN_KEY = "evaluator_token"
 # Per-batch limits when the profile names none. OpenAI: 50,000 requests and 200 MB per input file
@@ -71,14 +71,14 @@ class BatchState:
     total: int = 0
     completed: int = 0
     failed: int = 0
-    errors: list[dict[str, Any]] = field(default_factory=list)  # why a whole batch failed (validation)
+    errors: list[BatchError] = field(default_factory=list)  # why a whole batch failed (validation)
 
     @property
     def done(self) -> bool:
         return self.status in TERMINAL
 
     def _text(self) -> str:
-        return " ".join(f"{e.get('code', '')} {e.get('message', '')}" for e in self.errors).lower()
+        return " ".join(f"{e.code or ''} {e.message}" for e in self.errors).lower()
 
     @property
     def queue_full(self) -> bool:
@@ -162,7 +162,7 @@ _OPENAI_STATUS = {"validating": "running", "in_progress": "running", "finalizing
 def openai_state(b: dict[str, Any]) -> BatchState:
     """An OpenAI batch object as a `BatchState`."""
     counts = b.get("request_counts") or {}
-    errors = (b.get("errors") or {}).get("data") or []
+    errors = [e for e in map(error_dict, (b.get("errors") or {}).get("data") or []) if e is not None]
     return BatchState(_OPENAI_STATUS.get(b["status"], "running"), int(counts.get("total") or 0),
                       int(counts.get("completed") or 0), int(counts.get("failed") or 0), errors)
 
@@ -296,7 +296,7 @@ def status_result(key: str, status: dict[str, Any]) -> Result:
     name = grpc_name(status)
     message = str(status.get("message") or "")
     if name == "CANCELLED":
-        return Result(key, None, None, {"code": "cancelled", "message": message})
+        return Result(key, None, None, BatchError("cancelled", message))
     http = GRPC_CODES[_GRPC_BY_NAME[name]][1]
     return Result(key, http, {"error": {"code": _GRPC_BY_NAME[name], "status": name, "message": f"{name}: {message}"}})
 
@@ -311,7 +311,7 @@ def gemini_state(op: dict[str, Any]) -> BatchState:
     meta = op.get("metadata") or {}
     st = meta.get("batchStats") or {}
     err = op.get("error") or {}  # a failed operation's google.rpc.Status
-    errors = [{"code": grpc_name(err), "message": err.get("message", "")}] if err else []
+    errors = [BatchError(grpc_name(err), str(err.get("message", "")))] if err else []
     return BatchState(_gemini_status(meta.get("state", "")), int(st.get("requestCount") or 0),
                       int(st.get("successfulRequestCount") or 0), int(st.get("failedRequestCount") or 0), errors)
 

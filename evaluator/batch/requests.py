@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..aio import cancel_all
+from ..core.aio import cancel_all
+from ..core.progress import SILENT, Reporter
 from ..llm import ChatResult, ConfigError, LLMEngine, ModelProfile, ResponseCache, load_profile
+from ..llm.accounting import CallStats
 from ..llm.limits import SharedRates, rate_folder
-from ..progress import SILENT, Reporter
-from .files import Request, Result, dedupe, failure_kinds, read_results
+from .files import BatchError, Request, Result, dedupe, failure_kinds, read_results
 from .store import JobStore
 from .study import offline
 
@@ -98,7 +99,7 @@ async def _import(results: list[Result], owner: dict[str, str], root: Path, base
 
 async def run_requests(
     requests: list[Request], profile: ModelProfile, cache_root: Path, *, reporter: Reporter = SILENT
-) -> tuple[list[Result], dict[str, Any]]:
+) -> tuple[list[Result], CallStats]:
     """Every request through one engine, results in input order; finished ones come from the cache."""
     bar = reporter.calls({profile.name: len(requests)})
     results: list[Result | None] = [None] * len(requests)
@@ -129,14 +130,14 @@ async def run_requests(
             except BaseException:
                 await cancel_all(tasks)
                 raise
-        stats = engine.stats.as_dict()
+        stats = engine.stats.summary()
     return [r for r in results if r is not None], stats
 
 
 def as_result(custom_id: str, res: ChatResult, profile: ModelProfile) -> Result:
     """One engine reply as a line of a provider's batch output (an error line when it failed for good)."""
     if res.error is not None:
-        return Result(custom_id, None, None, {"code": "request_failed", "message": res.error})
+        return Result(custom_id, None, None, BatchError("request_failed", res.error))
     raw = getattr(res, "raw", None)
     if raw is None:  # answered from the cache: the stored reply, in chat.completion form
         raw = {

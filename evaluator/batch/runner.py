@@ -19,10 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..core.progress import format_eta
+from ..core.redact import redact
 from ..llm.cache import ResponseCache
 from ..llm.profiles import ModelProfile
-from ..progress import format_eta
-from ..redact import redact
 from .cost import BatchStats  # the meta.json contract, beside the cost it feeds
 from .files import Request, Result, dedupe, split
 from .providers import BatchAPI, BatchAPIError, BatchState, batch_limits, is_loopback
@@ -106,15 +106,16 @@ class BatchRunner:
         """Poll (never re-submit) every batch an earlier run submitted and did not finish importing."""
         jobs = []
         for job in self.store.open_jobs(self.profile.name):
-            if job.batch_id is None:
+            batch_id = job.batch_id
+            if batch_id is None:
                 # Killed between writing the row and learning the id: the batch may exist anyway.
-                found = await self.api.find(job.token)
-                if found is None:
+                batch_id = await self.api.find(job.token)
+                if batch_id is None:
                     self.store.mark(job, "lost")  # never created; its requests are simply still missing
                     continue
-                self.store.submitted(job, found)
+                self.store.submitted(job, batch_id)
             try:
-                await self.api.state(job.batch_id)  # type: ignore[arg-type]
+                await self.api.state(batch_id)
             except BatchAPIError as e:
                 if e.status != 404:
                     raise
@@ -202,7 +203,7 @@ class BatchRunner:
                 if st.queue_full and job.token in self._requests:
                     self.store.mark(job, "done")
                     del states[job.token]  # refused, not run: not a batch of the progress line
-                    self._defer(self._requests.pop(job.token), job.attempt, st.errors[0].get("message", "queue full"))
+                    self._defer(self._requests.pop(job.token), job.attempt, st.errors[0].message or "queue full")
                     continue
                 finished += 1
                 if st.too_large and job.token in self._requests and len(self._requests[job.token]) > 1:
@@ -217,7 +218,7 @@ class BatchRunner:
                             open_jobs[new.token] = new
                     continue
                 if st.status == "failed" and st.errors:
-                    self._error(f"batch {job.batch_id} failed: {st.errors[0].get('message', st.errors[0])}")
+                    self._error(f"batch {job.batch_id} failed: {st.errors[0].message or st.errors[0].code}")
                 await self._import(job)
             if self._deferred and (finished or not open_jobs):
                 # A batch of ours finished (its tokens left the queue), or none is left to wait for.

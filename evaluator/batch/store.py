@@ -16,6 +16,8 @@ from pathlib import Path
 
 import orjson
 
+from ..core.cache_layout import CacheLayout
+
 OPEN = ("pending", "submitted")  # states whose requests may still come back from the provider
 
 
@@ -33,7 +35,7 @@ class Job:
 
 class JobStore:
     def __init__(self, cache_root: Path | str) -> None:
-        path = Path(cache_root) / "batch"
+        path = CacheLayout(cache_root).batch
         path.mkdir(parents=True, exist_ok=True)
         self.path = path / "jobs.sqlite"
         # isolation_level=None: autocommit, so every write below is committed when the call returns.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,7 @@ async def batch_rounds(
     log: Callable[[str], None] | None = None,
     batcher: Callable[[], Any] | None = None,
     budget: Budget | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, BatchStats]:
     """Bring the study's replies into the cache through each model's batch API; stats per model.
     `budget`: each batch's worst case is reserved before it is submitted (batch/budget.py)."""
     say = log or (lambda m: None)
@@ -119,7 +119,7 @@ async def batch_rounds(
                 runners[n] = BatchRunner(p, engine, api, store, cache, log=say)
             if cancel:
                 await asyncio.gather(*(r.cancel_open() for r in runners.values()))
-                return {n: r.stats.as_dict() for n, r in runners.items()}
+                return {n: r.stats for n, r in runners.items()}
             await asyncio.gather(*(r.resume() for r in runners.values()))
             for rnd in range(1, max_rounds + 1):
                 todo = await collect(study, profiles, cache_root, batcher() if batcher else None)
@@ -131,32 +131,33 @@ async def batch_rounds(
                 await asyncio.gather(*(runners[n].run(reqs) for n, reqs in todo.items() if reqs))
                 if all(r.stats.stored == before[n] for n, r in runners.items()):
                     break  # nothing new came back: what is left goes online
-            return {n: r.stats.as_dict() for n, r in runners.items()}
+            return {n: r.stats for n, r in runners.items()}
     finally:
         store.close()
         cache.close()
 
 
-def empty_stats() -> dict[str, Any]:
-    return BatchStats().as_dict()
+def empty_stats() -> BatchStats:
+    return BatchStats()
 
 
 def run_batch(study: Any, profiles: dict[str, ModelProfile], cache_root: Path,
-              log: Callable[[str], None] | None = None, budget: Budget | None = None) -> dict[str, dict[str, Any]]:
+              log: Callable[[str], None] | None = None, budget: Budget | None = None) -> dict[str, BatchStats]:
     """`--batch`: the study's replies into the cache through the batch APIs (stats per model)."""
     return asyncio.run(batch_rounds(study, profiles, Path(cache_root), log=log, budget=budget))
 
 
-def cancel(profiles: dict[str, ModelProfile], cache_root: Path, log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+def cancel(profiles: dict[str, ModelProfile], cache_root: Path,
+           log: Callable[[str], None] | None = None) -> dict[str, BatchStats]:
     """`--batch-cancel`: cancel every open batch of these models, import what they finished."""
     # An auto-started simulator is new each run: it holds no batch of an earlier one.
     reachable = {n: p for n, p in profiles.items() if p.base_url}
     return asyncio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=log))
 
 
-def cancel_message(stats: dict[str, dict[str, Any]]) -> str:
-    n = sum(s["cancelled"] for s in stats.values())
-    stored = sum(s["stored"] for s in stats.values())
+def cancel_message(stats: Mapping[str, BatchStats]) -> str:
+    n = sum(s.cancelled for s in stats.values())
+    stored = sum(s.stored for s in stats.values())
     return (f"cancelled {n} open batch(es); {stored:,} replies they had finished are in the cache. "
             "Rerun without --batch-cancel to finish the study (with --batch to submit the rest again).")
 

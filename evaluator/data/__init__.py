@@ -17,9 +17,11 @@ from .model import (
     Api,
     DataError,
     Query,
+    QueryId,
     Registry,
     Warnings,
     api_id,
+    match_subsets,
     qid_key,
 )
 from .queries import find_query_files, load_queries, load_query_files, normalise_qid, select_subsets
@@ -27,6 +29,7 @@ from .registry import TOOLS_FORMATS, load_registry
 
 __all__ = [
     "EMBED_TEXT_RULE", "GOLD_SETS", "REGISTRY_CHOICES", "TOOLS_FORMATS", "Api", "DataError", "Query", "Registry",
-    "Warnings", "api_id", "find_query_files", "load_queries", "load_query_files", "load_registry", "normalise_qid",
-    "qid_key", "resolve_data_dir", "select_subsets",
+    "Warnings", "api_id", "find_query_files", "load_queries", "load_query_files", "load_registry", "match_subsets",
+    "normalise_qid",
+    "QueryId", "qid_key", "resolve_data_dir", "select_subsets",
 ]

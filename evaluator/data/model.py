@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
-GOLD_SETS = ("api_list", "relevant")
+from ..core.errors import DataError as DataError  # defined with its exit code in core.errors
+
+GOLD_SETS: tuple[str, ...] = ("api_list", "relevant")  # a query's gold sets, in the order tables show them
 REGISTRY_CHOICES = ("full", "described")
+
+T = TypeVar("T")
+
+
+def match_subsets(items: Sequence[T], wanted: Iterable[str], missing: Callable[[str], Exception],
+                  name: Callable[[T], str] = str) -> list[T]:
+    """The one rule for a subset named on the command line or in the config: each of `wanted` picks the
+    items `name`d exactly so, else every item whose name starts with it (`G1` matches `G1_instruction`);
+    the picks in `wanted`'s order, each once. A name that picks nothing raises `missing(name)`."""
+    out: list[T] = []
+    for w in wanted:
+        hit = [x for x in items if name(x) == w] or [x for x in items if name(x).startswith(w)]
+        if not hit:
+            raise missing(w)
+        out += [x for x in hit if x not in out]
+    return out
 
 # The one rule for the text that is embedded for an API, whatever file it came from (see Api.text).
 EMBED_TEXT_RULE = (
@@ -36,15 +55,14 @@ def prompt_description(description: str | None) -> tuple[str, bool]:
     return text[:DESCRIPTION_CAP_CHARS].rstrip() + " [...]", True
 
 
-class DataError(Exception):
-    """Bad or missing input data; the message is one line saying where and what to do."""
-
-
 def api_id(tool_name: str, api_name: str) -> str:
     return f"{tool_name}::{api_name}"
 
 
-def qid_key(qid: Any) -> tuple[int, Any]:
+QueryId = int | str  # int when the file's id is integral (ToolBench), else the string (data.queries.normalise_qid)
+
+
+def qid_key(qid: QueryId) -> tuple[int, int | str]:
     """Sort key for query ids that may be ints or strings (ints first, each in natural order)."""
     return (0, qid) if isinstance(qid, int) else (1, str(qid))
 
@@ -128,6 +146,6 @@ class Registry:
 @dataclass(frozen=True)
 class Query:
     subset: str
-    query_id: int | str  # int when the file's id is integral (ToolBench), else the string
+    query_id: QueryId
     text: str
     gold: dict[str, tuple[str, ...]]  # gold set name -> API ids

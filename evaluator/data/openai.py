@@ -28,7 +28,7 @@ def flatten(records: list[tuple[str, object]]) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for where, rec in records:
         key = next((k for k in LIST_KEYS[2:] if isinstance(rec, dict) and k in rec), None)
-        if key is None:
+        if key is None or not isinstance(rec, dict):
             out.append((where, rec))
             continue
         inner = rec[key]

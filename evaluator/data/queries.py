@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import toolbench
-from .model import GOLD_SETS, DataError, Query, Registry, Warnings
+from .model import GOLD_SETS, DataError, Query, Registry, Warnings, match_subsets
 from .source import get_str, json_type, parse_csv, parse_json, parse_jsonl, read_text, reading, stem
 
 QUERY_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".tsv")
@@ -67,13 +67,8 @@ def select_subsets(files: Iterable[Path], wanted: list[str] | None) -> list[Path
     files = list(files)
     if not wanted:
         return files
-    out: list[Path] = []
-    for w in wanted:
-        match = [f for f in files if stem(f) == w] or [f for f in files if stem(f).startswith(w)]
-        if not match:
-            raise DataError(f"Subset {w!r} matches no query file; available: {', '.join(stem(f) for f in files)}.")
-        out += [f for f in match if f not in out]
-    return out
+    return match_subsets(files, wanted, lambda w: DataError(
+        f"Subset {w!r} matches no query file; available: {', '.join(stem(f) for f in files)}."), name=stem)
 
 
 def normalise_qid(value: object, where: str) -> int | str | None:
@@ -196,12 +191,8 @@ def _pick_subsets(raws: list[RawQuery], wanted: list[str] | None) -> list[RawQue
     if not wanted:
         return raws
     names = list(dict.fromkeys(r.subset for r in raws))
-    keep: set[str] = set()
-    for w in wanted:
-        match = [s for s in names if s == w] or [s for s in names if s.startswith(w)]
-        if not match:
-            raise DataError(f"Subset {w!r} matches no query subset; available: {', '.join(names)}.")
-        keep.update(match)
+    keep = set(match_subsets(names, wanted, lambda w: DataError(
+        f"Subset {w!r} matches no query subset; available: {', '.join(names)}.")))
     return [r for r in raws if r.subset in keep]
 
 
@@ -254,10 +245,10 @@ def load_query_files(
 ) -> list[Query]:
     """Every query of every file (a folder: its query files), validated together (ids unique per subset);
     an empty result is an error."""
-    paths = [f for p in paths for f in _expand(Path(p))]
-    if not paths:
+    files = [f for p in paths for f in _expand(Path(p))]
+    if not files:
         raise DataError("No query file given; pass --queries FILE... or a --data folder with queries.")
-    raws = [r for p in paths for r in read_query_file(p)]
+    raws = [r for p in files for r in read_query_file(p)]
     _unify_ids(raws)
     raws = _pick_subsets(raws, subsets)
     queries = finish(raws, registry, warnings if warnings is not None else Warnings(), limit)

@@ -157,8 +157,8 @@ def read_entries(path: Path, fmt: str = "auto") -> tuple[str, Path, list[Entry]]
     if kind == "tree":
         return "toolbench", found, toolbench.tree_apis(found)
     if kind == "file":
-        used, entries = read_file(found, fmt)
-        return used, found, entries
+        used, read = read_file(found, fmt)
+        return used, found, read
     files = sorted(p for p in found.iterdir() if _is_tool_file(p))
     if not files:
         raise DataError(f"{found}: no tool definition files ({', '.join(TOOL_SUFFIXES)}) in this folder.")

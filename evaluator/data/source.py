@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import orjson
 
@@ -186,6 +186,10 @@ def json_type(value: Any) -> str:
     )
 
 
+@overload
+def get_str(rec: dict, key: str, where: str, *, required: Literal[True], aliases: tuple[str, ...] = ()) -> str: ...
+@overload
+def get_str(rec: dict, key: str, where: str, *, required: bool = False, aliases: tuple[str, ...] = ()) -> str | None: ...
 def get_str(rec: dict, key: str, where: str, *, required: bool = False, aliases: tuple[str, ...] = ()) -> str | None:
     """A string field (or one of its aliases); null or absent is None unless required."""
     value = rec.get(key)

@@ -1,18 +1,12 @@
-"""A spending cap for one invocation (`--budget USD`), and the one rule that counts a request's prompt tokens.
+"""A spending cap for one invocation (`--budget USD`).
 
-The engine reserves a call's worst case (its prompt tokens, counted by `prompt_tokens`, at the input
+The engine reserves a call's worst case (its prompt tokens, counted by `core.tokens.prompt_tokens`, at the input
 price plus `max_tokens` at the output price) before each HTTP attempt and settles it with the tokens
 the provider reports; a call that could pass the cap is not sent. While other reservations are still
 open a call waits for them to settle (their real cost is usually far below the worst case) and is
 refused only when nothing is open and it still does not fit, so the cap is used, not just approached.
 From the first refusal on every later call is refused: the run stops cleanly, and the replies already
 received stay cached, so a rerun with a larger budget pays for none of them again.
-
-Token rule (no tokenizer is needed, none is installed): characters of each message's text divided by
-the profile's `chars_per_token` (4.0: OpenAI's rule of thumb for English), plus `MESSAGE_TOKENS` per
-message for the role and separators (OpenAI's cookbook counts 3-4), plus the `response_format` JSON
-when one is sent. The simulator bills prompt tokens by the same rule, so against it the figure is
-exact; against a real provider it is an estimate.
 """
 
 from __future__ import annotations
@@ -21,44 +15,17 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from ..core.money import capped_usd
+from ..core.tokens import prompt_tokens
 from .errors import ConfigError
 from .profiles import ModelProfile
 
-MESSAGE_TOKENS = 4  # per message: role and separators
 
-
-def _text_chars(content: Any) -> int:
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):  # OpenAI content parts: only the text parts are counted
-        return sum(len(p.get("text") or "") for p in content if isinstance(p, dict))
-    return 0
-
-
-def prompt_tokens(body: dict[str, Any], chars_per_token: float = 4.0) -> int:
-    """The prompt tokens of one chat-completions body under the module's token rule."""
-    messages = body.get("messages") or []
-    chars = sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
-    n = int(chars / chars_per_token) + MESSAGE_TOKENS * len(messages)
-    rf = body.get("response_format")
-    if isinstance(rf, dict) and rf.get("type") != "text":
-        n += int(len(orjson.dumps(rf)) / chars_per_token)
-    return n
-
-
-def cost_usd(profile: ModelProfile, prompt: int, completion: int) -> float:
-    """Online USD for these tokens; 0 when the profile has no prices (`check_priced` rules that out)."""
-    pin = profile.price_input_per_mtok or 0.0
-    pout = profile.price_output_per_mtok or 0.0
-    return (prompt * pin + completion * pout) / 1e6
-
-
-def worst_case_usd(profile: ModelProfile, body: dict[str, Any]) -> float:
-    """What one attempt of `body` can cost at most: its prompt, and every completion token it may use."""
+def worst_case_usd(profile: ModelProfile, body: dict[str, Any], *, batch: bool = False) -> float:
+    """What one attempt of `body` can cost at most: its prompt, and every completion token it may use
+    (online, or as one request of a batch: `core.money.capped_usd`)."""
     max_tokens = body.get("max_tokens") or profile.max_tokens or 0
-    return cost_usd(profile, prompt_tokens(body, profile.chars_per_token), int(max_tokens))
+    return capped_usd(profile, prompt_tokens(body, profile.chars_per_token), int(max_tokens), batch=batch)
 
 
 def check_priced(profiles: dict[str, ModelProfile], where: str = "--budget") -> None:

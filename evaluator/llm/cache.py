@@ -43,6 +43,8 @@ import diskcache
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..core.cache_layout import CacheLayout
+from ..core.files import atomic_write
 from .errors import ConfigError, FatalLLMError
 
 KEY_SCHEMA = 1  # bump if the key recipe changes, so old entries are never misread
@@ -98,7 +100,7 @@ class StoreError(FatalLLMError):
 
 
 def cache_dir(root: Path | str) -> Path:
-    return Path(root) / "llm"
+    return CacheLayout(root).llm
 
 
 def key_prefix(base_url: str, model: str, sampling: dict[str, Any]) -> hashlib._Hash:
@@ -192,10 +194,11 @@ class ResponseCache:
             if check != [("ok",)]:
                 self._db.close()
                 raise ConfigError(damaged_message(self.db_file, "; ".join(str(r[0]) for r in check[:2])))
-            opening = self.path / "claims" / "cache.db"
+            claims = CacheLayout(root).claims
+            opening = claims / "cache.db"
             # Claims need not survive a power cut (a lost claim only costs a duplicate), so no fsync.
             self._claims = diskcache.Cache(
-                str(self.path / "claims"), eviction_policy="none", statistics=0, sqlite_synchronous=0
+                str(claims), eviction_policy="none", statistics=0, sqlite_synchronous=0
             )
             with self._db.transact(retry=True):  # BEGIN IMMEDIATE: fails now on a read-only database
                 pass
@@ -260,14 +263,11 @@ class ResponseCache:
         )
         for folder in self._spill_dirs():
             path = folder / f"{self._spill_name()}-{uuid.uuid4().hex[:8]}.jsonl"
-            tmp = path.with_suffix(".tmp")
             try:
-                tmp.write_bytes(lines)
-                os.replace(tmp, path)
+                atomic_write(path, lines)
                 return path
             except OSError:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
+                continue  # the next folder
         return None
 
     def _import_spills(self) -> None:

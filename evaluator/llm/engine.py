@@ -39,9 +39,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from ..redact import redact
+from ..core.money import capped_usd
+from ..core.redact import redact
+from ..core.tokens import prompt_tokens
 from .accounting import ModelStats
-from .budget import cost_usd, prompt_tokens, worst_case_usd
+from .budget import worst_case_usd
 from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner
 from .decide import (
     CallState,
@@ -63,7 +65,8 @@ from .profiles import ModelProfile, resolve_api_key
 from .reply import ChatResult, read_reply
 from .retry import is_validation_error
 
-__all__ = ["Budget", "ChatResult", "LLMEngine", "Pacer", "Prepared", "TokenPacer", "local_pacer", "local_token_pacer"]
+__all__ = ["ChatResult", "LLMEngine", "Pacer", "Prepared", "SpendingCap", "TokenPacer", "local_pacer",
+           "local_token_pacer"]
 
 log = logging.getLogger("evaluator.llm")
 
@@ -101,8 +104,8 @@ def local_token_pacer(profile: ModelProfile, tpm: float) -> TokenPacer:
     return TokenBucket(tpm)
 
 
-class Budget(Protocol):
-    """A spending cap across calls (llm/budget.py). The engine reserves an attempt's worst case
+class SpendingCap(Protocol):
+    """A spending cap across calls (`llm.budget.Budget` is the one in use). The engine reserves an attempt's worst case
     before sending it and settles it with what the reply cost once it is back (0 without a reply)."""
 
     async def admit(self, usd: float) -> bool:
@@ -133,6 +136,8 @@ class Prepared:
     """
 
     key: str
+    # Provider request bodies: a deliberate dict[str, Any] (the chat request as the provider takes it,
+    # `extra_body` fields included; the engine reads only the fields it shapes).
     body: dict[str, Any]
     logical: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -142,7 +147,7 @@ class _Call:
     """One fresh call on its way: what it sends and what it went through."""
 
     key: str
-    logical: dict[str, Any]
+    logical: dict[str, Any]  # the provider request body (see `Prepared.body`)
     keep_raw: bool
     est_tokens: int  # for the TPM budget only
     started: float
@@ -166,7 +171,7 @@ class LLMEngine:
         seed: int | None = None,
         claim_lease_s: float = CLAIM_LEASE_S,
         grace_s: float = STOP_GRACE_S,
-        budget: Budget | None = None,
+        budget: SpendingCap | None = None,
         pacer_factory: PacerFactory = local_pacer,
         token_pacer_factory: Callable[[ModelProfile, float], TokenPacer] = local_token_pacer,
     ) -> None:
@@ -397,7 +402,7 @@ class LLMEngine:
             raise RuntimeError("LLMEngine used outside `async with`")
         logical = prepared.logical or prepared.body
         # Only a TPM budget needs the estimate: no extra JSON encoding per call otherwise.
-        prof = self.profile  # the one token rule (dry run, budget, TPM pacing): llm.budget.prompt_tokens
+        prof = self.profile  # the one token rule (dry run, budget, TPM pacing): core.tokens.prompt_tokens
         est = prompt_tokens(logical, prof.chars_per_token) + (prof.max_tokens or 0) if self._tpm is not None else 0
         call = _Call(prepared.key, logical, keep_raw, est, time.perf_counter())
         while True:
@@ -549,7 +554,7 @@ class LLMEngine:
 
     # -- budget --------------------------------------------------------------------------------------
     async def _reserve(self, wire: dict[str, Any]) -> float:
-        """Reserve an attempt's worst case (llm/budget.py's token rule, the whole max_tokens)."""
+        """Reserve an attempt's worst case (core/tokens.py's token rule, the whole max_tokens)."""
         if self._budget is None:
             return 0.0
         usd = worst_case_usd(self.profile, wire)
@@ -560,7 +565,7 @@ class LLMEngine:
 
     def _settle(self, reserved: float, reply: ChatResult | None) -> None:
         if self._budget is not None:
-            spent = cost_usd(self.profile, reply.prompt_tokens, reply.completion_tokens) if reply is not None else 0.0
+            spent = capped_usd(self.profile, reply.prompt_tokens, reply.completion_tokens) if reply is not None else 0.0
             self._budget.settle(reserved, spent)
 
     # -- step 3: apply a decision --------------------------------------------------------------------

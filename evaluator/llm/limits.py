@@ -14,6 +14,7 @@ import statistics
 import time
 from pathlib import Path
 
+from ..core.cache_layout import CacheLayout
 from .errors import ConfigError
 from .profiles import ModelProfile, resolve_api_key
 
@@ -108,7 +109,7 @@ def rate_key(endpoint: str, model: str, api_key: str | None, what: str) -> str:
 
 def rate_folder(rate_dir: str | Path | None, cache_root: Path | str) -> Path:
     """Where shared pacing lives: `--rate-dir`, else beside the response cache (processes on one cache share)."""
-    return Path(rate_dir) if rate_dir else Path(cache_root) / "llm" / "rate"
+    return Path(rate_dir) if rate_dir else CacheLayout(cache_root).rates
 
 
 class SharedRates:

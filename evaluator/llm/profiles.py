@@ -9,20 +9,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-import types
-import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import field
-from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import Field, TypeAdapter, ValidationError, field_validator
+from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
-from pydantic.fields import FieldInfo
 
-from ..redact import redact_url, watch_env
+from ..core.redact import redact_url, watch_env
+from ..core.tokens import CHARS_PER_TOKEN
+from ..core.validation import checked, toml_label
 from .errors import ConfigError
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
@@ -43,23 +41,24 @@ class ModelProfile:
     model: str
     base_url: str = ""  # without a trailing slash
     api_key_env: str | None = None
-    concurrency: int = Field(16, ge=1)
-    rpm: float | None = Field(None, gt=0)  # omit it for no limit
-    tpm: float | None = Field(None, gt=0)
-    timeout_s: float = Field(60.0, gt=0)
-    max_retries: int = Field(6, ge=0)
-    max_tokens: int | None = Field(None, ge=1)  # omit it to let the server decide
-    temperature: float = Field(0.0, ge=0, le=2)
+    concurrency: int = Field(default=16, ge=1)
+    rpm: float | None = Field(default=None, gt=0)  # omit it for no limit
+    tpm: float | None = Field(default=None, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=6, ge=0)
+    max_tokens: int | None = Field(default=None, ge=1)  # omit it to let the server decide
+    temperature: float = Field(default=0.0, ge=0, le=2)
+    # Provider-defined request fields sent as they are: a deliberate extension point (any JSON a host accepts).
     extra_body: dict[str, Any] = field(default_factory=dict)
     simulated: bool = False
     api_key_required: bool = True
-    truncation_retries: int = Field(1, ge=0)
-    backoff_base_s: float = Field(0.5, gt=0)
-    backoff_max_s: float = Field(30.0, gt=0)
-    max_wait_s: float = Field(120.0, gt=0)
+    truncation_retries: int = Field(default=1, ge=0)
+    backoff_base_s: float = Field(default=0.5, gt=0)
+    backoff_max_s: float = Field(default=30.0, gt=0)
+    max_wait_s: float = Field(default=120.0, gt=0)
     # A server retry hint longer than this stops the run ("resume after HH:MM UTC"); shorter ones past
     # max_wait_s are retried every max_wait_s, with one warning saying what the server asked for.
-    give_up_after_s: float = Field(3600.0, gt=0)
+    give_up_after_s: float = Field(default=3600.0, gt=0)
     # Concurrency: fixed at `concurrency`, or adaptive (AIMD) up to it for servers of unknown capacity.
     adaptive_concurrency: bool = False
     structured: Structured = "none"  # how each prompt's JSON schema is sent (`Structured`)
@@ -68,13 +67,13 @@ class ModelProfile:
     send_seed: bool = True
     # Provider batch API and prices (used by the batch/request-file commands; never in the cache key).
     batch: BatchApi | None = None
-    batch_max_requests: int | None = Field(None, ge=1)
-    batch_max_bytes: int | None = Field(None, ge=1)
-    price_input_per_mtok: float | None = Field(None, ge=0)  # USD per 1M prompt tokens
-    price_output_per_mtok: float | None = Field(None, ge=0)  # USD per 1M completion tokens
-    batch_discount: float | None = Field(None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
-    # Token rule for estimates (dry run, budget): characters of message text per prompt token (llm/budget.py).
-    chars_per_token: float = Field(4.0, gt=0)
+    batch_max_requests: int | None = Field(default=None, ge=1)
+    batch_max_bytes: int | None = Field(default=None, ge=1)
+    price_input_per_mtok: float | None = Field(default=None, ge=0)  # USD per 1M prompt tokens
+    price_output_per_mtok: float | None = Field(default=None, ge=0)  # USD per 1M completion tokens
+    batch_discount: float | None = Field(default=None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
+    # Token rule for estimates (dry run, budget): characters of message text per prompt token (core/tokens.py).
+    chars_per_token: float = Field(default=CHARS_PER_TOKEN, gt=0)
 
     def request_settings(self) -> dict[str, Any]:
         """Every setting that shapes requests or their pacing, for `meta.json`.
@@ -148,7 +147,7 @@ def load_profile(
     unknown = set(raw) - _FIELDS - _LOADER_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown field(s) {sorted(unknown)}; known: {sorted(_FIELDS | _LOADER_KEYS)}")
-    loader = checked(_LoaderKeys, {k: raw.pop(k) for k in _LOADER_KEYS & set(raw)}, f"{path}: ", _toml_label)
+    loader = checked(_LoaderKeys, {k: raw.pop(k) for k in _LOADER_KEYS & set(raw)}, f"{path}: ", toml_label)
     raw.setdefault("name", path.stem)
     if loader.model_env and env.get(loader.model_env):
         raw["model"] = env[loader.model_env]
@@ -158,124 +157,18 @@ def load_profile(
         raw["base_url"] = base_url
     if "model" not in raw:
         raise ConfigError(f"{path}: 'model' (the provider's model id) is required")
-    profile = checked(ModelProfile, raw, f"{path}: ", _toml_label)
+    profile = checked(ModelProfile, raw, f"{path}: ", toml_label)
     given = {k: v for k, v in overrides.items() if v is not None}
     for k in given:
         if k not in _FIELDS:
             raise ConfigError(f"unknown model profile setting {k!r} (from the command line); known: {sorted(_FIELDS)}")
     if given:
-        profile = checked(ModelProfile, dataclasses.asdict(profile) | given, "command line: ", _toml_label)
+        profile = checked(ModelProfile, dataclasses.asdict(profile) | given, "command line: ", toml_label)
     _validate(profile, path)
     watch_env(profile.api_key_env)  # a profile file from elsewhere: its key is redacted like the bundled ones
     if require_key:
         resolve_api_key(profile, env)
     return profile
-
-
-# ---------------------------------------------------------------- one line from a pydantic error
-
-T = TypeVar("T")
-
-_WANT = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a table"}
-_GOT = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", dict: "a table", list: "a list"}
-_PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
-# pydantic error types that mean "right type, impossible value"
-_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "literal_error", "too_short",
-                 "finite_number"}
-
-
-def _toml_label(key: str) -> str:
-    return f"{key} ="
-
-
-def _want(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Annotated:
-        return _want(get_args(tp)[0])
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_want(a) for a in get_args(tp) if a is not type(None))
-    if origin is Literal:
-        return "one of " + ", ".join(map(str, get_args(tp)))
-    if origin in (list, set):
-        item = get_args(tp)[0]
-        item = get_args(item)[0] if get_origin(item) is Annotated else item
-        return f"a list of {_PLURAL.get(item) or _want(item)}"
-    return _WANT.get(origin or tp, getattr(tp, "__name__", str(tp)))
-
-
-def _bounds(info: FieldInfo) -> dict[str, Any]:
-    """Every declared bound of a field, on it or on its list items: ge, gt, le, lt."""
-    metas = list(info.metadata)
-    for arg in get_args(info.annotation):
-        for inner in get_args(arg)[1:] if get_origin(arg) is Annotated else ():
-            metas += inner.metadata if isinstance(inner, FieldInfo) else [inner]
-    return {a: getattr(m, a) for m in metas for a in ("ge", "gt", "le", "lt") if getattr(m, a, None) is not None}
-
-
-def _need(info: FieldInfo, err: Mapping[str, Any]) -> str:
-    b = _bounds(info)
-    if err["type"] == "literal_error":
-        return _choices(info.annotation)
-    if err["type"] == "too_short":
-        return "non-empty"
-    if err["type"] == "finite_number":
-        return "a finite number"
-    if ("ge" in b or "gt" in b) and ("le" in b or "lt" in b):
-        return f"between {b.get('ge', b.get('gt'))} and {b.get('le', b.get('lt'))}"
-    if not b:
-        return "valid"
-    op, v = next(iter(b.items()))
-    return f"{ {'ge': '>=', 'gt': '>', 'le': '<=', 'lt': '<'}[op]} {v}"
-
-
-def _choices(tp: Any) -> str:
-    for a in [tp, *get_args(tp)]:
-        if get_origin(a) is Literal:
-            return "one of " + ", ".join(map(str, get_args(a)))
-    return _want(tp)
-
-
-def config_error(e: ValidationError, info: FieldInfo, key: str, value: Any, where: str,
-                 label: Callable[[str], str]) -> ConfigError:
-    """One line naming where (`where`: the file, or "command line: "), the key (`label`: as the user
-    wrote it, `k =` in a file, `--flag` on the command line), the value, and what it must be."""
-    err = e.errors(include_url=False)[0]
-    item = any(isinstance(x, int) for x in err["loc"])
-    shown = f'"{value}"' if isinstance(value, str) else repr(value)
-    if err["type"] in _RANGE_ERRORS and (err["type"] != "literal_error" or isinstance(err["input"], str)):
-        need = _need(info, err)
-        if type(None) in get_args(info.annotation):
-            need += " (omit it for none)"
-        return ConfigError(f"{where}{label(key)} {shown} is impossible; {'every value' if item else 'it'} must be {need}")
-    bad = err["input"]
-    got = _GOT.get(type(bad), type(bad).__name__)
-    return ConfigError(f"{where}{label(key)} {shown} {'holds' if item else 'is'} {got}; expected {_want(info.annotation)}")
-
-
-@cache
-def _field_adapter(cls: type, key: str) -> TypeAdapter[Any]:
-    info: FieldInfo = cls.__pydantic_fields__[key]  # type: ignore[attr-defined]
-    return TypeAdapter(Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation)
-
-
-def check_values(cls: type, values: Mapping[str, Any], where: str, label: Callable[[str], str]) -> None:
-    """Each value against the type and range `cls` declares for it, with strict types (TOML's and
-    argparse's values are typed already: a string is no number, true is no integer); else one
-    `ConfigError` line."""
-    for key, value in values.items():
-        try:
-            _field_adapter(cls, key).validate_python(value, strict=True)
-        except ValidationError as e:
-            raise config_error(e, cls.__pydantic_fields__[key], key, value, where, label) from None  # type: ignore[attr-defined]
-
-
-def checked(cls: type[T], values: Mapping[str, Any], where: str, label: Callable[[str], str]) -> T:
-    """`cls(**values)` once `check_values` passed, or one `ConfigError` line."""
-    check_values(cls, values, where, label)
-    try:
-        return cls(**values)
-    except ValidationError as e:  # a required value is missing
-        raise ConfigError(f"{where}{e.errors(include_url=False)[0]['loc'][0]} is required") from None
 
 
 # Request fields the engine itself sets per call; a profile's extra_body may not override them.

@@ -18,7 +18,8 @@ class ChatResult:
     error: str | None = None  # set when the call failed for good (non-fatal); such results are never cached
     error_kind: str | None = None  # with `error`: `http_400`, `timeout`, `connection`, `http_503`, ...
     reasoning_only: bool = False  # the text came from reasoning_content / reasoning (content was null)
-    raw: dict[str, Any] | None = field(default=None, repr=False)  # the provider's body, with `keep_raw`
+    # The provider's reply body as it came, with `keep_raw` (a deliberate dict[str, Any]: a provider's JSON).
+    raw: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def truncated(self) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..batch.cost import BatchStats, Cost, usd
-from ..redact import redact
+from ..core.redact import redact
 from .fmt import table
 
 

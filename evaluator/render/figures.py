@@ -12,15 +12,14 @@ import functools
 import hashlib
 import importlib.metadata
 import json
-import os
 import re
-import shutil
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..analysis.stats import Row, Summary
+from ..core.files import atomic_folder
 from ..schema import atomic_write
 
 if TYPE_CHECKING:
@@ -285,17 +284,15 @@ def _from_store(folder: Path, fig_dir: Path) -> list[Path] | None:
 
 
 def _to_store(paths: Sequence[Path], folder: Path) -> None:
-    """Keep a drawn set under its digest: written to a private folder and renamed into place, so a
-    reader never sees half a set. A cache that cannot be written only costs the next run a drawing."""
-    tmp = folder.with_name(f".tmp-{folder.name}-{os.getpid()}")
-    try:
-        tmp.mkdir(parents=True, exist_ok=True)
+    """Keep a drawn set under its digest, built atomically (a reader never sees half a set). A cache that
+    cannot be written only costs the next run a drawing."""
+    def build(tmp: Path) -> None:
         files = {}
         for p in paths:
             b = p.read_bytes()
             (tmp / p.name).write_bytes(b)
             files[p.name] = hashlib.blake2b(b, digest_size=16).hexdigest()
         (tmp / _MANIFEST).write_text(json.dumps(files, sort_keys=True))
-        os.rename(tmp, folder)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    with contextlib.suppress(OSError):
+        atomic_folder(folder, build)

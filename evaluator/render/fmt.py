@@ -75,3 +75,8 @@ def simulated_note(models: Sequence[str]) -> str:
     names = ", ".join(f"`{m}`" for m in models)
     return (f"> **SIMULATED LLM ({names}):** the LLM was simulated by a heuristic, so these numbers measure "
             "the pipeline, not a language model.\n")
+
+
+def models_or_none(models: Sequence[str]) -> list[str | None]:
+    """The models, or `[None]` for a retrieval-only run (its rows carry model = null)."""
+    return [*models] if models else [None]

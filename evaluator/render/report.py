@@ -8,10 +8,10 @@ from typing import Any
 
 from ..analysis.main import MainResult
 from ..data import EMBED_TEXT_RULE
-from ..schema import CallStats, Meta, WarningCount, plain
+from ..schema import CallStats, Meta, Runtime, WarningCount, plain
 from . import tables as T
 from .batch import cost_section_md
-from .fmt import table
+from .fmt import models_or_none, table
 
 DECISIONS = [
     "Gold sets: every retrieval table is given for `api_list` (paper-comparable default) and then for "
@@ -64,20 +64,20 @@ def warnings_md(w: Mapping[str, WarningCount]) -> str:
                      for k, v in sorted(w.items())) + "\n"
 
 
-def runtime_md(runtime: Mapping[str, Any]) -> str:
+def runtime_md(runtime: Runtime) -> str:
     """The embedding runtime, what it embedded, and the peak resident memory (meta.json `runtime`)."""
-    peak = runtime.get("peak_rss_mib")
-    if not peak:
+    peak = runtime.peak_rss_mib
+    if peak is None:
         return ""
     lines = ["## Runtime\n"]
-    if desc := runtime.get("embed_runtime"):
-        lines.append(f"- Embedding runtime: `{desc}`")
-    if emb := runtime.get("embed"):
+    if runtime.embed_runtime:
+        lines.append(f"- Embedding runtime: `{runtime.embed_runtime}`")
+    if emb := runtime.embed:
         lines.append(f"- Texts embedded: {int(emb.get('embedded', 0)):,}; from the embedding cache: "
                      f"{int(emb.get('cache_hits', 0)):,}")
-    lines.append(f"- Peak resident memory of the largest process: {peak['largest_process']:,.0f} MiB (this "
-                 f"process {peak['this_process']:,.0f} MiB; its largest finished child, e.g. the model export, "
-                 f"{peak['largest_child']:,.0f} MiB), up to writing this report")
+    lines.append(f"- Peak resident memory of the largest process: {peak.largest_process:,.0f} MiB (this "
+                 f"process {peak.this_process:,.0f} MiB; its largest finished child, e.g. the model export, "
+                 f"{peak.largest_child:,.0f} MiB), up to writing this report")
     return "\n".join(lines) + "\n"
 
 
@@ -97,13 +97,26 @@ def _cell(x: Any) -> str:
     return "–" if x is None else str(x)
 
 
+RETRIEVER_RULES = {
+    "dense": "embeddings, exact inner product; score = cosine",
+    "bm25": "Okapi BM25 (bm25s, lucene, k1 1.5, b 0.75) over the embedded text; identifiers split at `_` and "
+            "camelCase, lower-cased, bm25s's English stop words, no stemmer; score = BM25; the embedder "
+            "searches nothing",
+    "hybrid": "reciprocal-rank fusion, Σ 1/(60 + rank), of the dense and the BM25 top-100 of each text; "
+              "score = RRF (at most 2/61)",
+}
+# What a bundled model is, where it is not the paper's (the report says so beside the name).
+EMBEDDER_NOTES = {"sentence-transformers/all-mpnet-base-v2": " (all-mpnet-base-v2, 768-d; not the paper's "
+                  "`thenlper/gte-base`)"}
+
+
 def run_decisions(meta: Meta, result: MainResult) -> list[str]:
     """The decisions that depend on this run, stated from it (never fixed numbers)."""
     reg = meta.registry
     size = f"{reg.size:,}" if isinstance(reg.size, int) else "?"
     how = ("every API; an API without a description is embedded as `{tool_name}/{api_name}: `" if reg.choice == "full"
            else "only APIs with a description" if reg.choice == "described" else reg.choice)
-    qps = result.summary.checks.get("queries_per_subset", {})
+    qps = result.summary.checks.queries_per_subset
     subsets = ", ".join(f"{s} ({n})" for s, n in qps.items()) or "none"
     temps = sorted({str(m.profile.temperature) for m in meta.models if m.profile is not None})
     out = [
@@ -116,6 +129,12 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
         "L2-normalised; search is exact inner product (faiss.IndexFlatIP), re-scored in float64 so results do "
         "not depend on how queries were batched; exact ties go to the higher registry row, as FAISS orders them.",
     ]
+    if (retriever := meta.settings.retriever) != "dense":
+        out.append(f"Retriever `{retriever}`: {RETRIEVER_RULES[retriever]}. PtR merges its stubs' lists by the "
+                   "best score any stub gives an API, with the retriever's own score (BM25 scores of different "
+                   "stubs are not normalised: a stub with more matching words weighs more; RRF scores are "
+                   "rank-based, on one scale). Routing's τ is a threshold on RtP's top-1 score of this retriever "
+                   f"({'BM25' if retriever == 'bm25' else 'RRF'}), not a cosine.")
     if meta.models:
         out.append(f"Sampling: temperature {', '.join(temps) or 'as in each profile'}; the run index is sent as "
                    "`seed` and is part of the cache key, so N runs are N samples (providers that ignore the "
@@ -136,7 +155,8 @@ def labels_of(meta: Meta, models: Sequence[str]) -> T.Labels:
     return T.Labels(simulated=simulated & set(models) if models else simulated, embedder=meta.embedder,
                     registry_size=f"{size:,}" if isinstance(size, int) else "?",
                     registry_choice=meta.registry.choice, runs=str(meta.runs),
-                    model_ids={m.name: m.model for m in meta.models if m.model and m.model != m.name})
+                    model_ids={m.name: m.model for m in meta.models if m.model and m.model != m.name},
+                    retriever=meta.settings.retriever)
 
 
 def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), figures: Sequence[str] = (),
@@ -152,49 +172,51 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
         if m in labels.simulated:
             out.append(f"> **SIMULATED LLM — model `{m}`:** the LLM was simulated by a heuristic, so its numbers "
                        "measure the pipeline, not a language model.\n")
-    qps = summary.checks.get("queries_per_subset", {})
+    qps = summary.checks.queries_per_subset
     out.append("\n".join([
         f"- Models: {', '.join(_model_desc(m, labels) for m in models) or 'none (retrieval only)'}",
-        f"- Embedder: `{labels.embedder}`",
+        f"- Embedder: `{labels.embedder}`{EMBEDDER_NOTES.get(labels.embedder, '')}",
+        f"- Retriever: `{labels.retriever}` ({RETRIEVER_RULES[labels.retriever]})",
         f"- Registry: {labels.registry_size} APIs, choice `{labels.registry_choice}`",
         "- Gold: `api_list` (every API of the tools sampled for the query; paper-comparable, shown first) and "
         "`relevant` (APIs the reference solution needs)" if len(result.golds) > 1 else
         f"- Gold: one set per query, `{result.golds[0] if result.golds else 'none'}` (see the skipped tables)",
         f"- Runs: {labels.runs}; main k = {result.k}; ablation ks = {', '.join(map(str, result.ks))}",
         f"- Subsets: {', '.join(f'{s} (n={n})' for s, n in qps.items())}",
-        f"- Records: {summary.checks.get('records', 0)}; evaluator version {meta.version}",
+        f"- Records: {summary.checks.records}; evaluator version {meta.version}",
     ]) + "\n")
-    if summary.checks.get("rtp_inconsistent_queries"):
-        out.append(f"> **Warning:** {summary.checks['rtp_inconsistent_queries']} records carry an RtP retrieved "
+    if summary.checks.rtp_inconsistent_queries:
+        out.append(f"> **Warning:** {summary.checks.rtp_inconsistent_queries} records carry an RtP retrieved "
                    "list that differs from another record of the same query; RtP rows use the first.\n")
 
     out.append("## Retrieval: k-ablation\n")
-    for m in models or [None]:
+    for model in models_or_none(models):
         for gold in result.golds:
-            out.append(T.table1(c, m, gold))
-            if m is None:
-                out.append(T.table1(c, m, gold, "precision"))
+            out.append(T.metric_at_k(c, model, gold))
+            if model is None:
+                out.append(T.metric_at_k(c, model, gold, "precision"))
+            out.append(T.rank_metrics_at_k(c, model, gold))
     for m in models:
         if not (T.has(summary, m, "ptr") or T.has(summary, m, "rtp")):
             continue
         out.append(f"## Model `{m}`" + (" (simulated LLM)" if m in labels.simulated else "") + "\n")
         if m in result.contrasts:
-            out.append(T.table2(c, result.contrasts[m]))
+            out.append(T.worked_contrasts(c, result.contrasts[m]))
         for gold in result.golds:
-            out.append(T.table3(c, m, gold))
+            out.append(T.main_results(c, m, gold))
         for gold in result.golds:
-            out.append(T.table11(c, m, gold))
+            out.append(T.compact_results(c, m, gold))
         if T.has(summary, m, "ptr"):
             for gold in result.golds:
-                out.append(T.table4(c, m, gold))
+                out.append(T.stub_generation(c, m, gold))
             for gold in result.golds:
-                out.append(T.table5(c, m, gold))
-        out.append(T.table6(c, m))
+                out.append(T.search_width(c, m, gold))
+        out.append(T.trajectories(c, m))
         if T.has(summary, m, "both"):
-            out.append(T.table7(c, m))
-        out.append(T.table8(c, m))
+            out.append(T.selection_divergence(c, m))
+        out.append(T.inference_cost(c, m))
         if m in result.trajectories:
-            out.append(T.table9(c, result.trajectories[m], m))
+            out.append(T.example_trajectory(c, result.trajectories[m], m))
         out.append(T.errors_table(c, m))
     if not models:
         out.append(T.errors_table(c, None))

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from ..analysis.routing import ARCH_LABEL, SIGNALS, RoutingMeta, RoutingResult
+from ..analysis.routing import ARCH_LABEL, SIGNALS, Policy, RoutingMeta, RoutingResult, Scored
 from ..schema import GOLDS
 from .fmt import DASH, fint, mean_pm, simulated_note, table
 
 
-def _f(o: Mapping[str, Any], name: str, digits: int = 3) -> str:
-    m, s = o[name]["mean"], o[name]["std"]
-    if m is None or (isinstance(m, float) and math.isnan(m)):
+def _f(o: Scored, name: str, digits: int = 3) -> str:
+    m, s = o.metric(name).mean, o.metric(name).std
+    if m is None or math.isnan(m):
         return DASH
     return mean_pm(m, s, digits) if digits else fint(m)
 
@@ -27,14 +25,19 @@ def _tau(signal: str, tau: float) -> str:
     return f"{tau:.3f}" if signal == "score" else f"{tau:g}"
 
 
-def _saving(o: Mapping[str, Any], ptr: Mapping[str, Any], rtp: Mapping[str, Any]) -> str:
-    t, tp, tr = o["tokens"]["mean"], ptr["tokens"]["mean"], rtp["tokens"]["mean"]
-    if not tp:
+def _saving(o: Policy, ptr: Policy, rtp: Policy) -> str:
+    t, tp, tr = o.mean("tokens"), ptr.mean("tokens"), rtp.mean("tokens")
+    if not tp or t is None or tr is None:
         return DASH
     s = f"{100 * (tp - t) / tp:.1f}%"
     if tp > tr:
         s += f" ({100 * (tp - t) / (tp - tr):.0f}%)"
     return s
+
+
+# What RtP's top-1 score is under each retriever (config.RETRIEVER_CHOICES), so τ is read on the right scale.
+SCORE_NAMES = {"dense": "cosine", "bm25": "BM25 score (`--retriever bm25`)",
+               "hybrid": "RRF score (`--retriever hybrid`; at most 2/61)"}
 
 
 def section_md(result: RoutingResult) -> str:
@@ -46,7 +49,8 @@ def section_md(result: RoutingResult) -> str:
     out.append("\n".join([
         f"- Models: {', '.join(f'`{m}`' for m in meta.models)}; recall@{k} and precision@{k} per run, "
         "mean ± std over runs; both gold sets (`api_list` paper-comparable; `relevant` stricter).",
-        "- Score router: RtP when RtP's top-1 cosine ≥ τ, else PtR. Proxies (computable before any call): "
+        f"- Score router: RtP when RtP's top-1 {SCORE_NAMES.get(meta.retriever, 'score')} ≥ τ, else PtR. "
+        "Proxies (computable before any call): "
         "RtP when the query has at most θ words / clauses (clauses: sentence ends and conjunctions such as "
         "*and*, *also*, *then*).",
         "- Tokens: mean per query; a query sent to RtP pays its RtP planner call only, one sent to PtR pays "
@@ -61,45 +65,44 @@ def section_md(result: RoutingResult) -> str:
     ]) + "\n")
     for model, res in result.models.items():
         sim = " (simulated LLM)" if model in meta.simulated_models else ""
-        if res["excluded_run_queries"]:
-            out.append(f"`{model}`: {res['excluded_run_queries']} (run, query) pairs left out (PtR discovery "
+        if res.excluded_run_queries:
+            out.append(f"`{model}`: {res.excluded_run_queries} (run, query) pairs left out (PtR discovery "
                        "failed for good, or a record is missing).\n")
         for gold in GOLDS:
-            b = res["baselines"][gold]
-            subs = sorted(b["oracle"]["choice"])
+            b = res.baselines[gold]
+            subs = sorted(b.oracle.choice)
             header = ["policy", "threshold", "to RtP", f"R@{k}", f"P@{k}", "tokens/query", "saving vs PtR",
                       "to RtP by subset"]
             body = []
-            for name, o in (("always RtP", b["always_rtp"]), ("always PtR", b["always_ptr"])):
-                body.append([name, "–", f"{100 * o['to_rtp']:.0f}%", _f(o, f"recall:{gold}"),
-                             _f(o, f"precision:{gold}"), _f(o, "tokens", 0), _saving(o, b["always_ptr"], b["always_rtp"]), "–"])
-            o = b["oracle"]
-            body.append(["per-subset oracle", ", ".join(f"{s}→{ARCH_LABEL[c]}" for s, c in o["choice"].items()),
-                         f"{100 * o['to_rtp']:.0f}%", _f(o, f"recall:{gold}"), _f(o, f"precision:{gold}"),
-                         _f(o, "tokens", 0), _saving(o, b["always_ptr"], b["always_rtp"]), "–"])
+            for name, o in (("always RtP", b.always_rtp), ("always PtR", b.always_ptr)):
+                body.append([name, "–", f"{100 * o.to_rtp:.0f}%", _f(o, f"recall:{gold}"),
+                             _f(o, f"precision:{gold}"), _f(o, "tokens", 0), _saving(o, b.always_ptr, b.always_rtp), "–"])
+            oracle = b.oracle
+            body.append(["per-subset oracle", ", ".join(f"{s}→{ARCH_LABEL[c]}" for s, c in oracle.choice.items()),
+                         f"{100 * oracle.to_rtp:.0f}%", _f(oracle, f"recall:{gold}"), _f(oracle, f"precision:{gold}"),
+                         _f(oracle, "tokens", 0), _saving(oracle, b.always_ptr, b.always_rtp), "–"])
             for signal, (label, _d) in SIGNALS.items():
-                o = res["best_in_sample"][signal][gold]
-                by = ", ".join(f"{s} {100 * o['to_rtp_by_subset'][s]:.0f}%" for s in subs)
-                body.append([f"{label}, best τ (in-sample)", _tau(signal, o["tau"]), f"{100 * o['to_rtp']:.0f}%",
-                             _f(o, f"recall:{gold}"), _f(o, f"precision:{gold}"), _f(o, "tokens", 0),
-                             _saving(o, b["always_ptr"], b["always_rtp"]), by])
+                best = res.best_in_sample[signal][gold]
+                by = ", ".join(f"{s} {100 * best.to_rtp_by_subset[s]:.0f}%" for s in subs)
+                body.append([f"{label}, best τ (in-sample)", _tau(signal, best.tau), f"{100 * best.to_rtp:.0f}%",
+                             _f(best, f"recall:{gold}"), _f(best, f"precision:{gold}"), _f(best, "tokens", 0),
+                             _saving(best, b.always_ptr, b.always_rtp), by])
             out.append(f"### In-sample — model `{model}`{sim}, gold `{gold}`\n\n" + table(header, body) + "\n")
 
             header = ["evaluation", "signal", "τ (chosen on tuning queries)", "test n", "to RtP", f"R@{k}",
                       f"P@{k}", "tokens/query", f"always RtP R@{k}", f"always PtR R@{k}", f"oracle R@{k}",
                       "saving vs PtR"]
             body = []
-            h = res["heldout"][gold]
-            for ev, label in (("subset_split", f"{'+'.join(meta.split.train)} → {'+'.join(meta.split.test)}"),
-                              ("cv", f"{meta.folds}-fold CV")):
-                for signal, r in (h.get(ev) or {}).items():
-                    tb, t = r["test_baselines"], r["test"]
-                    tau = _tau(signal, r["tau"]) if "tau" in r else ", ".join(_tau(signal, x) for x in r["taus"])
-                    body.append([label, SIGNALS[signal][0], tau, str(t["n_queries"]), f"{100 * t['to_rtp']:.0f}%",
-                                 _f(t, f"recall:{gold}"), _f(t, f"precision:{gold}"), _f(t, "tokens", 0),
-                                 _f(tb["always_rtp"], f"recall:{gold}"), _f(tb["always_ptr"], f"recall:{gold}"),
-                                 _f(tb["oracle"], f"recall:{gold}"),
-                                 _saving(t, tb["always_ptr"], tb["always_rtp"])])
+            h = res.heldout[gold]
+            split = f"{'+'.join(meta.split.train)} → {'+'.join(meta.split.test)}"
+            evals = [(split, signal, _tau(signal, r.tau), r.test, r.test_baselines) for signal, r in h.subset_split.items()]
+            evals += [(f"{meta.folds}-fold CV", signal, ", ".join(_tau(signal, x) for x in r.taus), r.test, r.test_baselines)
+                      for signal, r in h.cv.items()]
+            for label, signal, tau, t, tb in evals:
+                body.append([label, SIGNALS[signal][0], tau, str(t.n_queries), f"{100 * t.to_rtp:.0f}%",
+                             _f(t, f"recall:{gold}"), _f(t, f"precision:{gold}"), _f(t, "tokens", 0),
+                             _f(tb.always_rtp, f"recall:{gold}"), _f(tb.always_ptr, f"recall:{gold}"),
+                             _f(tb.oracle, f"recall:{gold}"), _saving(t, tb.always_ptr, tb.always_rtp)])
             if body:
                 out.append(f"### Held-out — model `{model}`{sim}, gold `{gold}`\n\n" + table(header, body) + "\n")
             else:
@@ -125,19 +128,19 @@ def figure(result: RoutingResult, path: Path) -> Path:
         for gi, gold in enumerate(GOLDS):
             ax = axes[mi][gi]
             for signal, (color, marker, ls) in styles.items():
-                pts = sorted(res["sweeps"][signal], key=lambda p: p["tokens"]["mean"])
-                ax.plot([p["tokens"]["mean"] for p in pts], [p[f"recall:{gold}"]["mean"] for p in pts],
+                pts = sorted(res.sweeps[signal], key=lambda p: _mean(p, "tokens"))
+                ax.plot([_mean(p, "tokens") for p in pts], [_mean(p, f"recall:{gold}") for p in pts],
                         color=color, marker=marker, ls=ls, ms=3, lw=1, alpha=0.8,
                         label=f"{SIGNALS[signal][0]} (one point per τ)")
-                best = res["best_in_sample"][signal][gold]
-                ax.scatter([best["tokens"]["mean"]], [best[f"recall:{gold}"]["mean"]], s=90, facecolors="none",
+                best = res.best_in_sample[signal][gold]
+                ax.scatter([_mean(best, "tokens")], [_mean(best, f"recall:{gold}")], s=90, facecolors="none",
                            edgecolors=color, linewidths=1.5, zorder=5)
             ax.scatter([], [], s=90, facecolors="none", edgecolors="#555555", label="best τ (in-sample), circled")
-            b = res["baselines"][gold]
-            for name, key, mk, color in (("always RtP", "always_rtp", "s", "#1f77b4"),
-                                         ("always PtR", "always_ptr", "^", "#d62728"),
-                                         ("per-subset oracle", "oracle", "*", "#000000")):
-                ax.scatter([b[key]["tokens"]["mean"]], [b[key][f"recall:{gold}"]["mean"]], marker=mk, s=110,
+            b = res.baselines[gold]
+            for name, policy, mk, color in (("always RtP", b.always_rtp, "s", "#1f77b4"),
+                                            ("always PtR", b.always_ptr, "^", "#d62728"),
+                                            ("per-subset oracle", b.oracle, "*", "#000000")):
+                ax.scatter([_mean(policy, "tokens")], [_mean(policy, f"recall:{gold}")], marker=mk, s=110,
                            color=color, label=name, zorder=6)
             ax.set_xlabel("tokens per query (mean)")
             ax.set_ylabel(f"recall@{meta.k} (gold {gold})")
@@ -154,6 +157,11 @@ def figure(result: RoutingResult, path: Path) -> Path:
     return path
 
 
+
+
+def _mean(o: Scored, name: str) -> float:
+    m = o.mean(name)
+    return math.nan if m is None else m  # matplotlib leaves a NaN point out, as it left out a null
 
 
 def split_text(meta: RoutingMeta) -> str:

@@ -11,7 +11,7 @@ import numpy as np
 from ..analysis.scaling import FULL, Key, Point, ScalingResult
 from ..analysis.stats import mean_std
 from ..schema import GOLDS
-from .fmt import DASH, fpct, mean_pm, simulated_note, table
+from .fmt import DASH, fpct, mean_pm, models_or_none, simulated_note, table
 
 
 def _fmt(p: Point | None, key: Key, pct: bool = False) -> tuple[str, float]:
@@ -50,6 +50,9 @@ def section_md(result: ScalingResult) -> str:
         f"{meta.runs} (PtR values are means over runs, then mean ± std over seeds)",
         f"- Embedder: `{meta.embedder}` ({meta.backend} {meta.precision}); registry: {meta.registry_size:,} APIs "
         f"(`{meta.registry_choice}`); recall@{k}",
+        *([f"- Retriever: `{meta.retriever}`; a sub-registry is searched with the full registry's BM25 statistics "
+           "(IDF, mean length), so points differ only in which APIs compete, as for dense"]
+          if meta.retriever != "dense" else []),
         "- Sub-registry: every gold API of the subset (union of `api_list` and `relevant`: "
         + ", ".join(f"{s} {golds[s].union:,}" for s in subsets)
         + ") + distractors drawn in proportion to category sizes (uncategorised APIs are one stratum); "
@@ -61,7 +64,7 @@ def section_md(result: ScalingResult) -> str:
         "both on that subset's sub-registries.",
         f"- Subsets: {', '.join(subsets)} ({meta.subsets_rule}).",
     ]) + "\n")
-    for model in models or [None]:
+    for model in models_or_none(models):
         for gold in GOLDS:
             title = f"### Recall@{k} by registry size — gold `{gold}`" + (f", model `{model}`" if model else "")
             if model and model in meta.simulated_models:
@@ -94,9 +97,9 @@ def section_md(result: ScalingResult) -> str:
     if checks:
         parts = []
         for s, c in checks.items():
-            seg = f"{s}: RtP {fpct(c.get('rtp_same_topk'))}"
-            if c.get("ptr_same_topk") is not None:
-                seg += f", PtR {fpct(c['ptr_same_topk'])}"
+            seg = f"{s}: RtP {fpct(c.rtp_same_topk)}"
+            if c.ptr_same_topk is not None:
+                seg += f", PtR {fpct(c.ptr_same_topk)}"
             parts.append(seg)
         out.append(f"Full-registry check (recomputed top-{k} equal to the run's saved top-{k}): "
                    + "; ".join(parts) + ". Values well below 100% mean the embeddings or registry differ from "

@@ -1,4 +1,7 @@
-"""The main study's tables (paper Tables 1–9 and 11, errors) as Markdown sections, from `MainResult`."""
+"""The main study's tables (paper Tables 1–9 and 11, errors) as Markdown sections, from `MainResult`.
+
+Each function is named after what its table shows (`main_results`, `search_width`, ...); the caption keeps
+the paper's table number."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from dataclasses import dataclass, field
 from ..analysis import stats as S
 from ..analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
 from ..analysis.main import MainResult
-from ..analysis.metrics import RETRIEVAL_METRICS
+from ..analysis.metrics import RANK_METRICS, RETRIEVAL_METRICS
 from .fmt import DASH, better, bold, fms, fnum, fpct, ptest, section, table
 
 
@@ -23,6 +26,7 @@ class Labels:
     registry_choice: str
     runs: str
     model_ids: dict[str, str] = field(default_factory=dict)
+    retriever: str = "dense"
 
 
 @dataclass
@@ -39,6 +43,8 @@ class Ctx:
                 if model else "retrieval only (no LLM)"]
         if gold:
             bits.append(f"gold `{gold}`")
+        if self.info.retriever != "dense":
+            bits.append(f"retriever `{self.info.retriever}`")
         bits += [f"embedder `{self.info.embedder}`", f"registry {self.info.registry_size} APIs "
                  f"({self.info.registry_choice})", f"runs {self.info.runs}", f"k = {self.r.k}"]
         return ", ".join(bits) + self.scored(model)
@@ -60,7 +66,7 @@ class Ctx:
         return text
 
     def n(self, subset: str) -> str:
-        return f"{subset} (n={self.s.checks.get('queries_per_subset', {}).get(subset, '?')})"
+        return f"{subset} (n={self.s.checks.queries_per_subset.get(subset, '?')})"
 
     def count(self, model: str | None, subset: str, arch: str, metric: str) -> str:
         r = self.s.row(model, subset, arch, metric)
@@ -71,7 +77,7 @@ def has(s: S.Summary, model: str | None, arch: str) -> bool:
     return any(r.model == model and r.arch == arch for r in s.rows)
 
 
-def table1(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
+def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
     subs = c.s.subsets
     with_ptr = model is not None and has(c.s, model, "ptr")
     header = ["k"] + [f"{sub} {a}" for sub in subs for a in (("RtP", "PtR") if with_ptr else ("RtP",))]
@@ -94,7 +100,37 @@ def table1(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
                     table(header, body))
 
 
-def table3(c: Ctx, model: str, gold: str) -> str:
+RANK_NAMES = {"ndcg": "NDCG", "mrr": "MRR", "comp": "COMP"}
+
+
+def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
+    """NDCG@k, MRR@k and COMP@k per subset and k (the k-ablation of the rank metrics)."""
+    with_ptr = model is not None and has(c.s, model, "ptr")
+    archs = (("rtp", "RtP"), ("ptr", "PtR")) if with_ptr else (("rtp", "RtP"),)
+    header = ["Subset", "k"] + [f"{RANK_NAMES[m]} {a}" for m in RANK_METRICS for _, a in archs]
+    body = []
+    for sub in c.s.subsets:
+        for k in c.r.ks:
+            line = [c.n(sub), str(k)]
+            for metric in RANK_METRICS:
+                r = c.s.row(None, sub, "rtp", metric, k, gold)
+                if with_ptr:
+                    p = c.s.row(model, sub, "ptr", metric, k, gold)
+                    br, bp = better(r, p)
+                    line += [bold(fms(r), br), bold(fms(p), bp)]
+                else:
+                    line.append(fms(r))
+            body.append(line)
+    return section("Table 1c: Rank metrics at retrieval budget k",
+                   f"{c.label(model, gold)}. Binary relevance. NDCG@k: DCG = Σ rel_i/log2(i+1) over the top k, "
+                   "ideal DCG over min(|G|, k) gold APIs; MRR@k: 1/rank of the first gold API in the top k (0 if "
+                   "none); COMP@k: 1 if every gold API is in the top k (0 whenever |G| > k). Per query, equal to "
+                   "pytrec_eval's `ndcg_cut`, `recip_rank` (list cut to k) and `recall` = 1 (tests/test_metrics_ir.py). "
+                   "RtP is deterministic (one value)" + ("; PtR mean±std over runs. Bold: better architecture."
+                                                        if with_ptr else "."), table(header, body))
+
+
+def main_results(c: Ctx, model: str, gold: str) -> str:
     k = c.r.k
     header = ["Subset", "Metric", "RtP mean", "RtP ±std", "PtR mean", "PtR ±std", "p (t-test)", "p (Wilcoxon)",
               "wins RtP / PtR / ties"]
@@ -124,7 +160,7 @@ def table3(c: Ctx, model: str, gold: str) -> str:
                     "* p<.05, ** p<.01, *** p<.001.", table(header, body))
 
 
-def table11(c: Ctx, model: str, gold: str) -> str:
+def compact_results(c: Ctx, model: str, gold: str) -> str:
     k = c.r.k
     header = ["Subset", "P RtP", "P PtR", "R RtP", "R PtR", "Pass RtP", "Pass PtR"]
     body = []
@@ -143,7 +179,7 @@ def table11(c: Ctx, model: str, gold: str) -> str:
                     "the PtR–RtP difference (one-sample for P/R, two-sample for pass rate).", table(header, body))
 
 
-def table4(c: Ctx, model: str, gold: str) -> str:
+def stub_generation(c: Ctx, model: str, gold: str) -> str:
     header = ["Subset", "Gen.%", "Stubs/q", "Unique%", "Match%", "Cos (correct)", "Cos (incorrect)"]
     body = []
     for sub in c.s.subsets:
@@ -152,8 +188,9 @@ def table4(c: Ctx, model: str, gold: str) -> str:
         body.append([c.n(sub), fms(g("gen"), 1, True), fms(g("stubs_per_query"), 2), fms(g("stub_unique"), 1, True),
                      fms(g("stub_match", gold), 1, True), fms(g("stub_cos_correct", gold)),
                      fms(g("stub_cos_incorrect", gold))])
+    score = "cosine" if c.info.retriever == "dense" else f"{c.info.retriever} score"
     return section("Table 4: Stub generation", f"{c.label(model, gold)}. Match%: stubs whose top-1 API is gold "
-                    "(pooled over stubs); Cos: mean cosine of a stub to its top-1 API.", table(header, body))
+                    f"(pooled over stubs); Cos: mean {score} of a stub to its top-1 API.", table(header, body))
 
 
 def budget_equivalent_k(width: float | None, ks: Sequence[int]) -> int | None:
@@ -162,7 +199,7 @@ def budget_equivalent_k(width: float | None, ks: Sequence[int]) -> int | None:
     return min(ks, key=lambda kk: (abs(kk - width), kk))
 
 
-def table5(c: Ctx, model: str, gold: str) -> str:
+def search_width(c: Ctx, model: str, gold: str) -> str:
     k = c.r.k
     header = ["Subset", "Stubs/q", f"PtR eff. width (k={k})", "RtP eff. width", "Budget-equiv. k",
               "RtP recall (budget-equiv.)", f"PtR recall (k={k})"] + [f"PtR width k={kk}" for kk in c.r.ks]
@@ -179,7 +216,7 @@ def table5(c: Ctx, model: str, gold: str) -> str:
                     "Budget-equivalent RtP recall from Table 1.", table(header, body))
 
 
-def table6(c: Ctx, model: str) -> str:
+def trajectories(c: Ctx, model: str) -> str:
     k = c.r.k
     spec: list[tuple[str, str, str, str | None, Callable[[S.Row | None], str]]] = [
         ("Selection rate", "ptr", "selection_rate", None, lambda r: fms(r, 1, True)),
@@ -204,30 +241,30 @@ def table6(c: Ctx, model: str) -> str:
         ]
     header = ["Metric", "Arch."] + c.s.subsets
     body = []
-    for name, arch, metric, gold, f in spec:
+    for name, arch, metric, gold_of, f in spec:
         # RtP's complete-miss rate is pure retrieval: deterministic, stored under model = null.
         m = None if arch == "rtp" and metric in RETRIEVAL_METRICS else model
         body.append([name, {"ptr": "PtR", "rtp": "RtP", "both": "both"}[arch]]
-                    + [f(c.s.row(m, sub, arch, metric, k, gold)) for sub in c.s.subsets])
+                    + [f(c.s.row(m, sub, arch, metric, k, gold_of)) for sub in c.s.subsets])
     return section("Table 6: Trajectories", f"{c.label(model)}. Selection rate = |selected∩R|/|R|; fidelity = "
                     "|selected∩R|/|selected| (queries with a selection); Jaccard of planner-selected sets "
                     "(both empty = 1.0).", table(header, body))
 
 
-def table7(c: Ctx, model: str) -> str:
+def selection_divergence(c: Ctx, model: str) -> str:
     k = c.r.k
     header = ["Subset", "n", "Identical", "Divergent"] + [f"Divergent k={kk}" for kk in c.r.ks]
     body = []
     for sub in c.s.subsets:
         d = c.s.row(model, sub, "both", "divergent", k)
-        n = c.s.checks.get("queries_per_subset", {}).get(sub, "?")
+        n = c.s.checks.queries_per_subset.get(sub, "?")
         body.append([sub, str(n), fpct(1 - d.mean if d and d.mean is not None else None), fms(d, 1, True)]
                     + [fms(c.s.row(model, sub, "both", "divergent", kk), 1, True) for kk in c.r.ks])
     return section("Table 7: Tool selection divergence", f"{c.label(model)}. Fraction of queries whose RtP and "
                     "PtR top-k sets differ (mean±std over runs).", table(header, body))
 
 
-def table8(c: Ctx, model: str) -> str:
+def inference_cost(c: Ctx, model: str) -> str:
     k = c.r.k
     header = ["Subset", "RtP tokens/q", "PtR tokens/q", "Overhead", "RtP completion/q", "PtR completion/q",
               "Completion overhead"] + [f"ΔR [{g}]" for g in c.r.golds] + [
@@ -290,7 +327,7 @@ def errors_table(c: Ctx, model: str | None) -> str:
 
 
 
-def table2(c: Ctx, ex: Contrasts) -> str:
+def worked_contrasts(c: Ctx, ex: Contrasts) -> str:
     header = ["Side", "Subset", "Query id", "Query", f"RtP R@{c.r.k}", f"PtR R@{c.r.k}", "Stubs", "Lost proper nouns"]
     body = []
     for side, items in (("RtP wins", ex.rtp_wins), ("PtR wins", ex.ptr_wins)):
@@ -304,7 +341,7 @@ def table2(c: Ctx, ex: Contrasts) -> str:
     return section("Table 2: Worked contrasts", f"{c.label(ex.model)}. Rule: {CONTRAST_RULE}", table(header, body))
 
 
-def table9(c: Ctx, t: Trajectory | None, model: str) -> str:
+def example_trajectory(c: Ctx, t: Trajectory | None, model: str) -> str:
     title = "Table 9: Example trajectory"
     if t is None:
         return section(title, f"{c.label(model)}. Rule: {TRAJECTORY_RULE}", "No query meets the rule in this run.")

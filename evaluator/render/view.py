@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..analysis.metrics import Obs, record_obs
+from ..analysis.metrics import RANK_METRICS, Obs, record_obs
 from ..analysis.stats import exact, stars, wilcoxon_paired
 from ..batch.cost import usd
 from ..schema import GOLDS, SUMMARY_FILE, Meta, OutputDir, OutputError, Record, atomic_write, plain, qid_key
@@ -53,7 +53,7 @@ class Source:
     name: str
     meta: Meta
     records: list[Record]
-    summary: Mapping[str, Any] | None = None
+    summary: Mapping[str, Any] | None = None  # summary.json as `migrate.summary` returns it (the page reads it as JSON)
     figures: dict[str, bytes] = field(default_factory=dict)  # file name -> PNG bytes
 
 
@@ -139,7 +139,7 @@ def _plan(plan: Any, api: _Interner) -> dict[str, Any] | None:
     return {"steps": list(plan.steps), "sel": [api(x) for x in plan.selected if x is not None],
             "off": None if plan.selected_offered is None else [api(x) for x in plan.selected_offered],
             "refused": plan.refused, "pe": plan.parse_error, "le": plan.llm_error, "lek": plan.llm_error_kind,
-            "fr": plan.finish_reason, "audit": plan.parse_audit}
+            "fr": plan.finish_reason, "audit": None if plan.parse_audit is None else plain(plan.parse_audit)}
 
 
 def _tokens(block: Any) -> dict[str, list[int]]:
@@ -160,7 +160,10 @@ def _record_view(r: Record, obs: Obs, k: int, query: int, side: int, api: _Inter
                  lists: _Interner) -> dict[str, Any]:
     recall = {a: [obs[(a, "recall", k, g)][0] if (a, "recall", k, g) in obs else None for g in GOLDS]
               for a in ("rtp", "ptr")}
-    out: dict[str, Any] = {"q": query, "side": side, "run": r.run, "recall": recall,
+    # NDCG / MRR / COMP at the main k, per architecture and gold (the report's definitions, metrics.rank_metrics)
+    rank = {a: {m: [_f(obs[(a, m, k, g)][0]) if (a, m, k, g) in obs else None for g in GOLDS] for m in RANK_METRICS}
+            for a in ("rtp", "ptr")}
+    out: dict[str, Any] = {"q": query, "side": side, "run": r.run, "recall": recall, "rank": rank,
                            "outcome": [_outcome(recall["rtp"][i], recall["ptr"][i]) for i in range(len(GOLDS))]}
     plans = [b.plan for b in (r.rtp, r.ptr) if b is not None and b.plan is not None]
     flags = []
@@ -199,7 +202,8 @@ def _settings(src: Source) -> list[list[str]]:
     s = m.settings
     rows = [["Models", models or "none (retrieval only)"],
             ["Embedder", f"{m.embedder} ({m.precision}, runtime {m.backend})"],
-            ["Embedding runtime", str(m.runtime.get("embed_runtime") or DASH)],
+            ["Retriever", m.settings.retriever],
+            ["Embedding runtime", m.runtime.embed_runtime or DASH],
             ["Registry", f"{m.registry.size if m.registry.size is not None else '?'} APIs, choice {m.registry.choice}"
              + (f", {m.registry.format}" if m.registry.format else "") + (f" ({m.registry.source})"
                                                                           if m.registry.source else "")],
@@ -208,7 +212,7 @@ def _settings(src: Source) -> list[list[str]]:
             ["Runs", str(m.runs)], ["k (planner)", str(m.k)], ["k-ablation", ", ".join(map(str, m.ks))],
             ["Architectures", ", ".join(s.archs)],
             ["Records", f"{len(src.records):,}"], ["Evaluator version", m.version],
-            ["Created", str(m.runtime.get("created") or DASH)], ["Data", m.data_dir or DASH]]
+            ["Created", m.runtime.created or DASH], ["Data", m.data_dir or DASH]]
     return rows
 
 
@@ -247,6 +251,14 @@ def _tables(src: Source) -> list[dict[str, Any]]:
                     for kk in meta.ks]
             out.append({"title": f"Table 1: recall at retrieval budget k — model {model or 'none'}, gold {gold}",
                         "head": head, "rows": body})
+            archs = (("rtp", None, "RtP"), ("ptr", model, "PtR")) if model else (("rtp", None, "RtP"),)
+            head = ["Subset", "k"] + [f"{m.upper()} {name}" for m in RANK_METRICS for _, _, name in archs]
+            body = [[s, str(kk)] + [_ms(rows.get((m_, s, a, metric, kk, gold))) for metric in RANK_METRICS
+                                    for a, m_, _ in archs]
+                    for s in subsets for kk in meta.ks]
+            out.append({"title": f"Table 1c: NDCG, MRR, COMP at retrieval budget k — model {model or 'none'}, "
+                                 f"gold {gold}", "head": head, "rows": body,
+                        "note": "Binary relevance; as in report.md (Table 1c)."})
         if model is None:
             continue
         for gold in GOLDS:
@@ -394,7 +406,7 @@ def _compare(sides: list[dict[str, Any]], side_recs: list[list[tuple[Obs, int]]]
     return {"differ": differ, "pairs": pairs}
 
 
-def _f(x: Fraction | None) -> float | None:
+def _f(x: Fraction | float | None) -> float | None:
     return None if x is None else round(float(x), 6)
 
 

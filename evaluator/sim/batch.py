@@ -35,11 +35,19 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
+from ..core.tokens import prompt_tokens
+
+
+class _Keyed(Protocol):
+    @property
+    def api_key(self) -> str | None: ...
+
 
 class ReplySource(Protocol):
     """What the batch routes need of the online simulator (`server.Simulator`): its key and its replies."""
 
-    cfg: Any  # SimConfig: `api_key`
+    @property
+    def cfg(self) -> _Keyed: ...  # server.SimConfig
 
     def reply_body(self, req: dict[str, Any], *, fault: str | None = None, reply_id: str = ...) -> dict[str, Any]: ...
 
@@ -86,10 +94,10 @@ class _Stats:
 class _Batch:
     id: str
     style: str  # "openai" | "gemini"
-    lines: list[tuple[str, dict[str, Any]]]  # (custom_id or key, chat request body)
+    lines: list[tuple[str, dict[str, Any]]]  # (custom_id or key, chat request body: the client's JSON)
     created: float
     input_file_id: str
-    metadata: dict[str, Any]
+    metadata: dict[str, Any]  # the client's batch metadata, echoed as given (any JSON object)
     model: str = ""
     fate: str = "complete"  # complete | expire | stuck | oversized | queue_full
     tokens: int = 0  # prompt tokens enqueued (the account-wide limit counts unfinished batches')
@@ -98,7 +106,7 @@ class _Batch:
     output_file_id: str | None = None
     error_file_id: str | None = None
     counts: tuple[int, int] = (0, 0)  # completed, failed (final)
-    errors: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)  # the provider's error objects, as it writes them
     created_wall: float = field(default_factory=time.time)
     ended: float | None = None  # monotonic time the batch reached a final status
 
@@ -160,7 +168,7 @@ _NOT_RUN = {
     "expired": ("batch_expired", "The request could not be executed before the completion window ended."),
     "cancelled": ("batch_cancelled", "The batch was cancelled before this request executed."),
 }
-_FAILED_LINE = {  # fail_kind -> (HTTP status, OpenAI error body, gRPC code, Gemini message)
+_FAILED_LINE: dict[str, tuple[int, dict[str, Any], int, str]] = {  # fail_kind -> (HTTP status, OpenAI error body, gRPC code, Gemini message)
     "server": (500, {"message": "The server had an error while processing your request.", "type": "server_error",
                      "param": None, "code": None}, _GRPC_INTERNAL, "Internal error encountered."),
     "invalid": (400, {"message": "Invalid value for 'messages': the request is malformed.",
@@ -185,12 +193,6 @@ def _g_error(status: int, message: str, grpc_status: str) -> web.Response:
 def _iso(t: float) -> str:
     """RFC 3339 UTC, as Google's JSON writes a Timestamp."""
     return datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _prompt_tokens(body: dict[str, Any]) -> int:
-    # The same estimate `Simulator.reply_body` bills.
-    messages = body.get("messages") or []
-    return sum(len(m.get("content") or "") for m in messages) // 4 + 4 * len(messages)
 
 
 def _is_gemini(request: web.Request) -> bool:
@@ -235,7 +237,7 @@ class BatchSim:
 
     def _create(self, style: str, file_id: str, lines: list[tuple[str, dict]], metadata: dict, model: str = "") -> _Batch:
         cfg = self.cfg
-        tokens = sum(_prompt_tokens(body) for _, body in lines)
+        tokens = sum(prompt_tokens(body) for _, body in lines)  # as `Simulator.reply_body` bills
         queue_full = self._queue_full(tokens)  # before this batch counts itself
         b = _Batch(self._new_id("batch_"), style, lines, time.monotonic(), file_id, metadata, model, tokens=tokens)
         self.stats.batches_created += 1
@@ -548,7 +550,7 @@ class BatchSim:
         model = request.match_info["model"]
         for _, body in lines:
             body["model"] = model
-        if self._queue_full(sum(_prompt_tokens(body) for _, body in lines)):
+        if self._queue_full(sum(prompt_tokens(body) for _, body in lines)):
             self.stats.rejected_queue_full += 1
             return _g_error(429, "You exceeded your current quota, please check your plan and billing details. "
                                  "Enqueued tokens of unfinished batches exceed the limit.", "RESOURCE_EXHAUSTED")

@@ -171,7 +171,7 @@ def reply(
     structured = isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object")
     runaway = kind is not None and knobs.random() < p_runaway
     stray = kind is not None and not structured and knobs.random() < p_stray
-    if runaway:
+    if runaway and kind is not None:  # runaway implies a kind
         payload = _run_away(kind, payload)
     if structured and kind == "discovery":
         payload = json.dumps({"stubs": json.loads(payload)}, ensure_ascii=False)
@@ -434,7 +434,11 @@ def _discovery(query: str, rng: random.Random, spread: float) -> str:
     if not stubs:
         stubs.append({"name": "get_information", "reasoning": _reasoning(query[:200] or "Answer the request", rng)})
     seen: set[str] = set()
-    unique = [s for s in stubs if not (s["name"] in seen or seen.add(s["name"]))]
+    unique = []
+    for s in stubs:  # the first stub of each name, in order
+        if s["name"] not in seen:
+            seen.add(s["name"])
+            unique.append(s)
     return json.dumps(unique, ensure_ascii=False, indent=rng.choice((None, 2)))
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from ..core.tokens import prompt_tokens, text_tokens
 from . import batch, behaviour
 
 FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length")
@@ -272,7 +273,7 @@ class Simulator:
         if fault is None and cfg.daily_quota is not None and self.stats.ok >= cfg.daily_quota:
             fault = "quota"
         if fault is None:
-            prompt_est = sum(len(m.get("content") or "") for m in messages) // 4 + 4 * len(messages)
+            prompt_est = prompt_tokens(req)
             delay = self.req_bucket.take(1) if self.req_bucket else 0.0
             if not delay and self.tok_bucket:
                 delay = self.tok_bucket.take(prompt_est + int(req.get("max_tokens") or 0))
@@ -342,8 +343,7 @@ class Simulator:
         elif fault == "length":
             message["content"] = text[: max(1, len(text) // 2)]
             finish = "length"
-        pt = sum(len(m.get("content") or "") for m in messages) // 4 + 4 * len(messages)
-        ct = max(1, len(text) // 4)
+        pt, ct = prompt_tokens(req), text_tokens(text)  # the engine's token rule: its estimates are exact here
         return {
             "id": reply_id,
             "object": "chat.completion",

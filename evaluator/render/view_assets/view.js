@@ -293,6 +293,7 @@ function queryPage(qi, ri) {
     `<h3>Across runs</h3>${runsTable(qi)}<h3>Record</h3><div class="picker">${picker}</div>` +
     `<p class="status">R@${k}: RtP ${GOLDS.map((g, i) => `${g} ${num(r.recall.rtp[i])}`).join(", ")}; PtR ${GOLDS.map((g, i) => `${g} ${num(r.recall.ptr[i])}`).join(", ")} · ` +
     `${r.flags.length ? "flags: " + r.flags.map((f) => FLAGS[f] || f).join(", ") : "no flags"}</p>` +
+    `<p class="status">${rankLine(r, k)}</p>` +
     `<div class="archs"><section class="arch" id="rtp"><h3>RtP (retrieve, then plan)</h3>${rtp}</section>` +
     `<section class="arch" id="ptr"><h3>PtR (plan, then retrieve)</h3>${ptr}</section></div>` +
     `<h3>Raw replies, latency, cache</h3><p class="note">${esc(d.raw_replies)} Latency and cache hits are recorded per model, not per call: see the accounting on the overview.</p>`;
@@ -351,3 +352,10 @@ window.addEventListener("hashchange", route);
 route();
 window.viewReadyMs = performance.now();  // read by bench/view.py: script start to first view in the DOM
 document.body.dataset.ready = "1";
+
+// NDCG@k, MRR@k and COMP@k of both architectures, first gold set (the report's Table 1c definitions).
+function rankLine(r, k) {
+  if (!r.rank) return "";
+  const part = (a, name) => ["ndcg", "mrr", "comp"].map((m) => `${m.toUpperCase()}@${k} ${num(r.rank[a][m][0])}`).join(", ");
+  return `${GOLDS[0]}: RtP ${part("rtp")}; PtR ${part("ptr")}`;
+}

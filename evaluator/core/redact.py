@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "configs" / "models"
+MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
 # Shorter values would turn ordinary words of an error into redaction marks and are no secret worth
 # the name (a local server's placeholder key); every provider key is far longer.
 MIN_KEY_LEN = 6

