@@ -335,7 +335,7 @@ class TextTokenizer:
             flat.append(np.fromiter(itertools.chain.from_iterable(e.ids for e in enc), np.int32))
         return TokenIds(np.concatenate(flat) if flat else np.zeros(0, np.int32), lengths)
 
-    def features(self, ids: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
+    def features(self, ids: Sequence[Any] | TokenIds) -> dict[str, np.ndarray]:
         width = max(map(len, ids), default=0)
         input_ids = np.full((len(ids), width), self.pad_id, np.int64)
         mask = np.zeros((len(ids), width), np.int64)
