@@ -346,10 +346,10 @@ class Embedder:
         try:
             self._runtime_runner()
             return True
-        except EmbedderError:
-            raise
         except eb.ModelLoadError as e:  # the export's child could not load the model: no path can
             raise self._load_error(*e.args) from None
+        except EmbedderError:
+            raise
         except Exception as e:  # noqa: BLE001 - exporters and runtimes raise anything
             if not self._auto:
                 raise EmbedderError(

@@ -47,6 +47,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .core.cache_layout import CacheLayout
+from .core.errors import EmbedderError
 from .core.files import atomic_folder
 
 EXPORT_VERSION = 2  # bump when the export procedure changes: old exports are then ignored (2: tokenizer kept)
@@ -147,8 +148,9 @@ def _folder(root: Path, load_path: str, cache_name: str, kind: str) -> Path:
     return CacheLayout(root).exports / slug / f"{kind}-{_fingerprint(load_path, kind)}"
 
 
-class ModelLoadError(Exception):
-    """The model itself could not be loaded to be exported: (exception type name, its message)."""
+class ModelLoadError(EmbedderError):
+    """The model itself could not be loaded to be exported: (exception type name, its message); the
+    embedder turns it into its one line naming the model."""
 
 
 # Build exports in a child process (spawned: a fresh interpreter, so nothing of the parent's memory is
