@@ -24,8 +24,10 @@ BENCHMARKS = {  # name -> module; run in this order (cheapest prerequisites firs
     "embed_shared": "bench.embed_shared",  # embedding beside a busy process
     "resume": "bench.resume",
     "memory": "bench.memory",
+    "scale": "bench.scale",  # memory per query and the viewer's largest file as queries grow
     "batch": "bench.batch",
     "shared_rate": "bench.shared_rate",  # two processes on one key: shared RPM pacing
+    "ray_engine": "bench.ray_engine",  # requests run --engine ray vs the evaluator engine (needs the ray extra)
 }
 
 

@@ -29,6 +29,8 @@ from .analysis.stats import summary_dict
 from .batch import study as batch_study
 from .batch.cost import BatchStats, accounting
 from .batch.files import Result, read_requests, write_lines
+from .batch.ray_engine import RayOptions, RayRun, run_requests_ray
+from .batch.ray_engine import check as check_ray
 from .batch.requests import offline_profile, run_requests
 from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
@@ -37,6 +39,7 @@ from .core.progress import SILENT, Progress, Reporter
 from .data import DataError, Registry, load_registry
 from .index import searches_folder
 from .lexical import BM25Index, load_index
+from .llamacpp import harness as llamacpp
 from .llm import LLMEngine, ModelProfile, load_profile
 from .llm.accounting import CallStats
 from .llm.budget import Budget, check_priced
@@ -54,6 +57,7 @@ from .schema import (
     SCALING_FILE,
     SUMMARY_FILE,
     About,
+    LocalServer,
     Meta,
     ModelInfo,
     OutputDir,
@@ -95,6 +99,8 @@ def load_profiles(s: Settings, *, offline: bool = False) -> dict[str, ModelProfi
         p = offline_profile(name, **s.overrides.as_kwargs()) if offline else load_profile(name, **s.overrides.as_kwargs())
         if p.name in profiles:
             raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
+        if p.local_model and not p.base_url and not offline:
+            llamacpp.check(p, s.resolve_path(s.cache_dir))  # server and weights installed: one line now
         profiles[p.name] = p
     return profiles
 
@@ -120,10 +126,18 @@ def checked_inputs(s: Settings, reporter: Reporter, *, analyses: bool = False) -
     the LLM phase."""
     inputs = load_inputs(s)
     check_inputs(s, inputs)
+    warn_data(inputs, reporter)
     if analyses:
         analysis_subsets(s, sorted({q.subset for q in inputs.queries}))
     fit_ks_to_registry(s, inputs.registry, reporter.info)
     return inputs
+
+
+def warn_data(inputs: Inputs, reporter: Reporter) -> None:
+    """Every counted data problem as one line on stderr too, not only in the report's "Data warnings"."""
+    for kind, n in sorted(inputs.warnings.counts.items()):
+        example = (inputs.warnings.examples.get(kind) or [""])[0]
+        reporter.warn(f"data: {n:,} {kind} (e.g. {example[:200]}); all listed under Data warnings in report.md")
 
 
 def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
@@ -156,13 +170,13 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
             stats = batch_study.cancel(profiles, cache_root, reporter.info)
             return RunOutcome(out, message=batch_study.cancel_message(stats))
     with contextlib.ExitStack() as stack:
-        # Simulated models' servers start now and get ready beside the loading and embedding below.
-        sims = _start_simulators(stack, profiles) if profiles and not s.dry_run else {}
+        # Simulated and bundled models' servers start now and get ready beside the loading and embedding below.
+        sims = _start_servers(stack, profiles, cache_root) if profiles and not s.dry_run else {}
         return _run_study(s, out, cache_root, profiles, sims, reporter, retrieval_only)
 
 
 def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
-               sims: dict[str, SimHandle], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
+               sims: dict[str, Server], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
     inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
     study = prepare(s, reporter.progress, inputs, reporter=reporter)
     if s.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
@@ -183,7 +197,10 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
             raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
         meta = build_meta(study, profiles)
         meta.llm_stats = llm_stats
-        meta.runtime.simulator_stats = sim_stats
+        meta.runtime.simulator_stats = {n: v for n, v in sim_stats.items() if isinstance(v, SimulatorStats)}
+        local = {n: v for n, v in sim_stats.items() if isinstance(v, LocalServer)}
+        if local:  # the bundled model's file, hash, server version, threads, slots and counters
+            meta.runtime.local_server = local
         meta.batch = batch_stats
         meta.cost = {n: accounting(p, meta.llm_stats.get(n), meta.batch.get(n)) for n, p in profiles.items()}
     od.write_meta(meta)
@@ -212,29 +229,43 @@ def peak_rss_mib() -> PeakMemory:
                       largest_child=round(child, 1))
 
 
-def _start_simulators(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]) -> dict[str, SimHandle]:
-    """A local simulator for each simulated profile without an endpoint, started without waiting for
-    it (`_use_simulators` waits); they stop with `stack`."""
-    return {name: stack.enter_context(start_simulator(wait=False))
-            for name, p in profiles.items() if p.simulated and not p.base_url}
+Server = SimHandle | llamacpp.LlamaHandle  # a server this process started for a profile: base_url, stats(), stop()
 
 
-def _use_simulators(profiles: dict[str, ModelProfile], sims: dict[str, SimHandle]) -> None:
-    """Each simulated profile pointed at its simulator (`profiles` updated in place), once it listens."""
+def _start_servers(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile], cache_root: Path) -> dict[str, Server]:
+    """A local simulator for each simulated profile without an endpoint, and the bundled llama.cpp server for
+    each profile with `local_model` and no endpoint, started without waiting for them (`_use_servers`
+    waits); they stop with `stack` (an error, Ctrl-C, SIGTERM) or at the end of the LLM stage."""
+    out: dict[str, Server] = {}
+    for name, p in profiles.items():
+        if p.simulated and not p.base_url:
+            out[name] = stack.enter_context(start_simulator(wait=False))
+        elif p.local_model and not p.base_url:
+            out[name] = stack.enter_context(llamacpp.start_llamacpp(p, cache_root))
+    return out
+
+
+def _use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> None:
+    """Each profile pointed at the server started for it (`profiles` updated in place), once it listens."""
     for name, sim in sims.items():
-        profiles[name] = dataclasses.replace(profiles[name], base_url=sim.base_url)
+        if isinstance(sim, llamacpp.LlamaHandle):
+            profiles[name] = llamacpp.use(profiles[name], sim)
+        else:
+            profiles[name] = dataclasses.replace(profiles[name], base_url=sim.base_url)
 
 
 def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
-               budget: Budget | None = None, sims: dict[str, SimHandle] | None = None,
-               ) -> tuple[list[Record], dict[str, CallStats], dict[str, SimulatorStats], dict[str, BatchStats]]:
-    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator
-    (`sims`: ones already started for them). With `--batch`, the calls first go through the batch
-    APIs; the run then answers them from the cache."""
+               budget: Budget | None = None, sims: dict[str, Server] | None = None,
+               ) -> tuple[list[Record], dict[str, CallStats], dict[str, SimulatorStats | LocalServer],
+                          dict[str, BatchStats]]:
+    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
+    bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
+    when the stage ends. With `--batch`, the calls first go through the batch APIs; the run then answers
+    them from the cache."""
     s = study.settings
     with contextlib.ExitStack() as stack:
-        sims = sims if sims is not None else _start_simulators(stack, profiles)
-        _use_simulators(profiles, sims)
+        sims = sims if sims is not None else _start_servers(stack, profiles, cache_root)
+        _use_servers(profiles, sims)
         batch_stats: dict[str, BatchStats] = {}
         if s.batch == "submit":
             batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget)
@@ -244,8 +275,11 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         with bar:
             records, llm_stats = asyncio.run(_run_async(study, profiles, cache_root, bar, budget))
         study.timings["llm_s"] = time.perf_counter() - t
-        # The simulator's own count of what it answered: a rerun from the cache shows zero requests.
-        sim_stats = {n: SimulatorStats.from_dict(sim.stats()) for n, sim in sims.items()}
+        # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
+        # llama.cpp server's file, hash, sizing and token counters.
+        sim_stats: dict[str, SimulatorStats | LocalServer] = {
+            n: LocalServer(**sim.stats()) if isinstance(sim, llamacpp.LlamaHandle) else SimulatorStats.from_dict(sim.stats())
+            for n, sim in sims.items()}
         for sim in sims.values():
             sim.stop()  # idle from here on: the analyses and the render need none
     return records, llm_stats, sim_stats, batch_stats
@@ -281,7 +315,8 @@ def build_meta(study: Study, profiles: dict[str, ModelProfile]) -> Meta:
     return Meta(
         version=__version__, settings=_SETTINGS.validate_python(s.study_dict()), data_dir=str(study.data_dir or ""),
         embedder=study.embedder.cache_name, precision=study.embedder.precision, backend=study.embedder.backend,
-        registry=RegistryInfo(s.registry, len(study.registry), study.registry.source, study.registry.format),
+        registry=RegistryInfo(s.registry, len(study.registry), study.registry.source, study.registry.format,
+                              study.registry.digest()),
         subsets=study.subsets, k=s.k, ks=sorted(set(s.ks)), runs=s.runs if profiles else 1,
         models=[ModelInfo(n, p.model, p.simulated, _PROFILE.validate_python(p.request_settings()))
                 for n, p in profiles.items()],
@@ -358,8 +393,11 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
     `figure_store`: a folder of figures already drawn, by their data (render.figures.drawn). `meta`,
     `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study)."""
+    saved = meta is None or records is None  # read back: another run's meta.json may sit beside the records
     meta = od.read_meta() if meta is None else meta
     records = od.read_records() if records is None else sorted(records, key=record_key)
+    if saved:
+        od.check_agree(meta, records)
     result = main_study(records, meta)
     od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view()), indent=1)
     scaling = od.read_json(SCALING_FILE)
@@ -418,6 +456,7 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     """The scaling study on a finished run: its registry re-read, every vector from its embedding cache."""
     meta = od.read_meta()
     records = od.read_records()
+    od.check_agree(meta, records)
     # --data on this command wins; else the run's --tools, else its data folder
     data = data_dir or meta.settings.tools or meta.data_dir or meta.settings.data_dir
     if not data:
@@ -440,6 +479,9 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
                            divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
                            about=_about(meta, s, "scaling_subsets"), log=reporter.info,
                            memo=searches_folder(embedder.cache_dir), retriever=retriever, lexical=lexical)
+    if meta.registry.digest and meta.registry.digest != registry.digest():
+        reporter.warn(f"the registry at {data} is not the one the run used (digest {registry.digest()}, the run's "
+                      f"{meta.registry.digest}); the scaling study uses it as it is now")
     res.meta.embed = dataclasses.asdict(embedder.stats)
     if embedder.stats.embedded:
         reporter.info(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")
@@ -454,6 +496,7 @@ def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT)
     if s.k > saved:  # the records hold each top list only to the run's largest k
         raise ConfigError(f"--k {s.k} is above the largest k this run saved ({saved}); pass --k {saved} or less.")
     records = _records_with_ptr(od, "routing")
+    od.check_agree(meta, records)
     subs = analysis_subsets(s, sorted({r.subset for r in records}))
     opt = _routing_options(s, subs)
     res = routing_analysis.routing_study(records, opt, _about(meta, s, "routing_test"), log=reporter.info)
@@ -517,6 +560,7 @@ class RanFile:
     results: list[Result]
     stats: CallStats  # the engine's accounting (requests sent, cache hits, ...)
     seconds: float
+    ray: RayRun | None = None  # --engine ray: where and how Ray ran it
 
 
 def plan_request_file(path: Path, model: str, out: Path, cache_root: Path, **overrides: Any) -> str:
@@ -527,18 +571,25 @@ def plan_request_file(path: Path, model: str, out: Path, cache_root: Path, **ove
 
 
 def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, reporter: Reporter = SILENT,
-                     **overrides: Any) -> RanFile:
+                     ray: RayOptions | None = None, **overrides: Any) -> RanFile:
     """`requests run`: any request file through the online engine (limits, retries, cache, resume) into a
-    results file. The whole file is checked, and `out` writable, before anything is sent."""
+    results file, or with `ray` through Ray Data LLM (`batch.ray_engine`: the same cache, the same
+    results). The whole file is checked, and `out` writable, before anything is sent."""
     if out.resolve() == path.resolve():
         raise ConfigError("requests run: --out must not be the input file")
     requests = read_requests(path)
     check_writable(out.parent, "--out")  # one line now, not a traceback after every request was sent
     profile = load_profile(model, **overrides)
+    if ray is not None:
+        check_ray(profile, ray)  # Ray missing, vLLM missing, a pace Ray cannot keep: one line, before any start
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         profiles = {profile.name: profile}
-        _use_simulators(profiles, _start_simulators(stack, profiles))
-        results, stats = asyncio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter))
+        _use_servers(profiles, _start_servers(stack, profiles, cache_root))
+        ran: RayRun | None = None
+        if ray is not None:
+            results, stats, ran = run_requests_ray(requests, profiles[profile.name], cache_root, ray, reporter=reporter)
+        else:
+            results, stats = asyncio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter))
     write_lines(out, results)
-    return RanFile(results, stats, time.perf_counter() - t0)
+    return RanFile(results, stats, time.perf_counter() - t0, ran)

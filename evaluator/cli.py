@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import sqlite3
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import NoReturn, TextIO
 from . import app
 from .analysis.routing import RoutingMeta
 from .analysis.scaling import ScalingMeta
+from .batch.ray_engine import RayOptions
 from .batch.requests import import_files
 from .config import (
     BACKEND_CHOICES,
@@ -182,9 +184,19 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return s
 
 
+# The folders the running command writes: a file-system error that names no file (a write to an open file, a
+# database on a full disk) is reported with these, so the line always says where to free space.
+_WRITES: list[str] = []
+
+
+def _writing(*paths: object) -> None:
+    _WRITES[:] = [str(p) for p in dict.fromkeys(paths) if p]
+
+
 def cmd_run(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
     s = settings_from(args)
+    _writing(s.out or "results/", s.resolve_path(s.cache_dir))
     outcome = app.run(s, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
     if outcome.message:  # --batch-cancel: no study ran
         print(outcome.message)
@@ -204,6 +216,7 @@ def cmd_report(argv: list[str]) -> int:
                description="Re-render report.md, summary.json and figures from a finished output folder; no LLM call.")
     p.add_argument("out_dir", type=Path)
     args = p.parse_args(argv)
+    _writing(args.out_dir)
     app.render_outputs(OutputDir(args.out_dir).require())
     print(f"Re-rendered {args.out_dir}/report.md, summary.json and figures/")
     return 0
@@ -255,6 +268,7 @@ def _analysis_command(prog: str, description: str, argv: list[str], add: Callabl
     add(p)
     args = p.parse_args(argv)
     od = OutputDir(args.out_dir).require()
+    _writing(args.out_dir)
     meta = run(args, od, _analysis_settings(args, od))
     print(f"{prog.capitalize()} study in {meta.timing_s:.1f}s: {args.out_dir}/{prog}.json; updated report.md "
           f"and figures/{prog}.png")
@@ -298,6 +312,7 @@ REQUESTS_USAGE = """\
     requests export OUT.jsonl [study flags]     every chat request the study would send that is not cached
     requests import RESULTS.jsonl               store the successful results in the response cache
     requests run IN.jsonl --model P --out R.jsonl   any request file through the online engine (resumable)
+    requests run IN.jsonl --model P --out R.jsonl --engine ray [--address ADDR]   the same through Ray Data LLM
 
 Export works in rounds: the PtR planners need the discovery replies, so a second export after the first
 results were imported holds them. `custom_id` is the engine's cache key, so imported results are found by
@@ -321,7 +336,9 @@ def _requests_export(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-"):
         raise ConfigError("requests export: name the output file first: `requests export OUT.jsonl [study flags]`")
     args = run_parser().parse_args(argv[1:])
-    done = app.export_requests(settings_from(args), Path(argv[0]), make_reporter(not args.no_progress))
+    s = settings_from(args)
+    _writing(Path(argv[0]).parent, s.resolve_path(s.cache_dir))
+    done = app.export_requests(s, Path(argv[0]), make_reporter(not args.no_progress))
     n = sum(done.per_model.values())
     if n:
         per = ", ".join(f"{name} {k:,}" for name, k in done.per_model.items())
@@ -343,6 +360,7 @@ def _requests_import(argv: list[str]) -> int:
     ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
     args = ap.parse_args(argv)
     root = _cache_root(args.cache_dir, args.config)
+    _writing(root)
     c = import_files(args.results, root, model=args.model, base_url=args.base_url)
     kinds = f" ({', '.join(f'{k}: {n:,}' for k, n in c.error_kinds.items())})" if c.error_kinds else ""
     print(f"Imported {c.stored:,} replies into {root} ({c.already:,} were already cached); "
@@ -368,17 +386,38 @@ def _requests_run(argv: list[str]) -> int:
     ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--dry-run", action="store_true", help="print (and write OUT's stem + .plan.json) the requests, tokens, USD and time the file would take; send nothing")
+    ray = ap.add_argument_group("Ray (--engine ray; pip install 'evaluator[ray]')")
+    ray.add_argument("--engine", choices=["evaluator", "ray"], default="evaluator",
+                     help="who sends: the evaluator's engine (default) or Ray Data LLM; both use and fill the same cache")
+    ray.add_argument("--address", help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a small local Ray")
+    ray.add_argument("--processor", choices=["http", "vllm"], default="http",
+                     help="http: Ray's HTTP processor against the profile's endpoint (default); vllm: the model inside Ray (needs vLLM)")
+    ray.add_argument("--actors", type=int, default=1, help="Ray actors sending (or running vLLM); default 1")
+    ray.add_argument("--batch-size", type=int, help="rows per Ray batch = requests in flight per actor (default: the profile's concurrency, at most 64)")
+    ray.add_argument("--qps", type=int, help="Ray's pace, requests per second per actor (default: the profile's rpm / 60 / actors)")
+    ray.add_argument("--vllm-model", help="--processor vllm: the model to load (default: the profile's model id)")
     args = ap.parse_args(argv)
+    ray_flags = [f for f, v in (("--address", args.address), ("--processor", args.processor != "http"),
+                                ("--actors", args.actors != 1), ("--batch-size", args.batch_size), ("--qps", args.qps),
+                                ("--vllm-model", args.vllm_model)) if v]
+    if args.engine != "ray" and ray_flags:
+        ap.error(f"{ray_flags[0]} is an option of --engine ray; add --engine ray")
+    ray_opts = (RayOptions(address=args.address, processor=args.processor, batch_size=args.batch_size,
+                           actors=args.actors, qps=args.qps, vllm_model=args.vllm_model)
+                if args.engine == "ray" else None)
     overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
+    _writing(args.out.parent, _cache_root(args.cache_dir, args.config))
     if args.dry_run:
         print(app.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
                                     **overrides.as_kwargs()))
         return 0
     done = app.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
-                                reporter=make_reporter(not args.no_progress), **overrides.as_kwargs())
+                                reporter=make_reporter(not args.no_progress), ray=ray_opts, **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
     print(f"Wrote {n:,} results to {args.out} in {done.seconds:.1f} s: {n - bad:,} ok, {bad:,} errors; "
-          f"{done.stats.requests:,} HTTP requests sent, {done.stats.cache_hits:,} answered from the cache.")
+          + (f"{done.stats.requests:,} requests sent through Ray ({done.ray.address}; its retries not counted), "
+             if done.ray is not None else f"{done.stats.requests:,} HTTP requests sent, ")
+          + f"{done.stats.cache_hits:,} answered from the cache.")
     return 0
 
 
@@ -393,10 +432,11 @@ def cmd_view(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if len(args.out_dirs) > 1 and args.out is None:
         p.error("comparing runs writes one page for all of them: pass --out F.html")
+    _writing(args.out.parent if args.out else args.out_dirs[0])
     path, html = view_page.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
     print(path)
     if args.serve:
-        srv = view_page.server(html, args.port)
+        srv = view_page.server(html, args.port, path)
         print(f"Serving on http://127.0.0.1:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
         try:
             srv.serve_forever()
@@ -472,11 +512,22 @@ def main(argv: list[str] | None = None) -> int:
         how = f" by {stop_signal()}" if stop_signal() else ""
         print(f"\ninterrupted{how}: finished LLM calls are cached; rerun the same command to resume.", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except sqlite3.OperationalError as e:  # a cache or job database on a full disk (SQLITE_FULL)
+        if "full" not in str(e) and getattr(e, "sqlite_errorname", "") != "SQLITE_FULL":
+            raise
+        return _fs_error(OSError(errno.ENOSPC, str(e)))
     except OSError as e:
-        # A file system failure nothing checked for (disk full, a folder removed mid-run): one line, not a
-        # traceback. Finished LLM calls are in the cache, so a rerun pays for nothing twice.
-        where = f" {e.filename}" if e.filename else ""
-        fix = ("Free space on that disk (or pass another --out / --cache-dir)" if e.errno in (errno.ENOSPC, errno.EDQUOT)
-               else "Fix the path or free space")
-        print(redact(f"error: cannot read or write{where}: {e.strerror or e}. {fix} and rerun."), file=sys.stderr)
-        return EXIT_STOPPED
+        return _fs_error(e)
+    finally:
+        _WRITES.clear()
+
+
+def _fs_error(e: OSError) -> int:
+    """A file system failure nothing checked for (disk full, a folder removed mid-run): one line naming the file,
+    or else the folders the command writes, not a traceback. Finished LLM calls are in the cache, so a rerun pays
+    for nothing twice."""
+    where = f" {e.filename}" if e.filename else (f" {' or '.join(_WRITES)}" if _WRITES else "")
+    fix = ("Free space on that disk (or pass another --out / --cache-dir)" if e.errno in (errno.ENOSPC, errno.EDQUOT)
+           else "Fix the path or free space")
+    print(redact(f"error: cannot read or write{where}: {e.strerror or e}. {fix} and rerun."), file=sys.stderr)
+    return EXIT_STOPPED

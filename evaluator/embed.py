@@ -84,6 +84,7 @@ class EmbeddingStore:
         good: list[tuple[Path, np.ndarray, np.ndarray, bool]] = []
         damaged: dict[str, int] = {}
         first: list[Path] = []  # the first damaged file, named in the warning
+        unsealed: list[Path] = []
         for shard in sorted(self.root.glob("shard-*.npz")):
             if shard.name in self._loaded:
                 continue
@@ -98,16 +99,26 @@ class EmbeddingStore:
                 _set_aside(shard)
         if self.dim is None and good:
             self.dim = _store_dim(good)
-        for shard, keys, vecs, _sealed in good:
+        for shard, keys, vecs, sealed in good:
             if vecs.shape[1] != self.dim:  # e.g. a valid npz of 10-dim vectors among 384-dim ones
                 why = f"{vecs.shape[1]}-dim vectors, not {self.dim}"
                 damaged[why] = damaged.get(why, 0) + 1
                 first = first or [shard]
                 _set_aside(shard)
                 continue
+            if not sealed:
+                # Written before shards carried a checksum: nothing tells zeroed or permuted vectors from sound
+                # ones, so its texts are embedded once more into checksummed shards, and it is set aside.
+                unsealed.append(shard)
+                _set_aside(shard, ".unsealed")
+                continue
             for k, v in zip(keys, vecs, strict=True):
                 # numpy's S16 drops trailing NUL bytes of a digest; pad them back.
                 self.vectors[bytes(k).ljust(16, b"\0")] = v
+        if unsealed:
+            self.warn(f"{len(unsealed)} embedding cache file(s) without a checksum (written by an older release; e.g. "
+                      f"{unsealed[0]}) are embedded once more into checksummed files; the old ones are set aside as "
+                      "*.unsealed")
         if damaged:
             n = sum(damaged.values())
             whys = ", ".join(f"{c} {w}" for w, c in sorted(damaged.items()))
@@ -165,7 +176,8 @@ def _seal(keys: np.ndarray, vecs: np.ndarray) -> dict[str, np.ndarray]:
 def _read_shard(path: Path) -> tuple[np.ndarray, np.ndarray, bool]:
     """(keys, vecs, sealed) of a sound shard; `_DamagedShard` naming what is wrong otherwise.
 
-    Shards written before checksums existed (no `checksum`) are still read, with the same content checks."""
+    Shards written before checksums existed (no `checksum`) read with the same content checks and `sealed`
+    False: `refresh` embeds their texts again rather than trust vectors nothing can check."""
     with np.load(path) as z:
         keys, vecs = z["keys"], z["vecs"]
         sealed = "checksum" in z.files
@@ -182,7 +194,8 @@ def _read_shard(path: Path) -> tuple[np.ndarray, np.ndarray, bool]:
 
 
 def _store_dim(shards: list[tuple[Path, np.ndarray, np.ndarray, bool]]) -> int:
-    """The dimension of most vectors in sealed shards (written by this code, checksum intact), else in all."""
+    """The dimension of most vectors in sealed shards (written by this code, checksum intact), else in all
+    (`refresh` passes only sealed ones; an unsealed one is embedded again)."""
     rows: dict[int, int] = {}
     for sealed_only in (True, False):
         for _, _, vecs, sealed in shards:
@@ -193,9 +206,9 @@ def _store_dim(shards: list[tuple[Path, np.ndarray, np.ndarray, bool]]) -> int:
     return max(rows, key=lambda d: rows[d])
 
 
-def _set_aside(shard: Path) -> None:
+def _set_aside(shard: Path, suffix: str = ".damaged") -> None:
     with contextlib.suppress(OSError):  # warned once; the file is kept for inspection
-        shard.rename(shard.with_name(shard.name + ".damaged"))
+        shard.rename(shard.with_name(shard.name + suffix))
 
 
 @dataclass

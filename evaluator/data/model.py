@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,39 @@ def prompt_description(description: str | None) -> tuple[str, bool]:
     if len(text) <= DESCRIPTION_CAP_CHARS:
         return text, False
     return text[:DESCRIPTION_CAP_CHARS].rstrip() + " [...]", True
+
+
+# Tool and API names are cut at this many characters where they are read (`bounded_name`), so an id, the
+# embedded text, a planner prompt line and every record of queries.jsonl stay bounded: a 10 MB tool name must
+# not reach 7 of 12 prompts nor make each record megabytes. ToolBench's longest are 86 (tool) and 190 (API)
+# characters; OpenAI caps function names at 64, MCP tool names at 128: 256 cuts no real registry's name.
+NAME_CAP_CHARS = 256
+
+
+def bounded_name(name: str) -> tuple[str, bool]:
+    """A tool or API name cut at NAME_CAP_CHARS (and whether it was): the cut name ends in a short digest of
+    the whole one, so two long names with one prefix stay two APIs. Gold ids go through the same rule
+    (`bounded_id`), so a gold id written with the long name still finds its API."""
+    if len(name) <= NAME_CAP_CHARS:
+        return name, False
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{name[:NAME_CAP_CHARS - 16]}[...]{digest}", True
+
+
+def bounded_id(aid: str) -> str:
+    """A gold id `tool::api` with each name bounded as the registry's (`bounded_name`)."""
+    if len(aid) <= NAME_CAP_CHARS:
+        return aid
+    tool, sep, api = aid.partition("::")
+    return api_id(bounded_name(tool)[0], bounded_name(api)[0]) if sep else bounded_name(aid)[0]
+
+
+def loose_id(aid: str) -> str:
+    """The form under which two ids count as the same API written twice: case folded, runs of whitespace as one
+    space, no space around the `::`. Ids stay as written (DESIGN: names raw); this only finds near-duplicates
+    in a registry and suggests the right id for a gold id that matches none."""
+    tool, sep, api = aid.partition("::")
+    return f"{' '.join(tool.split()).casefold()}{sep}{' '.join(api.split()).casefold()}"
 
 
 def api_id(tool_name: str, api_name: str) -> str:
@@ -127,10 +161,21 @@ class Registry:
     source: str
     choice: str = "full"
     format: str = "jsonl"  # the reader(s) used: jsonl, toolbench, mcp, openai (joined with + when mixed)
+    # Ids read but left out by the registry choice (`described`): a gold id among them is a known API the
+    # retriever cannot find, not a gold id written in the wrong form.
+    left_out: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.ids = [a.id for a in self.apis]
         self.row = {i: n for n, i in enumerate(self.ids)}
+
+    def digest(self) -> str:
+        """A digest of the registry's ids in row order (meta.json's `registry.digest`): a folder's records and
+        its meta are checked against it (`report`), so another registry's run is never rendered as this one."""
+        h = hashlib.sha256()
+        for i in self.ids:
+            h.update(i.encode("utf-8", "surrogatepass") + b"\n")
+        return h.hexdigest()[:16]
 
     def __len__(self) -> int:
         return len(self.apis)

@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import toolbench
-from .model import GOLD_SETS, DataError, Query, Registry, Warnings, match_subsets
+from .model import (
+    GOLD_SETS,
+    DataError,
+    Query,
+    Registry,
+    Warnings,
+    api_id,
+    bounded_id,
+    loose_id,
+    match_subsets,
+)
 from .source import get_str, json_type, parse_csv, parse_json, parse_jsonl, read_text, reading, stem
 
 QUERY_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".tsv")
@@ -34,6 +44,7 @@ class RawQuery:
     gold: dict[str, tuple[str, ...]]
     defaulted: bool  # the id is the record's position: the file gave none
     one_gold: bool = False  # an own file without `relevant`: both gold sets are `gold`
+    file: str = ""  # the query file it came from (the unresolved-gold rule is per file)
 
 
 def _is_query_name(p: Path) -> bool:
@@ -137,7 +148,13 @@ def _toolbench_record(where: str, rec: object, n: int, subset: str) -> RawQuery:
 
 def read_query_file(path: Path) -> list[RawQuery]:
     """Every record of one query file, validated; raises DataError at the first bad one."""
-    path = Path(path)
+    raws = _read_query_file(Path(path))
+    for r in raws:
+        r.file = str(path)
+    return raws
+
+
+def _read_query_file(path: Path) -> list[RawQuery]:
     subset = stem(path)
     with reading(path):
         text = read_text(path)
@@ -196,29 +213,95 @@ def _pick_subsets(raws: list[RawQuery], wanted: list[str] | None) -> list[RawQue
     return [r for r in raws if r.subset in keep]
 
 
+# When gold ids match no API of the registry, as read (an id the `described` choice left out is a known API):
+# a file where more than this share of its gold ids match none, or any query none of whose ids in a gold set
+# matches, stops the run before any paid work. Why a share: a mistake in the id form (`tool/api`, `tool.api`,
+# the API name alone, another case) is made on every id written that way, so it leaves most of a file's ids
+# unmatched and every id of its queries; a typo or an API renamed since touches a few, and those are counted
+# warnings (on stderr and in the report) that keep the run going. ToolBench's own files match every id.
+UNRESOLVED_GOLD_SHARE = 0.5
+GOLD_ID_FORM = "`tool::api` as the registry names them (tool and API name joined by '::', case and spaces as written)"
+
+
 def finish(
     raws: list[RawQuery], registry: Registry | None, warnings: Warnings, limit: int | None
 ) -> list[Query]:
-    """Skip empty gold sets (counted), keep the first `limit` per subset, count gold ids the registry lacks."""
+    """Skip empty gold sets (counted), keep the first `limit` per subset, count gold ids the registry lacks and
+    stop on gold that matches nothing (UNRESOLVED_GOLD_SHARE)."""
     out: list[Query] = []
     per_subset: dict[str, int] = {}
+    per_file: dict[str, list[int]] = {}  # file -> [gold ids checked, matching no API]
+    unresolved: dict[str, str] = {}  # file -> a first unresolved id (for the message)
+    no_gold: list[str] = []  # the line of each query none of whose ids in a gold set matches
     for r in raws:
         if limit and per_subset.get(r.subset, 0) >= limit:
             continue
         if not r.gold["api_list"]:
             warnings.add("empty_gold", f"{r.where} (query_id {r.qid}) has an empty gold set; skipped")
             continue
+        r.gold = {g: tuple(dict.fromkeys(bounded_id(a) for a in ids)) for g, ids in r.gold.items()}
         if registry is not None:
+            tally = per_file.setdefault(r.file, [0, 0])
             for g in GOLD_SETS:
                 if g != GOLD_SETS[0] and r.one_gold:
                     continue  # the same set as the first: its missing ids are counted once
+                missing = 0
                 for a in r.gold[g]:
-                    if a not in registry.row:
-                        # Kept in the gold set: a retriever that cannot find it should be scored as missing it.
-                        warnings.add(f"gold_not_in_registry_{g}", f"{r.where} (query_id {r.qid}): {a}")
+                    tally[0] += 1
+                    if a in registry.row:
+                        continue
+                    # Kept in the gold set: a retriever that cannot find it should be scored as missing it.
+                    warnings.add(f"gold_not_in_registry_{g}", f"{r.where} (query_id {r.qid}): {a}")
+                    if a not in registry.left_out:
+                        missing += 1
+                        tally[1] += 1
+                        unresolved.setdefault(r.file, a)
+                if r.gold[g] and missing == len(r.gold[g]) and not no_gold:
+                    no_gold.append(_unresolved_line(r.where, f"no gold id of query {r.qid!r} ({g}) matches an "
+                                                    "API of the registry", r.gold[g][0], registry))
         per_subset[r.subset] = per_subset.get(r.subset, 0) + 1
         out.append(Query(subset=r.subset, query_id=r.qid, text=r.text, gold=r.gold))
+    for file, (n, bad) in per_file.items():
+        if n and bad / n > UNRESOLVED_GOLD_SHARE:
+            raise DataError(_unresolved_line(file, f"{bad} of {n} gold ids match no API of the registry",
+                                             unresolved[file], registry))
+    if no_gold:
+        raise DataError(no_gold[0])
     return out
+
+
+def _unresolved_line(where: str, what: str, example: str, registry: Registry | None) -> str:
+    hint = suggest_id(example, registry) if registry is not None else None
+    shown = f", e.g. {example[:120]!r}" + (f" (the registry has {hint!r})" if hint else "")
+    src = f" ({registry.source})" if registry is not None else ""
+    return (f"{where}: {what}{src}{shown}; gold ids are written {GOLD_ID_FORM}. Fix the ids, or pass the "
+            "registry they name with --tools/--data.")
+
+
+def suggest_id(aid: str, registry: Registry) -> str | None:
+    """The registry id a gold id that matches none most likely means: the same id up to case and spaces, with
+    another separator (`tool/api`, `tool.api`, `tool:api`, `tool api`), `_` or `-` for a space, or the API
+    name alone when one API has it. None when nothing fits."""
+    loose: dict[str, str] = {}
+    by_name: dict[str, list[str]] = {}
+    for a in registry.apis:
+        loose.setdefault(_looser(a.id), a.id)
+        by_name.setdefault(_looser(a.api_name), []).append(a.id)
+    forms = [aid]
+    for sep in ("::", "/", ".", ":", "->", "|", " "):
+        head, found, tail = aid.partition(sep)
+        if found and head and tail:
+            forms.append(api_id(head, tail))
+    for f in forms:
+        if (hit := loose.get(_looser(f))) is not None:
+            return hit
+    name = aid.rpartition("::")[2] if "::" in aid else aid
+    hits = by_name.get(_looser(name), [])
+    return hits[0] if len(hits) == 1 else None
+
+
+def _looser(aid: str) -> str:
+    return loose_id(aid.replace("_", " ").replace("-", " "))
 
 
 def load_queries(

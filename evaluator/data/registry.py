@@ -7,6 +7,7 @@ mixes formats freely; each file is detected on its own unless `fmt` forces one.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,11 +15,14 @@ from . import mcp, openai, toolbench
 from .model import (
     DESCRIPTION_CAP_CHARS,
     DESCRIPTION_CAP_TOKENS,
+    NAME_CAP_CHARS,
     REGISTRY_CHOICES,
     Api,
     DataError,
     Registry,
     Warnings,
+    bounded_name,
+    loose_id,
     prompt_description,
 )
 from .source import json_type, parse_json, parse_jsonl, read_text, reading, stem
@@ -182,6 +186,7 @@ def load_registry(
     apis: list[Api] = []
     seen: dict[str, tuple[str, int]] = {}
     for where, api in entries:
+        api = _bounded(where, api, warnings)
         aid = api.id
         if aid in seen:
             first_where, pos = seen[aid]
@@ -195,13 +200,40 @@ def load_registry(
         apis.append(api)
     if not apis:
         raise DataError(f"{found}: the registry holds no API.")
+    _count_near_duplicates(apis, warnings)
+    left_out: frozenset[str] = frozenset()
     if choice == "described":
         kept = [a for a in apis if a.description is not None]
         if not kept:
             raise DataError(f"{found}: no API has a description, so the 'described' registry is empty.")
+        left_out = frozenset(a.id for a in apis if a.description is None)
         apis = kept
     _count_long_descriptions(apis, warnings)
-    return Registry(apis=apis, source=str(found), choice=choice, format=used)
+    return Registry(apis=apis, source=str(found), choice=choice, format=used, left_out=left_out)
+
+
+def _bounded(where: str, api: Api, warnings: Warnings) -> Api:
+    """The API with its tool and API names cut at NAME_CAP_CHARS (`bounded_name`), each cut counted."""
+    tool, cut_tool = bounded_name(api.tool_name)
+    name, cut_name = bounded_name(api.api_name)
+    if not (cut_tool or cut_name):
+        return api
+    for cut, what, raw in ((cut_tool, "tool", api.tool_name), (cut_name, "API", api.api_name)):
+        if cut:
+            warnings.add("long_name", f"{what} name of {len(raw):,} characters ({raw[:40]!r}...) is cut to "
+                         f"{NAME_CAP_CHARS} characters ({where})")
+    return dataclasses.replace(api, tool_name=tool, api_name=name)
+
+
+def _count_near_duplicates(apis: list[Api], warnings: Warnings) -> None:
+    """Ids that differ only by case or whitespace (`loose_id`) are kept as different APIs, as the registry
+    names them, but never without a word: one warning per extra spelling."""
+    first: dict[str, str] = {}
+    for a in apis:
+        prior = first.setdefault(loose_id(a.id), a.id)
+        if prior != a.id:
+            warnings.add("near_duplicate_api", f"{a.id!r} and {prior!r} differ only by case or whitespace; kept as "
+                         "two APIs")
 
 
 def _count_long_descriptions(apis: list[Api], warnings: Warnings) -> None:

@@ -20,6 +20,24 @@ from ..core.tokens import prompt_tokens
 from .errors import ConfigError
 from .profiles import ModelProfile
 
+CONTEXT_EXCEEDED = "context_exceeded"  # the error kind of a call not sent because its prompt cannot fit
+
+
+def context_overflow(profile: ModelProfile, body: dict[str, Any]) -> str | None:
+    """Why `body` cannot fit the model's context (the profile's `context_tokens`), or None (it fits, or the
+    profile states no context size). The prompt is counted by the one token rule (`core.tokens.prompt_tokens`);
+    a prompt larger than the whole context is refused by every server (llama.cpp: "exceeds the available
+    context size", vLLM: "maximum context length"), so sending it only spends an attempt and its retries. The
+    rule is an estimate: a prompt just under the line may still be refused, never one above it is sent."""
+    ctx = profile.context_tokens
+    if ctx is None:
+        return None
+    n = prompt_tokens(body, profile.chars_per_token)
+    if n <= ctx:
+        return None
+    return (f"prompt of ~{n:,} tokens exceeds the model's context of {ctx:,} tokens (profile context_tokens); "
+            "not sent")
+
 
 def worst_case_usd(profile: ModelProfile, body: dict[str, Any], *, batch: bool = False) -> float:
     """What one attempt of `body` can cost at most: its prompt, and every completion token it may use

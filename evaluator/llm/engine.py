@@ -43,7 +43,7 @@ from ..core.money import capped_usd
 from ..core.redact import redact
 from ..core.tokens import prompt_tokens
 from .accounting import ModelStats
-from .budget import worst_case_usd
+from .budget import CONTEXT_EXCEEDED, context_overflow, worst_case_usd
 from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner
 from .decide import (
     CallState,
@@ -182,8 +182,7 @@ class LLMEngine:
         sampling = {"temperature": profile.temperature, "max_tokens": profile.max_tokens, "extra_body": profile.extra_body}
         if not profile.send_seed:  # the key describes what is sent: no seed (keys of seed-sending profiles unchanged)
             sampling["send_seed"] = False
-        # An auto-started simulator listens on a new port each time; its answers do not depend on it.
-        self._endpoint = f"simulator:{profile.name}" if profile.simulated else profile.base_url
+        self._endpoint = profile.key_endpoint  # an auto-started server's port is not part of the key
         self._prefix = key_prefix(self._endpoint, profile.model, sampling)
         payload: dict[str, Any] = {"model": profile.model, "temperature": profile.temperature}
         if profile.max_tokens is not None:
@@ -369,6 +368,8 @@ class LLMEngine:
             return dataclasses.replace(shared, cached=shared.error is None, raw=None)
         if self._fatal is not None:
             raise self._fatal
+        if (too_long := context_overflow(self.profile, prepared.logical or prepared.body)) is not None:
+            return self._not_sent(too_long)
         fut: asyncio.Future[ChatResult] = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         try:
@@ -387,6 +388,14 @@ class LLMEngine:
             return result
         finally:
             del self._inflight[key]
+
+    def _not_sent(self, why: str) -> ChatResult:
+        """A call whose prompt cannot fit the model's context: a counted failure, no request (one warning)."""
+        if not self.stats.failed.get(CONTEXT_EXCEEDED):
+            log.warning("%s: %s (further such calls are counted as %s, none is sent)", self.profile.name, why,
+                        CONTEXT_EXCEEDED)
+        self.stats.fail(CONTEXT_EXCEEDED)
+        return ChatResult(None, None, error=why, error_kind=CONTEXT_EXCEEDED)
 
     async def _fetch(self, prepared: Prepared, keep_raw: bool) -> ChatResult:
         try:

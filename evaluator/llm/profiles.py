@@ -74,6 +74,34 @@ class ModelProfile:
     batch_discount: float | None = Field(default=None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
     # Token rule for estimates (dry run, budget): characters of message text per prompt token (core/tokens.py).
     chars_per_token: float = Field(default=CHARS_PER_TOKEN, gt=0)
+    # The model's context window in tokens, when known (llama.cpp's -c, vLLM's max_model_len): a prompt that
+    # cannot fit is a counted `context_exceeded` error of its call, never sent (llm/budget.context_overflow).
+    context_tokens: int | None = Field(default=None, ge=1)
+    # A bundled model (evaluator/llamacpp: "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b") the evaluator serves
+    # itself on llama.cpp when no base_url is given; its server's slots, threads (0: sized to the machine)
+    # and context tokens per slot.
+    local_model: str | None = None
+    server_slots: int = Field(default=0, ge=0)
+    server_threads: int = Field(default=0, ge=0)
+    server_ctx: int = Field(default=4096, ge=64)
+    # The server gives the same reply to the same prompt whatever the seed at temperature 0 (one local
+    # llama.cpp): runs then repeat each other, and the report says so instead of testing across runs.
+    deterministic: bool = False
+
+    @property
+    def key_endpoint(self) -> str:
+        """The endpoint part of the cache key: an auto-started server listens on a new port each time,
+        and its answers do not depend on it."""
+        if self.simulated:
+            return f"simulator:{self.name}"
+        if self.local_model:
+            return f"llamacpp:{self.local_model}"
+        return self.base_url
+
+    @property
+    def repeats_runs(self) -> bool:
+        """Every run gets the same replies (a deterministic server at temperature 0)."""
+        return self.deterministic and self.temperature == 0
 
     def request_settings(self) -> dict[str, Any]:
         """Every setting that shapes requests or their pacing, for `meta.json`.
@@ -183,7 +211,7 @@ def _validate(p: ModelProfile, path: Path) -> None:
     owned = [k for k in _ENGINE_FIELDS if k in p.extra_body]
     if owned:
         raise ConfigError(f"{path}: [extra_body] may not set {', '.join(owned)} (the engine sets them per call)")
-    if not p.base_url and not p.simulated:
+    if not p.base_url and not p.simulated and not p.local_model:
         raise ConfigError(f"{path}: no base_url; set it in the profile, its base_url_env, or pass --base-url")
     if p.base_url and not p.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"{path}: base_url {p.base_url!r} must start with http:// or https://")
@@ -203,7 +231,7 @@ def resolve_api_key(profile: ModelProfile, env: Mapping[str, str] | None = None)
     if not profile.api_key_env:
         return None
     key = env.get(profile.api_key_env, "").strip() or None
-    if key is None and profile.api_key_required and not profile.simulated:
+    if key is None and profile.api_key_required and not profile.simulated and not profile.local_model:
         raise ConfigError(
             f"model {profile.name!r} needs an API key: set {profile.api_key_env} "
             f"(e.g. `export {profile.api_key_env}=...`) before running"

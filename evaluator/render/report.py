@@ -8,7 +8,7 @@ from typing import Any
 
 from ..analysis.main import MainResult
 from ..data import EMBED_TEXT_RULE
-from ..schema import CallStats, Meta, Runtime, WarningCount, plain
+from ..schema import CallStats, Meta, Runtime, WarningCount, plain, repeats_note
 from . import tables as T
 from .batch import cost_section_md
 from .fmt import models_or_none, table
@@ -88,7 +88,11 @@ def llm_stats_md(st: Mapping[str, CallStats]) -> str:
     rows = {m: plain(v) for m, v in sorted(st.items())}
     cols = sorted(k for k, x in next(iter(rows.values())).items() if not isinstance(x, dict | list))
     body = [[m] + [_cell(v[col]) for col in cols] for m, v in rows.items()]
-    return "## LLM accounting\n\n" + table(["model"] + cols, body) + "\n"
+    # calls that failed for good, by kind (http_400, context_exceeded, ...): what a rerun retries
+    failed = [f"- `{m}`: " + ", ".join(f"{n} {kind}" for kind, n in sorted(v.failed.items()))
+              for m, v in sorted(st.items()) if v.failed]
+    tail = ("\nCalls that failed for good, by kind:\n\n" + "\n".join(failed) + "\n") if failed else ""
+    return "## LLM accounting\n\n" + table(["model"] + cols, body) + "\n" + tail
 
 
 def _cell(x: Any) -> str:
@@ -172,6 +176,8 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
         if m in labels.simulated:
             out.append(f"> **SIMULATED LLM — model `{m}`:** the LLM was simulated by a heuristic, so its numbers "
                        "measure the pipeline, not a language model.\n")
+    out += [f"> **Note:** {repeats_note(m.name, meta.runs)}\n" for m in meta.models
+            if m.profile is not None and m.profile.repeats_runs]
     qps = summary.checks.queries_per_subset
     out.append("\n".join([
         f"- Models: {', '.join(_model_desc(m, labels) for m in models) or 'none (retrieval only)'}",

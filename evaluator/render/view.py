@@ -14,15 +14,17 @@ shared cache may hold other runs or have been cleared. The page says where they 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
+import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,12 @@ from ..schema import GOLDS, SUMMARY_FILE, Meta, OutputDir, OutputError, Record, 
 from .fmt import DASH, fnum, format_p, mean_pm
 
 VIEW_FILE = "view.html"
+# A page with more records than this keeps them in side files of at most about this many records each (whole
+# queries: a query's records across runs and models stay together), loaded one at a time by the page; below
+# it, the page holds everything inline as before. A record is ~1.8 KB of page data (178 MB for 100k records,
+# issue 31), so a part is ~9 MB: a browser parses it in well under a second, and view.html itself holds only
+# the overview and the list of parts, whatever the number of queries.
+PART_RECORDS = 5_000
 # Metrics of the comparison's paired test: (arch, metric, gold or None), all at the run's main k.
 COMPARED = (("ptr", "recall", "api_list"), ("ptr", "recall", "relevant"), ("rtp", "recall", "api_list"),
             ("rtp", "recall", "relevant"), ("ptr", "precision", "api_list"), ("rtp", "precision", "api_list"),
@@ -63,39 +71,51 @@ def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
     """One output folder's values (the ones already read or just drawn may be passed in; `figures`: the
     names a render drew, so a stale PNG left in the folder is not shown)."""
     od.require()
+    saved = meta is None or records is None
     meta = meta if meta is not None else od.read_meta()
     records = records if records is not None else od.read_records()
+    if saved:
+        od.check_agree(meta, records)  # another run's meta.json is not shown over these records
     summary = summary if summary is not None else od.read_json(SUMMARY_FILE)
     return Source(name or od.path.name or str(od.path), meta, records, summary, od.read_figures(figures))
 
 
-def write(od: OutputDir, meta: Meta, records: list[Record], figures: Sequence[str] | None) -> None:
-    """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run)."""
-    od.write_text(VIEW_FILE, page([source(od, meta=meta, records=records, figures=figures)]))
+def write(od: OutputDir, meta: Meta, records: list[Record], figures: Sequence[str] | None,
+          part_records: int = PART_RECORDS) -> None:
+    """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run), with its parts."""
+    write_paged(od.path / VIEW_FILE, [source(od, meta=meta, records=records, figures=figures)],
+                part_records=part_records)
 
 
-def write_page(folders: Sequence[OutputDir], out: Path | None = None) -> tuple[Path, str]:
+def write_page(folders: Sequence[OutputDir], out: Path | None = None,
+               part_records: int = PART_RECORDS) -> tuple[Path, str]:
     """The `view` command: one folder's `view.html`, or a comparison page at `out`. Returns its path and text."""
     names = [od.path.name or str(od.path) for od in folders]
     # two folders of the same name (a/out, b/out) are told apart by the path as given
     names = [str(od.path) if names.count(n) > 1 else n for od, n in zip(folders, names, strict=True)]
-    text = page([source(od, n) for od, n in zip(folders, names, strict=True)])
-    if out is None:
-        folders[0].write_text(VIEW_FILE, text)
-        return folders[0].path / VIEW_FILE, text
-    atomic_write(out, text)
-    return out, text
+    html = folders[0].path / VIEW_FILE if out is None else out
+    return html, write_paged(html, [source(od, n) for od, n in zip(folders, names, strict=True)],
+                             part_records=part_records)
 
 
 class _PageHandler(BaseHTTPRequestHandler):
     page: bytes = b""
+    parts: Path | None = None  # the page's parts folder (a paged page loads them)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        # Only the page itself: serving its folder would expose every other file in it.
-        ok = self.path.split("?")[0] in ("/", "/" + VIEW_FILE)
-        body = self.page if ok else b"not found"
-        self.send_response(200 if ok else 404)
-        self.send_header("Content-Type", "text/html; charset=utf-8" if ok else "text/plain")
+        # Only the page and its own parts: serving its folder would expose every other file in it.
+        path = self.path.split("?")[0]
+        body, kind = self.page, "text/html; charset=utf-8"
+        if path not in ("/", "/" + VIEW_FILE):
+            parts = self.parts
+            part = parts / path.rsplit("/", 1)[-1] if parts is not None else None
+            if (parts is not None and part is not None and part.is_file()
+                    and re.fullmatch(rf"/{re.escape(parts.name)}/part-\d{{4}}\.js", path) is not None):
+                body, kind = part.read_bytes(), "text/javascript; charset=utf-8"
+            else:
+                body, kind = b"not found", "text/plain"
+        self.send_response(200 if kind != "text/plain" else 404)
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -104,9 +124,10 @@ class _PageHandler(BaseHTTPRequestHandler):
         pass  # the command prints the address once; no line per request
 
 
-def server(html: str, port: int = 0) -> ThreadingHTTPServer:
-    """An HTTP server on 127.0.0.1 for one page (`view --serve`); the caller runs `serve_forever`."""
-    handler = type("Handler", (_PageHandler,), {"page": html.encode("utf-8")})
+def server(html: str, port: int = 0, page_path: Path | None = None) -> ThreadingHTTPServer:
+    """An HTTP server on 127.0.0.1 for one page and its parts (`view --serve`); the caller runs `serve_forever`."""
+    parts = page_path.parent / parts_folder(page_path.name) if page_path is not None else None
+    handler = type("Handler", (_PageHandler,), {"page": html.encode("utf-8"), "parts": parts})
     return ThreadingHTTPServer(("127.0.0.1", port), handler)
 
 
@@ -358,7 +379,7 @@ def _avg_outcome(pq: Mapping[tuple, Mapping[int, Fraction]], qi: int, gold: str)
 
 
 def _compare(sides: list[dict[str, Any]], side_recs: list[list[tuple[Obs, int]]], sources: Sequence[Source],
-             queries: list[dict[str, Any]]) -> dict[str, Any] | None:
+             queries: list[dict[str, Any]], *, whole: bool = True) -> dict[str, Any] | None:
     """Every other side against the first: settings that differ, shared queries, metric deltas with a paired
     Wilcoxon test, and per-query deltas (flipped = the run-averaged outcome at the main k changed)."""
     if len(sides) < 2:
@@ -399,7 +420,7 @@ def _compare(sides: list[dict[str, Any]], side_recs: list[list[tuple[Obs, int]]]
             per_query.append(row)
         pairs.append({"a": 0, "b": j, "k": [ks[0], ks[j]], "shared": len(shared), "only_a": only_a, "only_b": only_b,
                       "metrics": metrics, "queries": per_query})
-    if not any(p["shared"] for p in pairs):
+    if whole and not any(p["shared"] for p in pairs):
         names = " and ".join(s["label"] for s in sides)
         raise OutputError(f"{names} have no query in common (same subset and query id); "
                           "compare runs of the same query files.")
@@ -410,45 +431,125 @@ def _f(x: Fraction | float | None) -> float | None:
     return None if x is None else round(float(x), 6)
 
 
-def shape(sources: Sequence[Source]) -> dict[str, Any]:
-    """The page's data: id tables, queries, records and the comparison (pure: handed values, reads nothing)."""
+def _sides(sources: Sequence[Source]) -> list[dict[str, Any]]:
+    """One side per (output folder, model), in the order the records sort them: every part of a paged page
+    indexes the same list."""
+    sides: list[dict[str, Any]] = []
+    for ds, src in enumerate(sources):
+        for model in sorted({r.model for r in src.records}, key=lambda m: m or ""):
+            label = src.name if model is None else (f"{src.name} · {model}" if len(sources) > 1 else model)
+            sides.append({"ds": ds, "model": model, "label": label})
+    return sides
+
+
+def _dataset(src: Source) -> dict[str, Any]:
+    cache = src.meta.settings.cache_dir or "the run's --cache-dir"
+    return {
+        "name": src.name, "k": src.meta.k, "ks": list(src.meta.ks), "runs": src.meta.runs,
+        "settings": _settings(src), "tables": _tables(src), "accounting": _accounting(src.meta),
+        "warnings": _warnings(src), "raw_replies": RAW_REPLIES.format(cache=f"{cache}/llm"),
+        "figures": [{"name": n, "png": base64.b64encode(b).decode("ascii")} for n, b in src.figures.items()],
+    }
+
+
+def _shape_records(sources: Sequence[Source], sides: list[dict[str, Any]], *, views: bool = True,
+                   whole: bool = True) -> dict[str, Any]:
+    """Id tables, queries, records (`views`: each record's page data too) and the comparison of these records.
+    `whole`: they are all the records (a part of a paged page may share no query between two runs)."""
     api, lists = _Interner(), _Interner()
     queries: list[dict[str, Any]] = []
     qindex: dict[tuple, int] = {}
-    sides: list[dict[str, Any]] = []
-    side_index: dict[tuple[int, str | None], int] = {}
+    side_index = {(s["ds"], s["model"]): i for i, s in enumerate(sides)}
     records: list[dict[str, Any]] = []
-    side_recs: list[list[tuple[Obs, int]]] = []
-    datasets = []
+    side_recs: list[list[tuple[Obs, int]]] = [[] for _ in sides]
     for ds, src in enumerate(sources):
         k = src.meta.k
         for r in sorted(src.records, key=lambda r: (r.subset, qid_key(r.query_id), r.model or "", r.run)):
             key = (r.subset, qid_key(r.query_id))
             if (qi := qindex.get(key)) is None:
                 qi = qindex[key] = len(queries)
-                queries.append({"subset": r.subset, "id": r.query_id, "text": r.query,
-                                "gold": [[api(x) for x in r.gold_set(g)] for g in GOLDS]})
-            if (si := side_index.get((ds, r.model))) is None:
-                si = side_index[(ds, r.model)] = len(sides)
-                label = src.name if r.model is None else (f"{src.name} · {r.model}" if len(sources) > 1 else r.model)
-                sides.append({"ds": ds, "model": r.model, "label": label})
-                side_recs.append([])
+                if views:
+                    queries.append({"subset": r.subset, "id": r.query_id, "text": r.query,
+                                    "gold": [[api(x) for x in r.gold_set(g)] for g in GOLDS]})
+                else:
+                    queries.append({"subset": r.subset, "id": r.query_id})
+            si = side_index[(ds, r.model)]
             obs = record_obs(r, ks=[k], k=k)
-            side_recs[si].append((obs, qi))
-            records.append(_record_view(r, obs, k, qi, si, api, lists))
-        cache = src.meta.settings.cache_dir or "the run's --cache-dir"
-        datasets.append({
-            "name": src.name, "k": k, "ks": list(src.meta.ks), "runs": src.meta.runs,
-            "settings": _settings(src), "tables": _tables(src), "accounting": _accounting(src.meta),
-            "warnings": _warnings(src), "raw_replies": RAW_REPLIES.format(cache=f"{cache}/llm"),
-            "figures": [{"name": n, "png": base64.b64encode(b).decode("ascii")} for n, b in src.figures.items()],
-        })
-    if not records:
+            if len(sides) > 1:
+                side_recs[si].append((obs, qi))
+            if views:
+                records.append(_record_view(r, obs, k, qi, si, api, lists))
+    return {"apis": api.items, "lists": lists.items, "queries": queries, "records": records,
+            "compare": _compare(sides, side_recs, sources, queries, whole=whole)}
+
+
+def shape(sources: Sequence[Source]) -> dict[str, Any]:
+    """The page's data: id tables, queries, records and the comparison (pure: handed values, reads nothing)."""
+    sides = _sides(sources)
+    data = _shape_records(sources, sides)
+    if not data["records"]:
         raise OutputError(f"{sources[0].name if sources else 'view'}: queries.jsonl holds no record; "
                           "rerun the study.")
-    return {"golds": list(GOLDS), "apis": api.items, "lists": lists.items,
-            "queries": queries, "sides": sides, "datasets": datasets, "records": records,
-            "compare": _compare(sides, side_recs, sources, queries)}
+    return {"golds": list(GOLDS), "sides": sides, "datasets": [_dataset(s) for s in sources], **data}
+
+
+
+def parts_folder(html_name: str) -> str:
+    """The folder beside a page that holds its parts: `view.html` -> `view-data/`."""
+    return f"{PurePath(html_name).stem}-data"
+
+
+def _split(sources: Sequence[Source], part_records: int) -> list[list[Source]]:
+    """The records cut into parts of whole queries, each about `part_records` records (every source's records
+    of one query in the same part)."""
+    by_query: dict[tuple, list[tuple[int, Record]]] = defaultdict(list)
+    for ds, src in enumerate(sources):
+        for r in src.records:
+            by_query[(r.subset, qid_key(r.query_id))].append((ds, r))
+    parts: list[list[Source]] = []
+    bucket: list[list[Record]] = [[] for _ in sources]
+    n = 0
+    for key in sorted(by_query):
+        for ds, r in by_query[key]:
+            bucket[ds].append(r)
+        n += len(by_query[key])
+        if n >= part_records:
+            parts.append([dataclasses.replace(src, records=bucket[i], figures={}) for i, src in enumerate(sources)])
+            bucket, n = [[] for _ in sources], 0
+    if n:
+        parts.append([dataclasses.replace(src, records=bucket[i], figures={}) for i, src in enumerate(sources)])
+    return parts
+
+
+def paged(sources: Sequence[Source], html_name: str, emit: Callable[[str, str], None],
+          part_records: int = PART_RECORDS) -> dict[str, Any]:
+    """The page's data; its side files go to `emit(name under the parts folder, text)` one by one, so only one
+    part's page data is in memory at a time. Everything inline when the records fit one part, else the
+    overview, the comparison's metrics and a list of parts inline and each part's records in `part-NNNN.js`."""
+    total = sum(len(s.records) for s in sources)
+    if total <= part_records:
+        return shape(sources)
+    sides = _sides(sources)
+    whole = _shape_records(sources, sides, views=False)  # the comparison's metrics over every query
+    compare = whole["compare"]
+    if compare is not None:
+        for pair in compare["pairs"]:
+            pair["queries"] = []  # per-query deltas come with each part
+    folder = parts_folder(html_name)
+    index = []
+    for n, part in enumerate(_split(sources, part_records)):
+        data = _shape_records(part, sides, whole=False)
+        part_cmp = data.pop("compare")
+        data["compare_queries"] = [p["queries"] for p in part_cmp["pairs"]] if part_cmp else []
+        name = f"part-{n + 1:04d}.js"
+        # a classic script, not fetch(): a page opened from file:// may load scripts beside it, not fetch them
+        emit(name, f"window.viewPart({n}, {_script_json(data)});\n")
+        first, last = data["queries"][0], data["queries"][-1]
+        index.append({"file": f"{folder}/{name}", "records": len(data["records"]), "queries": len(data["queries"]),
+                      "first": [first["subset"], first["id"]], "last": [last["subset"], last["id"]]})
+    return ({"golds": list(GOLDS), "sides": sides, "datasets": [_dataset(s) for s in sources], "apis": [],
+             "lists": [], "queries": [], "records": [], "compare": compare, "parts": index,
+             "total_records": total, "total_queries": len(whole["queries"])})
 
 
 # ---------------------------------------------------------------- the page
@@ -465,8 +566,19 @@ def _script_json(data: Any) -> str:
 
 
 def page(sources: Sequence[Source], title: str | None = None) -> str:
-    """The whole `view.html` text."""
-    data = shape(sources)
+    """The whole `view.html` text, everything inline."""
+    return _html(sources, shape(sources), title)
+
+
+def pages(sources: Sequence[Source], html_name: str, title: str | None = None,
+          part_records: int = PART_RECORDS) -> tuple[str, dict[str, str]]:
+    """The page's text and its side files (`paged`), named under `parts_folder(html_name)`, in memory."""
+    files: dict[str, str] = {}
+    data = paged(sources, html_name, files.__setitem__, part_records)
+    return _html(sources, data, title), files
+
+
+def _html(sources: Sequence[Source], data: dict[str, Any], title: str | None) -> str:
     title = title or ("Runs compared: " + ", ".join(s.name for s in sources) if len(sources) > 1
                       else f"Run {sources[0].name}")
     esc = title.replace("&", "&amp;").replace("<", "&lt;")
@@ -477,3 +589,26 @@ def page(sources: Sequence[Source], title: str | None = None) -> str:
             f"<style>{_asset('view.css')}</style></head>\n<body><div id=\"app\"></div>\n"
             f"<script type=\"application/json\" id=\"data\">{_script_json(data)}</script>\n"
             f"<script type=\"module\">{_asset('view.js')}</script>\n</body></html>\n")
+
+
+def write_paged(html: Path, sources: Sequence[Source], title: str | None = None,
+                part_records: int = PART_RECORDS) -> str:
+    """A page and its parts, each file atomic and each part written as soon as it is made; the parts come
+    first (the page names them), and parts of an earlier, larger page are removed, so the folder holds exactly
+    what the page loads. Returns the page's text."""
+    folder = html.parent / parts_folder(html.name)
+    written: set[str] = set()
+
+    def emit(name: str, body: str) -> None:
+        atomic_write(folder / name, body)
+        written.add(name)
+
+    text = _html(sources, paged(sources, html.name, emit, part_records), title)
+    if folder.is_dir():
+        for old in folder.glob("part-*.js"):
+            if old.name not in written:
+                old.unlink()
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    atomic_write(html, text)
+    return text

@@ -1,5 +1,8 @@
 // The results viewer: overview, query explorer, query page and comparison of evaluator output folders.
 // Plain ES module, no dependency; the data is the inline JSON of <script id="data"> (see evaluator/render/view.py).
+// A large run is paged: the inline data then holds the overview and `parts`, and each part's queries and records
+// sit in a script beside the page (view-data/part-NNNN.js), loaded when a view needs it — a <script> tag, since a
+// page opened from file:// may load scripts beside it but not fetch() them.
 "use strict";
 
 const D = JSON.parse(document.getElementById("data").textContent);
@@ -25,6 +28,36 @@ const goldSets = (q) => q.gold.map((g) => new Set(g));
 function goldBadges(id, gsets) {
   return gsets.map((g, i) => (g.has(id) ? `<span class="gold g${i}" title="in gold ${GOLDS[i]}">${GOLDS[i]}</span>` : "")).join("");
 }
+// ------------------------------------------------------------------ parts of a paged page
+
+const PARTS = D.parts || null;
+let part = null;  // the part whose queries and records D holds now
+const loaded = new Map();  // part -> its data, once its script ran
+window.viewPart = (i, data) => { loaded.set(i, data); };
+
+function usePart(i) {
+  const data = loaded.get(i);
+  for (const key of ["apis", "lists", "queries", "records"]) D[key] = data[key];
+  if (D.compare) D.compare.pairs.forEach((p, j) => { p.queries = data.compare_queries[j] || []; });
+  part = i;
+}
+
+function loadPart(i) {
+  if (loaded.has(i)) return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const s = document.createElement("script");
+    s.src = PARTS[i].file;
+    s.onload = () => (loaded.has(i) ? resolve() : reject(new Error(`${PARTS[i].file} did not define its part`)));
+    s.onerror = () => reject(new Error(`cannot load ${PARTS[i].file}: keep it beside the page`));
+    document.head.appendChild(s);
+  });
+}
+
+// A link to a query page (or the list) of the part shown now.
+const inPart = () => (PARTS ? `p=${part}&` : "");
+const qhref = (qi, ri) => `#${inPart()}q=${qi}${ri === undefined || ri === null ? "" : `&r=${ri}`}`;
+const partLabel = (p, i) => `part ${i + 1} of ${PARTS.length}: ${p.first[0]} ${p.first[1]} … ${p.last[0]} ${p.last[1]} (${p.records} records)`;
+
 function recsOf(qi) { return D.records.map((r, i) => [r, i]).filter(([r]) => r.q === qi); }
 
 // ------------------------------------------------------------------ navigation
@@ -34,7 +67,8 @@ const state = {page: 0, pageSize: 100, search: "", subset: "", side: "", run: ""
 function nav() {
   const tabs = [["overview", "Overview"], ["queries", "Queries"]];
   if (D.compare) tabs.push(["compare", "Comparison"]);
-  const cur = location.hash.replace(/^#/, "").split(/[=&]/)[0] || "overview";
+  const P = new URLSearchParams(location.hash.replace(/^#/, ""));
+  const cur = P.has("q") ? "q" : P.has("queries") ? "queries" : P.has("compare") ? "compare" : "overview";
   return `<nav>${tabs.map(([h, t]) => `<a href="#${h}" class="${cur === h || (h === "queries" && cur === "q") ? "on" : ""}">${t}</a>`).join("")}` +
     `<span class="title">${esc(document.title)}</span></nav>`;
 }
@@ -42,15 +76,26 @@ function nav() {
 function route() {
   const h = location.hash.replace(/^#/, "");
   const params = new URLSearchParams(h);
+  const view = params.has("q") ? "q" : params.has("queries") ? "queries" : params.has("compare") && D.compare ? "compare" : "overview";
+  if (PARTS && view !== "overview") {
+    const want = Math.min(Math.max(Number(params.get("p") ?? part ?? 0) || 0, 0), PARTS.length - 1);
+    if (want !== part) {
+      app.innerHTML = nav() + `<main><p id="loading">Loading ${esc(partLabel(PARTS[want], want))}…</p></main>`;
+      loadPart(want).then(() => { usePart(want); route(); },
+        (e) => { app.innerHTML = nav() + `<main><p class="restrict">${esc(e.message)}</p></main>`; });
+      return;
+    }
+  }
   let body;
-  if (params.has("q")) body = queryPage(Number(params.get("q")), params.has("r") ? Number(params.get("r")) : null);
-  else if (h === "queries") body = explorer();
-  else if (h === "compare" && D.compare) body = compare();
+  if (view === "q") body = queryPage(Number(params.get("q")), params.has("r") ? Number(params.get("r")) : null);
+  else if (view === "queries") body = explorer();
+  else if (view === "compare") body = compare();
   else body = overview();
   app.innerHTML = nav() + `<main>${body}</main>`;
-  if (h === "queries") bindExplorer();
-  if (h === "compare") bindCompare();
+  if (view === "queries") bindExplorer();
+  if (view === "compare") bindCompare();
   window.scrollTo(0, 0);
+  document.body.dataset.part = part === null ? "" : String(part);
 }
 
 // ------------------------------------------------------------------ overview
@@ -117,7 +162,10 @@ function explorer() {
   const subsets = [...new Set(D.queries.map((q) => q.subset))].sort().map((s) => [s, s]);
   const runs = [...new Set(D.records.map((r) => r.run))].sort((a, b) => a - b).map((r) => [r, `run ${r}`]);
   const sides = D.sides.map((s, i) => [i, s.label || "retrieval only"]);
-  return `<h2>Queries</h2><div class="filters">` +
+  const parts = PARTS ? `<p class="note">This run has ${D.total_records} records of ${D.total_queries} queries, in ` +
+    `${PARTS.length} parts of whole queries; search, filters and sorting apply within the part shown.</p>` +
+    `<label>part <select id="f-part">${PARTS.map((p, i) => `<option value="${i}"${i === part ? " selected" : ""}>${esc(partLabel(p, i))}</option>`).join("")}</select></label>` : "";
+  return `<h2>Queries</h2>${parts}<div class="filters">` +
     `<input id="f-search" type="search" placeholder="search query text, id or stub" value="${esc(state.search)}">` +
     `<select id="f-subset">${options(subsets, state.subset, "every subset")}</select>` +
     `<select id="f-side">${options(sides, state.side, "every model")}</select>` +
@@ -142,7 +190,7 @@ function rowHtml([r, i]) {
   const g = state.gold;
   const q = D.queries[r.q];
   const d = diffOf(r, g);
-  return `<tr data-href="#q=${r.q}&r=${i}" class="o-${r.outcome[g]}"><td>${esc(q.subset)}</td><td>${esc(q.id)}</td>` +
+  return `<tr data-href="${qhref(r.q, i)}" class="o-${r.outcome[g]}"><td>${esc(q.subset)}</td><td>${esc(q.id)}</td>` +
     `<td class="qtext">${esc(q.text.length > 140 ? q.text.slice(0, 140) + "…" : q.text)}</td><td>${esc(side(r.side).label)}</td>` +
     `<td>${r.run}</td><td>${num(r.recall.rtp[g])}</td><td>${num(r.recall.ptr[g])}</td><td>${d === null ? "–" : (d > 0 ? "+" : "") + d.toFixed(3)}</td>` +
     `<td>${OUTCOME[r.outcome[g]]}</td><td>${r.flags.map((f) => `<span class="flag">${FLAGS[f] || f}</span>`).join("")}</td></tr>`;
@@ -152,7 +200,7 @@ function renderRows() {
   const rows = filtered();
   const nq = new Set(rows.map(([r]) => r.q)).size;
   document.getElementById("count").textContent =
-    `${rows.length} of ${D.records.length} records match (${nq} of ${D.queries.length} queries); recall at each run's k, gold ${GOLDS[state.gold]}`;
+    `${rows.length} of ${D.records.length} records match (${nq} of ${D.queries.length} queries${PARTS ? ` of part ${part + 1}` : ""}); recall at each run's k, gold ${GOLDS[state.gold]}`;
   const size = state.pageSize === "all" ? Math.max(rows.length, 1) : Number(state.pageSize);
   const pages = Math.max(1, Math.ceil(rows.length / size));
   state.page = Math.min(state.page, pages - 1);
@@ -169,6 +217,7 @@ function bindExplorer() {
   for (const [id, key] of Object.entries(ids)) {
     document.getElementById(id).addEventListener("change", (e) => { state[key] = e.target.value; state.page = 0; renderRows(); });
   }
+  if (PARTS) document.getElementById("f-part").addEventListener("change", (e) => { state.page = 0; location.hash = `queries&p=${e.target.value}`; });
   document.getElementById("f-gold").addEventListener("change", (e) => { state.gold = Number(e.target.value); renderRows(); });
   document.getElementById("p-size").addEventListener("change", (e) => { state.pageSize = e.target.value; state.page = 0; renderRows(); });
   document.getElementById("p-prev").addEventListener("click", () => { state.page -= 1; renderRows(); });
@@ -267,7 +316,7 @@ function runsTable(qi) {
     const cells = [num(r.recall.rtp[0]), num(r.recall.ptr[0]), num(r.recall.ptr[1]), OUTCOME[r.outcome[0]], stubs, psel, rsel];
     const before = prev.get(r.side);
     prev.set(r.side, cells);
-    return `<tr data-href="#q=${qi}&r=${i}"><td>${esc(side(r.side).label)}</td><td>${r.run}</td>` +
+    return `<tr data-href="${qhref(qi, i)}"><td>${esc(side(r.side).label)}</td><td>${r.run}</td>` +
       cells.map((c, j) => `<td class="${before && before[j] !== c ? "changed" : ""}">${esc(c)}</td>`).join("") + "</tr>";
   }).join("");
   return `<table class="runs"><thead><tr><th>model</th><th>run</th><th>RtP R@k (${GOLDS[0]})</th><th>PtR R@k (${GOLDS[0]})</th>` +
@@ -284,11 +333,11 @@ function queryPage(qi, ri) {
   const d = ds(r);
   const k = d.k;
   const gold = GOLDS.map((g, i) => `<div><h4>Gold ${g}</h4><ul>${q.gold[i].map((id) => `<li class="api">${esc(api(id))}</li>`).join("") || "<li>none</li>"}</ul></div>`).join("");
-  const picker = recs.map(([x, i]) => `<a class="pick${i === idx ? " on" : ""}" href="#q=${qi}&r=${i}">${esc(side(x.side).label)} · run ${x.run}</a>`).join("");
+  const picker = recs.map(([x, i]) => `<a class="pick${i === idx ? " on" : ""}" href="${qhref(qi, i)}">${esc(side(x.side).label)} · run ${x.run}</a>`).join("");
   const rtp = r.rtp ? `<h4>Top ${list(r.rtp.top)[0].length} retrieved (k = ${k} marked)</h4>${topList(r.rtp.top, gsets, k)}` +
     `<h4>Planner</h4>${planBlock(r.rtp.plan, gsets, list(r.rtp.top)[0].slice(0, k))}${tokensLine(r.rtp.tokens)}` : "<p>Not run.</p>";
   const ptr = r.ptr ? ptrBlock(r.ptr, gsets, k) : "<p>Not run (retrieval only).</p>";
-  return `<p><a href="#queries">← all queries</a></p><h2>${esc(q.subset)} · query ${esc(q.id)}</h2>` +
+  return `<p><a href="#${PARTS ? `queries&p=${part}` : "queries"}">← all queries</a></p><h2>${esc(q.subset)} · query ${esc(q.id)}</h2>` +
     `<blockquote class="query">${esc(q.text)}</blockquote><div class="golds">${gold}</div>` +
     `<h3>Across runs</h3>${runsTable(qi)}<h3>Record</h3><div class="picker">${picker}</div>` +
     `<p class="status">R@${k}: RtP ${GOLDS.map((g, i) => `${g} ${num(r.recall.rtp[i])}`).join(", ")}; PtR ${GOLDS.map((g, i) => `${g} ${num(r.recall.ptr[i])}`).join(", ")} · ` +
@@ -314,17 +363,19 @@ function compare() {
     const ks = p.k[0] === p.k[1] ? `Values at k = ${p.k[0]}.` : `Values at each run's own k: A ${p.k[0]}, B ${p.k[1]}.`;
     const metrics = table(["subset", "arch", "metric", "gold", "n", A, B, "Δ (B−A)", "p (Wilcoxon)"], p.metrics.map((m) =>
       [m.subset, m.arch, m.metric, m.gold ?? "–", m.n, num(m.a), num(m.b), (m.delta > 0 ? "+" : "") + num(m.delta), m.p === null ? "–" : `${m.p < 0.001 ? "<0.001" : m.p.toFixed(3)} ${m.stars}`]), 'class="num"');
+    const inThis = PARTS ? `<p class="note">Flipped queries and per-query deltas: those of part ${part + 1} of ${PARTS.length} ` +
+      `(choose the part on the Queries tab); the metric deltas cover every query.</p>` : "";
     const flips = p.queries.filter((x) => x.a.outcome[g] !== x.b.outcome[g]);
     const row = (x) => {
       const q = D.queries[x.q];
       const dp = x.a.ptr[g] === null || x.b.ptr[g] === null ? null : x.b.ptr[g] - x.a.ptr[g];
-      return `<tr data-href="#q=${x.q}"><td>${esc(q.subset)}</td><td>${esc(q.id)}</td><td class="qtext">${esc(q.text.slice(0, 120))}</td>` +
+      return `<tr data-href="${qhref(x.q)}"><td>${esc(q.subset)}</td><td>${esc(q.id)}</td><td class="qtext">${esc(q.text.slice(0, 120))}</td>` +
         `<td>${OUTCOME[x.a.outcome[g]]}</td><td>${OUTCOME[x.b.outcome[g]]}</td><td>${num(x.a.ptr[g])}</td><td>${num(x.b.ptr[g])}</td>` +
         `<td>${dp === null ? "–" : (dp > 0 ? "+" : "") + dp.toFixed(3)}</td></tr>`;
     };
     const head = `<thead><tr><th>subset</th><th>id</th><th>query</th><th>outcome ${esc(A)}</th><th>outcome ${esc(B)}</th><th>PtR R@k ${esc(A)}</th><th>PtR R@k ${esc(B)}</th><th>Δ PtR</th></tr></thead>`;
     const sorted = [...p.queries].sort((x, y) => Math.abs((y.b.ptr[g] ?? 0) - (y.a.ptr[g] ?? 0)) - Math.abs((x.b.ptr[g] ?? 0) - (x.a.ptr[g] ?? 0)));
-    return `<section class="pair"><h3>${esc(A)} (A) vs ${esc(B)} (B)</h3>${restrict}<h4>Flipped queries (${flips.length})</h4><p class="note">The run-averaged outcome at k (gold ${GOLDS[g]}) changed between A and B. ${ks}</p>` +
+    return `<section class="pair"><h3>${esc(A)} (A) vs ${esc(B)} (B)</h3>${restrict}${inThis}<h4>Flipped queries (${flips.length})</h4><p class="note">The run-averaged outcome at k (gold ${GOLDS[g]}) changed between A and B. ${ks}</p>` +
       (flips.length ? `<table class="rows flipped" id="flipped-${pi}">${head}<tbody>${flips.map(row).join("")}</tbody></table>` : "<p>No query flipped.</p>") +
       `<h4>Metric deltas (run-averaged per query, paired Wilcoxon)</h4>${metrics}` +
       `<h4>Per-query deltas (largest |Δ PtR| first)</h4><table class="rows deltas">${head}<tbody>${sorted.map(row).join("")}</tbody></table></section>`;

