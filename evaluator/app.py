@@ -6,7 +6,6 @@ Knows the order of the stages and the output folder; knows nothing of argparse o
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -34,6 +33,7 @@ from .batch.ray_engine import check as check_ray
 from .batch.requests import offline_profile, run_requests
 from .batch.store import JobStore
 from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
+from .core import aio
 from .core.cache_layout import CacheLayout
 from .core.progress import SILENT, Progress, Reporter
 from .data import DataError, Registry, load_registry
@@ -43,6 +43,7 @@ from .llamacpp import harness as llamacpp
 from .llm import LLMEngine, ModelProfile, load_profile
 from .llm.accounting import CallStats
 from .llm.budget import Budget, check_priced
+from .llm.engine import STOP_GRACE_S
 from .llm.errors import BudgetExhausted
 from .llm.limits import SharedRates, rate_folder
 from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
@@ -80,6 +81,8 @@ Log = Callable[[str], None]
 class RunOutcome:
     out: Path
     failed: Counter[str] = field(default_factory=Counter)  # calls that failed for good, per error kind
+    cut: Counter[str] = field(default_factory=Counter)  # replies in the results that were cut short, per cause
+    usage_estimated: int = 0  # fresh replies whose body had no usage: tokens (and cost) estimated
     message: str = ""  # set when the invocation did something else than a study (--batch-cancel)
 
 
@@ -216,7 +219,9 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
     meta.runtime.timings = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
     failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
-    return RunOutcome(out, failed)
+    cut: Counter[str] = Counter(c for r in records for b in (r.rtp, r.ptr) if b is not None for c in b.cut_replies())
+    estimated = sum(st.usage_estimated for st in meta.llm_stats.values())
+    return RunOutcome(out, failed, cut=cut, usage_estimated=estimated)
 
 
 def peak_rss_mib() -> PeakMemory:
@@ -268,12 +273,13 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         _use_servers(profiles, sims)
         batch_stats: dict[str, BatchStats] = {}
         if s.batch == "submit":
-            batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget)
+            batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget,
+                                                warn=reporter.warn, fallback=s.batch_fallback)
         per_unit = calls_per_unit(study) * s.runs
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
         with bar:
-            records, llm_stats = asyncio.run(_run_async(study, profiles, cache_root, bar, budget))
+            records, llm_stats = aio.run(_run_async(study, profiles, cache_root, bar, budget))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
         # llama.cpp server's file, hash, sizing and token counters.
@@ -292,6 +298,7 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
     rates = SharedRates(rate_folder(s.resolve_path(s.rate_dir) if s.rate_dir else None, cache_root))
     async with contextlib.AsyncExitStack() as stack:
         engines = {n: await stack.enter_async_context(LLMEngine(p, cache_root=cache_root, budget=budget,
+                                                                grace_s=s.stop_grace_s,
                                                                 pacer_factory=rates, token_pacer_factory=rates.tpm)) for n, p in profiles.items()}
         for n, e in engines.items():
             bar.attach(n, e.stats)
@@ -544,7 +551,7 @@ def export_requests(s: Settings, out: Path, reporter: Reporter = SILENT) -> Expo
     profiles = load_profiles(s, offline=True)
     inputs = checked_inputs(s, reporter)
     study = prepare(s, reporter.progress, inputs, reporter=reporter)
-    todo = asyncio.run(batch_study.collect(study, profiles, cache_root))
+    todo = aio.run(batch_study.collect(study, profiles, cache_root))
     store = JobStore(cache_root)
     try:
         for name, reqs in todo.items():
@@ -571,7 +578,7 @@ def plan_request_file(path: Path, model: str, out: Path, cache_root: Path, **ove
 
 
 def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, reporter: Reporter = SILENT,
-                     ray: RayOptions | None = None, **overrides: Any) -> RanFile:
+                     ray: RayOptions | None = None, grace_s: float = STOP_GRACE_S, **overrides: Any) -> RanFile:
     """`requests run`: any request file through the online engine (limits, retries, cache, resume) into a
     results file, or with `ray` through Ray Data LLM (`batch.ray_engine`: the same cache, the same
     results). The whole file is checked, and `out` writable, before anything is sent."""
@@ -590,6 +597,7 @@ def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, rep
         if ray is not None:
             results, stats, ran = run_requests_ray(requests, profiles[profile.name], cache_root, ray, reporter=reporter)
         else:
-            results, stats = asyncio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter))
+            results, stats = aio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter,
+                                                  grace_s=grace_s))
     write_lines(out, results)
     return RanFile(results, stats, time.perf_counter() - t0, ran)

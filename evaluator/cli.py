@@ -30,9 +30,11 @@ from .batch.ray_engine import RayOptions
 from .batch.requests import import_files
 from .config import (
     BACKEND_CHOICES,
+    BATCH_FALLBACKS,
     PRECISION_CHOICES,
     REGISTRY_CHOICES,
     RETRIEVER_CHOICES,
+    STOP_GRACE_S,
     TOOLS_FORMAT_CHOICES,
     ProfileOverrides,
     Settings,
@@ -135,10 +137,14 @@ def run_parser() -> Parser:
     p.add_argument("--timeout", type=float, help="override the profile's timeout_s (seconds per request)")
     p.add_argument("--no-extras", action="store_true", help="skip the scaling and routing studies that follow a full run")
     p.add_argument("--batch", action="store_true", help="send the LLM calls through each profile's batch API (about half price; see README)")
+    p.add_argument("--batch-fallback", choices=BATCH_FALLBACKS,
+                   help="--batch: what happens to requests the batch API did not answer (refused, failed, expired): "
+                        "stop the run before any online call (default) or send them online at the online price")
     p.add_argument("--batch-cancel", action="store_true", help="cancel this cache's open batches of the --model profiles, keep their finished replies, and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--dry-run", action="store_true", help="prepare what costs nothing (data, embeddings, retrieval, cache lookups), then print and write OUT/plan.json: calls, tokens, USD and time per model; send nothing")
     p.add_argument("--budget", type=_budget, metavar="USD", help="stop sending before this invocation could spend more than USD (online prices; replies received stay cached; exit code 4)")
+    p.add_argument("--stop-grace", type=float, metavar="S", help="seconds the LLM calls on the wire at a stop (SIGTERM, SIGHUP, Ctrl-C) get to arrive and be cached (default 8)")
     p.add_argument("--rate-dir", help="share each model's RPM/TPM pacing with every process using this folder (default: the cache folder)")
     return p
 
@@ -148,6 +154,7 @@ RUN_FLAGS = {
     "subsets": "subsets", "k": "k", "ks": "ks", "registry": "registry", "embedder": "embedder", "device": "device",
     "precision": "precision", "backend": "backend", "cache_dir": "cache_dir", "out": "out", "limit": "limit", "models": "models",
     "runs": "runs", "archs": "archs", "fallback_to_query": "fallback_to_query", "tools_format": "tools_format",
+    "batch_fallback": "batch_fallback", "stop_grace": "stop_grace_s",
     "retriever": "retriever",
 }
 
@@ -202,6 +209,14 @@ def cmd_run(argv: list[str]) -> int:
         print(outcome.message)
         return 0
     print(f"\nResults in {outcome.out}/ (report.md, summary.json, queries.jsonl, figures/)")
+    if outcome.cut:
+        kinds = ", ".join(f"{n} {cause}" for cause, n in sorted(outcome.cut.items()))
+        print(f"warning: {sum(outcome.cut.values())} replies in the results were cut short ({kinds}; max_tokens: the "
+              "profile's limit, context: the server's context size, content_filter: the provider's filter); they "
+              "are scored as they came and counted in report.md", file=sys.stderr)
+    if outcome.usage_estimated:
+        print(f"warning: {outcome.usage_estimated} replies carried no token usage; their tokens and cost are "
+              "estimates (characters / chars_per_token), counted as usage_estimated in meta.json", file=sys.stderr)
     if outcome.failed:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(outcome.failed.items()))
         print(f"error: {sum(outcome.failed.values())} LLM calls failed for good ({kinds}); they are excluded from "
@@ -385,6 +400,7 @@ def _requests_run(argv: list[str]) -> int:
     _rate_flags(ap)
     ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--stop-grace", type=float, metavar="S", default=STOP_GRACE_S, help="seconds the calls on the wire at a stop signal get to arrive and be cached (default 8)")
     ap.add_argument("--dry-run", action="store_true", help="print (and write OUT's stem + .plan.json) the requests, tokens, USD and time the file would take; send nothing")
     ray = ap.add_argument_group("Ray (--engine ray; pip install 'evaluator[ray]')")
     ray.add_argument("--engine", choices=["evaluator", "ray"], default="evaluator",
@@ -412,7 +428,8 @@ def _requests_run(argv: list[str]) -> int:
                                     **overrides.as_kwargs()))
         return 0
     done = app.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
-                                reporter=make_reporter(not args.no_progress), ray=ray_opts, **overrides.as_kwargs())
+                                reporter=make_reporter(not args.no_progress), ray=ray_opts, grace_s=args.stop_grace,
+                                **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
     print(f"Wrote {n:,} results to {args.out} in {done.seconds:.1f} s: {n - bad:,} ok, {bad:,} errors; "
           + (f"{done.stats.requests:,} requests sent through Ray ({done.ray.address}; its retries not counted), "

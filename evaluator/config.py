@@ -20,6 +20,7 @@ from .core.errors import ConfigError  # one ConfigError for settings and model p
 from .core.validation import check_values, checked
 from .data import TOOLS_FORMATS
 from .embed_backends import BACKENDS, PRECISIONS
+from .llm.engine import STOP_GRACE_S
 from .llm.profiles import ModelProfile
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +42,9 @@ else:  # pydantic checks the choices
 RegistryChoice = Literal["full", "described"]
 Arch = Literal["rtp", "ptr"]
 RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrievers.py
+# --batch-fallback: requests the batch API did not answer stop the run, or go online at the online price
+BATCH_FALLBACKS = ("stop", "online")
+BatchFallback = Literal[BATCH_FALLBACKS]  # type: ignore[valid-type]
 BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
 PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
 TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
@@ -99,6 +103,10 @@ class Settings:
     budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False, exclude=True)
     # --rate-dir: share RPM/TPM pacing with other processes here (else the cache folder)
     rate_dir: str = Field(default="", exclude=True)
+    # --batch-fallback: requests the batch API did not answer stop the run ("stop") or go online ("online")
+    batch_fallback: BatchFallback = Field(default="stop", exclude=True)
+    # --stop-grace: seconds a call on the wire at a stop signal (SIGTERM, SIGHUP, Ctrl-C) gets to arrive and be cached
+    stop_grace_s: float = Field(default=STOP_GRACE_S, ge=0, le=600, exclude=True)
     # [analysis] subset names or prefixes; empty = derived from the subsets present (see analysis_subsets)
     routing_train: list[str] = field(default_factory=list)
     routing_test: list[str] = field(default_factory=list)
@@ -143,14 +151,15 @@ SECTIONS: dict[str, dict[str, str]] = {
               "batch_size": "batch_size"},
     "retrieval": {"k": "k", "ks": "ks", "fallback_to_query": "fallback_to_query", "retriever": "retriever"},
     "run": {"models": "models", "runs": "runs", "archs": "archs", "cache_dir": "cache_dir", "out": "out",
-            "budget_usd": "budget_usd", "rate_dir": "rate_dir"},
+            "budget_usd": "budget_usd", "rate_dir": "rate_dir", "batch_fallback": "batch_fallback",
+            "stop_grace_s": "stop_grace_s"},
     "analysis": {"routing_train": "routing_train", "routing_test": "routing_test", "routing_folds": "routing_folds",
                  "routing_seed": "routing_seed", "scaling_subsets": "scaling_subsets",
                  "scaling_sizes": "scaling_sizes", "scaling_seeds": "scaling_seeds",
                  "divergence_subset": "divergence_subset"},
 }
 # flags whose name is not the setting's (`--k` for k, `--tools-format` for tools_format, ...)
-FLAGS = {"models": "--model", "timeout_s": "--timeout", "budget_usd": "--budget", "scaling_sizes": "--sizes",
+FLAGS = {"models": "--model", "stop_grace_s": "--stop-grace", "timeout_s": "--timeout", "budget_usd": "--budget", "scaling_sizes": "--sizes",
          "scaling_seeds": "--seeds", "scaling_subsets": "--subsets", "routing_train": "--train",
          "routing_test": "--test", "routing_folds": "--folds", "routing_seed": "--seed"}
 

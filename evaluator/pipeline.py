@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import prompts, retrieve
-from .core.aio import cancel_all
+from .core.aio import cancel_all, gather_all
 from .data import Query, Registry
 from .index import searches_folder
 from .llm import ChatResult
@@ -140,10 +140,16 @@ def plan_block(result: ChatResult | None, plan: Plan | None) -> PlanBlock:
     if result is None or plan is None:
         return PlanBlock(llm_error=result.error if result else None,
                          finish_reason=result.finish_reason if result else None,
-                         llm_error_kind=result.error_kind if result else None)
+                         llm_error_kind=result.error_kind if result else None,
+                         cut=_cut(result))
     return PlanBlock(steps=plan.steps, selected=plan.selected, parse_error=plan.parse_error,
                      finish_reason=result.finish_reason, selected_offered=plan.selected_offered,
-                     parse_audit=plan.audit())
+                     parse_audit=plan.audit(), cut=_cut(result))
+
+
+def _cut(result: ChatResult | None) -> str | None:
+    """Why the reply ended early (llm.reply.cut_cause); None for a client that does not say (test stand-ins)."""
+    return getattr(result, "cut", None)
 
 
 def _tokens(result: ChatResult | None) -> Tokens:
@@ -208,7 +214,7 @@ class StudyRunner:
         block = PtrBlock(stubs=list(stubs),
                          discovery_parse_error=perr,
                          discovery_llm_error=disc.error, discovery_finish_reason=disc.finish_reason,
-                         discovery_llm_error_kind=disc.error_kind, fallback=fallback)
+                         discovery_llm_error_kind=disc.error_kind, fallback=fallback, discovery_cut=_cut(disc))
         if not texts:
             # No stub, no retrieval, no planner call: counted in Gen%, scored as retrieving nothing.
             self.progress.advance(unit.model)
@@ -224,10 +230,10 @@ class StudyRunner:
 
     async def _query(self, unit: Unit, qi: int) -> None:
         archs = self.study.settings.archs
-        rtp, ptr = await asyncio.gather(
-            self._rtp(unit, qi) if "rtp" in archs else _none(),
-            self._ptr(unit, qi) if "ptr" in archs else _none(),
-        )
+        rtp_t = asyncio.ensure_future(self._rtp(unit, qi) if "rtp" in archs else _none())
+        ptr_t = asyncio.ensure_future(self._ptr(unit, qi) if "ptr" in archs else _none())
+        await gather_all(rtp_t, ptr_t)  # a stop waits for both: each call on the wire keeps its grace
+        rtp, ptr = rtp_t.result(), ptr_t.result()
         rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.settings.retriever)
         rec.rtp = rtp if rtp is not None else retrieval_block(self.study.rtp[qi], self.reg)
         rec.ptr = ptr

@@ -15,7 +15,6 @@ the batch API from the profile's prices; and the time floor the RPM/TPM pacing a
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from . import prompts
 from .batch.cost import usd
 from .batch.files import Request
 from .batch.study import collect, offline
+from .core import aio
 from .core.money import cost_usd
 from .core.tokens import MESSAGE_TOKENS, prompt_tokens
 from .llm import ChatResult, LLMEngine, ModelProfile, Prepared
@@ -212,7 +212,7 @@ class _Planner:
 def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path) -> DryRunPlan:
     """The plan of `study` on these models; reads the cache, sends nothing."""
     planner = _Planner(study, profiles)
-    asyncio.run(collect(study, profiles, cache_root, on_call=planner))
+    aio.run(collect(study, profiles, cache_root, on_call=planner))
     plan = DryRunPlan([_model_plan(p, planner.calls[n], planner.planners[n]) for n, p in profiles.items()])
     if any(m.ptr_planners_upper_bound for m in plan.models):
         plan.notes.append("PtR planners behind discovery replies not cached yet are counted once each (an upper "

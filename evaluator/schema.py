@@ -42,6 +42,7 @@ from .core.files import (
 from .data import GOLD_SETS, QueryId, qid_key
 from .llm.accounting import CallStats
 from .llm.profiles import ModelProfile
+from .llm.reply import cut_cause
 from .parse import ParseAudit, Stub
 
 # re-exported: query ids (int or str) and their sort key, a PtR stub, a model's call counters, the version
@@ -95,6 +96,8 @@ class PlanBlock:
     # The selected APIs that were offered to the planner (None: a record from before this field).
     selected_offered: list[str] | None = None
     parse_audit: ParseAudit | None = None  # which parse rule produced each field (parse.Plan.audit)
+    # Why the reply ended early (llm.reply.cut_cause: max_tokens, context, content_filter, ...); written only when cut.
+    cut: str | None = Field(default=None, exclude_if=_absent)
 
     @property
     def unique_selected(self) -> list[str]:
@@ -155,6 +158,10 @@ class ArchBlock:
     def truncated_replies(self) -> int:
         return int(self.plan is not None and self.plan.truncated)
 
+    def cut_replies(self) -> list[str]:
+        """The causes of this block's replies that were cut short (one entry per cut reply)."""
+        return [c for c in [_cut_of(self.plan.cut, self.plan.finish_reason) if self.plan is not None else None] if c]
+
 
 @dataclass
 class PtrBlock(ArchBlock):
@@ -167,6 +174,7 @@ class PtrBlock(ArchBlock):
     stub_scores: list[list[float]] = field(default_factory=list)  # round6-ed, as `scores`
     width: dict[int, int] = field(default_factory=dict)  # |union of per-stub top-k| per k
     fallback: bool = False  # no stub: the raw query was searched instead
+    discovery_cut: str | None = Field(default=None, exclude_if=_absent)  # as PlanBlock.cut, for the discovery reply
 
     @property
     def excluded(self) -> bool:
@@ -180,6 +188,18 @@ class PtrBlock(ArchBlock):
 
     def truncated_replies(self) -> int:
         return super().truncated_replies() + int(self.discovery_finish_reason == TRUNCATED)
+
+    def cut_replies(self) -> list[str]:
+        disc = _cut_of(self.discovery_cut, self.discovery_finish_reason)
+        return super().cut_replies() + ([disc] if disc else [])
+
+
+def _cut_of(cut: str | None, finish_reason: str | None) -> str | None:
+    """A reply's cut cause; a record written before causes were kept: "length" is max_tokens, any other
+    finish_reason but a whole reply's is its own cause (llm.reply.cut_cause without token counts)."""
+    if cut is not None:
+        return cut
+    return cut_cause(finish_reason, 0, None, max_tokens_known=False)
 
 
 @dataclass

@@ -47,7 +47,7 @@ def fixture(name: str) -> dict:
 
 def runner(p=None) -> BatchRunner:
     """A runner whose engine stores every reply and whose cache holds none: only its decisions matter."""
-    engine = SimpleNamespace(store_reply=lambda key, body: SimpleNamespace(error=None))
+    engine = SimpleNamespace(store_reply=lambda key, body, request=None: SimpleNamespace(error=None))
     cache = SimpleNamespace(get=lambda key: None)
     return BatchRunner(p or load_profile("sim"), engine, None, None, cache)  # type: ignore[arg-type]
 
@@ -116,7 +116,7 @@ def test_gemini_create_429_defers_the_chunk_instead_of_failing_the_run(tmp_path)
     api = QueueFullOnce(f["create_429"])
     store = JobStore(tmp_path)
     stored: list[str] = []
-    engine = SimpleNamespace(store_reply=lambda key, body: stored.append(key) or SimpleNamespace(error=None))
+    engine = SimpleNamespace(store_reply=lambda key, body, request=None: stored.append(key) or SimpleNamespace(error=None))
     cache = SimpleNamespace(get=lambda key: {} if key in stored else None)
     try:
         r = BatchRunner(p, engine, api, store, cache, poll=Poll(0.01, 0.02))  # type: ignore[arg-type]

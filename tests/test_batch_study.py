@@ -192,3 +192,50 @@ def test_batch_needs_a_profile_that_declares_one(ws, tmp_path):
                 "--model", str(prof), "--batch", "--no-progress", cwd=root)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "batch" in r.stderr and "nobatch" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# -- issue 31: batch work never turns into online calls without a word ----------------------------------------
+def _error_lines(stderr: str) -> list[str]:
+    return [x for x in stderr.splitlines() if x.startswith("error:")]
+
+
+@pytest.mark.parametrize("knobs", [
+    {"p_fail": 1.0, "fail_kind": "denied"},  # the provider answers every line with 403
+    {"refuse_create": 403},  # the batch itself is refused
+    {"expire_next": 100, "expire_done_share": 0.0},  # every batch expires before any request ran
+    {"p_fail": 1.0, "fail_kind": "server"},  # every line fails, every re-submission too
+], ids=["lines-403", "create-403", "expired", "lines-500"])
+def test_a_refused_batch_stops_the_run_before_any_online_call(ws, sim, tmp_path, knobs):
+    configure_batch(sim.base_url, **knobs)
+    r = run_cli(*study_args(ws, "sim", tmp_path / "c", tmp_path / "out"), "--batch", cwd=ws[0])
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert sim.stats()["requests"] == 0  # nothing was bought at the online price
+    errors = _error_lines(r.stderr)
+    assert len(errors) == 1, r.stderr
+    if "refuse_create" not in knobs:  # a refused create is itself the one line; the others name the way out
+        assert "--batch-fallback online" in errors[0] and "Nothing was sent online" in errors[0]
+    if knobs.get("fail_kind") == "denied":  # told at once, before the stop
+        assert "the provider refused all" in r.stderr.split(errors[0])[0] and "HTTP 403" in r.stderr
+
+
+def test_batch_fallback_online_sends_the_rest_online_and_says_so(ws, sim, online, tmp_path):
+    configure_batch(sim.base_url, p_fail=1.0, fail_kind="denied")
+    args = study_args(ws, "sim", tmp_path / "c", tmp_path / "out")
+    r = run_cli(*args, "--batch", "--batch-fallback", "online", cwd=ws[0])
+    assert r.returncode == 0, r.stderr
+    assert "go online at the online price" in r.stderr
+    assert sim.stats()["requests"] > 0
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["batch"]["sim"]["online"] > 0 and meta["batch"]["sim"]["stored"] == 0
+    assert same_rows(rows(tmp_path / "out"), online["sim"])
+
+
+def test_batch_replies_without_usage_get_estimated_tokens(ws, sim, tmp_path):
+    sim.configure(usage=False)  # the batch routes answer with the online endpoint's bodies
+    r = run_cli(*study_args(ws, "sim", tmp_path / "c", tmp_path / "out"), "--batch", cwd=ws[0])
+    assert r.returncode == 0, r.stderr
+    b = json.loads((tmp_path / "out" / "meta.json").read_text())["batch"]["sim"]
+    assert b["usage_estimated"] == b["stored"] == 30
+    assert b["prompt_tokens"] > 0 and b["completion_tokens"] > 0
+    assert "carried no token usage" in r.stderr

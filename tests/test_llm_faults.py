@@ -199,6 +199,20 @@ async def test_adaptive_concurrency_keeps_a_serial_server_from_queueing(sim):
     assert st["max_waiting"] <= 4 and st["requests"] == 16 and llm.stats.concurrency_limit <= 4  # fixed: 15 waiting
 
 
+@pytest.mark.parametrize("slots", [1, 3])
+async def test_adaptive_concurrency_settles_at_the_slots_a_llama_cpp_server_announces(sim, slots):
+    # llama.cpp's /props says `total_slots` (tests/fixtures/providers/llama_cpp/props.json): more requests in
+    # flight only queue there, each adding its wait to every latency (issue 31: a 1-slot server, limit 4, p50 9 s -> 32 s).
+    sim.configure(slots=slots, latency_s=0.05, latency="lognormal", latency_sigma=0.6)
+    prof = F.sim_profile(sim, concurrency=16, adaptive_concurrency=True)
+    async with LLMEngine(prof) as llm:
+        rs = await _all(llm, range(40))
+    st = sim.stats()
+    assert all(r.error is None for r in rs)
+    assert llm.stats.concurrency_limit <= slots and llm.stats.max_in_flight <= slots
+    assert st["max_waiting"] == 0 and st["max_in_flight"] <= slots
+
+
 async def test_adaptive_concurrency_grows_on_a_parallel_server(sim):
     sim.configure(latency_s=0.05)
     prof = F.sim_profile(sim, concurrency=32, adaptive_concurrency=True)

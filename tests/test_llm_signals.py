@@ -93,3 +93,43 @@ def test_sighup_ends_requests_run_with_one_line_and_keeps_the_calls_in_flight(si
     assert r.returncode == 0, r.stderr
     st = sim.stats()
     assert st["repeated_ok"] < in_flight and st["distinct_ok"] == 40
+
+
+# -- issue 31: as a scheduler sends them, in the background too, with varied latencies ----------------------------
+def _start_as(args: list[str], cwd: Path, *, background: bool) -> subprocess.Popen[str]:
+    """The CLI as a script's `cmd &` or `nohup` starts it (SIGINT ignored), or in the foreground."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("EVALUATOR_DATA", None)
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec, as a shell does for `&`
+
+    return subprocess.Popen([sys.executable, "-m", "evaluator", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=ignore_sigint if background else None)
+
+
+@pytest.mark.parametrize("sig, background", [(signal.SIGTERM, True), (signal.SIGHUP, True), (signal.SIGINT, False)],
+                         ids=["sigterm-background", "sighup-background", "sigint-foreground"])
+def test_a_stop_signal_keeps_every_call_on_the_wire(sim, tmp_path, sig, background):
+    # Replies take 0.2-4 s (lognormal, seeded), as a real server's do: inside the default grace (8 s).
+    sim.configure(latency="lognormal", latency_s=0.8, latency_sigma=0.5, seed=3)
+    data = make_data_dir(tmp_path / "data")
+    prof = tmp_path / "slow.toml"
+    prof.write_text(f'model = "sim-1"\nbase_url = "{sim.base_url}"\nsimulated = true\nconcurrency = 6\n')
+    args = ["--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--model", str(prof), "--runs", "2",
+            "--out", str(tmp_path / "out"), "--no-progress", "--no-extras"]
+    p = _start_as(args, tmp_path, background=background)
+    in_flight, err = _stop_mid_flight(p, sim, sig, at_least=4)
+    if sig == signal.SIGINT:
+        assert "interrupted: finished LLM calls are cached" in err and "Traceback" not in err
+    else:
+        _one_line(err, signal.Signals(sig).name)
+    at_stop = sim.stats()
+    assert at_stop["in_flight"] == 0 and at_stop["abandoned"] == 0
+    assert at_stop["ok"] == at_stop["requests"]  # every request sent was answered and kept, none dropped
+    sim.configure(latency_s=0.0, latency="fixed")
+    r = _run(args, tmp_path)
+    assert r.returncode == 0, r.stderr
+    st = sim.stats()
+    print(f"in flight at {signal.Signals(sig).name}: {in_flight}; answered twice after the rerun: {st['repeated_ok']}")
+    assert st["repeated_ok"] == 0 and st["ok"] == st["distinct_ok"]  # the rerun sent only what was missing

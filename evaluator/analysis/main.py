@@ -19,6 +19,11 @@ class Scored:
     retrieval: int = 0
     planner: int = 0
     truncated: int = 0
+    cut: dict[str, int] = field(default_factory=dict)  # replies cut short, by cause (schema ArchBlock.cut_replies)
+
+    def add_cuts(self, causes: list[str]) -> None:
+        for c in causes:
+            self.cut[c] = self.cut.get(c, 0) + 1
 
 
 @dataclass
@@ -45,11 +50,13 @@ def scored_counts(records: Sequence[Record]) -> dict[tuple[str | None, str], Sco
                 sc = out.setdefault((r.model, "rtp"), Scored())
                 sc.planner += int(r.rtp.plan.usable)
                 sc.truncated += r.rtp.truncated_replies()
+                sc.add_cuts(r.rtp.cut_replies())
         if r.ptr is not None:
             sc = out.setdefault((r.model, "ptr"), Scored())
             sc.retrieval += int(not r.ptr.excluded)
             sc.planner += int(not r.ptr.excluded and r.ptr.plan_usable)
             sc.truncated += r.ptr.truncated_replies()
+            sc.add_cuts(r.ptr.cut_replies())
     return out
 
 

@@ -32,6 +32,8 @@ class BatchStats:
     resumed: int = 0  # batches of an earlier run picked up again
     cancelled: int = 0
     conflicting: int = 0  # custom_ids the output answered twice, differently: neither reply is used
+    online: int = 0  # requests the batch API did not answer, sent online instead (--batch-fallback online)
+    usage_estimated: int = 0  # replies without usage: their tokens by the token rule (core/tokens.py)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     waited_s: float = 0.0

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core import aio
 from ..core.aio import cancel_all
 from ..core.progress import SILENT, Reporter
 from ..llm import ChatResult, ConfigError, LLMEngine, ModelProfile, ResponseCache, load_profile
 from ..llm.accounting import CallStats
+from ..llm.engine import STOP_GRACE_S
 from ..llm.limits import SharedRates, rate_folder
 from .files import BatchError, Request, Result, dedupe, failure_kinds, read_results
 from .store import JobStore
@@ -58,7 +60,7 @@ def import_files(paths: list[Path], cache_root: Path, *, model: str | None = Non
             owner[r.custom_id] = name
     finally:
         store.close()
-    counts = asyncio.run(_import(results, owner, cache_root, base_url))
+    counts = aio.run(_import(results, owner, cache_root, base_url))
     counts.error_kinds = failure_kinds(results)
     counts.errors += len(conflicts)
     counts.first_errors[:0] = [f"{c}: different replies for this custom_id; neither is imported" for c in conflicts[:5]]
@@ -98,14 +100,16 @@ async def _import(results: list[Result], owner: dict[str, str], root: Path, base
 
 
 async def run_requests(
-    requests: list[Request], profile: ModelProfile, cache_root: Path, *, reporter: Reporter = SILENT
+    requests: list[Request], profile: ModelProfile, cache_root: Path, *, reporter: Reporter = SILENT,
+    grace_s: float = STOP_GRACE_S,
 ) -> tuple[list[Result], CallStats]:
     """Every request through one engine, results in input order; finished ones come from the cache."""
     bar = reporter.calls({profile.name: len(requests)})
     results: list[Result | None] = [None] * len(requests)
     # Processes on one cache folder share each key's RPM and TPM (llm/limits.py `SharedRates`).
     rates = SharedRates(rate_folder(None, cache_root))
-    async with LLMEngine(profile, cache_root=cache_root, pacer_factory=rates, token_pacer_factory=rates.tpm) as engine:
+    async with LLMEngine(profile, cache_root=cache_root, pacer_factory=rates, token_pacer_factory=rates.tpm,
+                         grace_s=grace_s) as engine:
         bar.attach(profile.name, engine.stats)
         # A window of tasks, not one per line: a million-line file must not hold a million coroutines.
         window = asyncio.Semaphore(max(64, 4 * profile.concurrency))

@@ -37,7 +37,7 @@ MAX_QUEUE_ROUNDS = 20
 class ReplyStore(Protocol):
     """What the runner needs of the engine: `LLMEngine.store_reply`."""
 
-    def store_reply(self, key: str, response_body: dict[str, Any]) -> Any: ...
+    def store_reply(self, key: str, response_body: dict[str, Any], request: dict[str, Any] | None = None) -> Any: ...
 
 
 @dataclass
@@ -66,6 +66,7 @@ class BatchRunner:
         poll: Poll | None = None,
         max_attempts: int = 3,
         log: Callable[[str], None] | None = None,
+        warn: Callable[[str], None] | None = None,
     ) -> None:
         self.profile = profile
         self.engine = engine
@@ -75,6 +76,7 @@ class BatchRunner:
         self.poll = poll or Poll.for_profile(profile)
         self.max_attempts = max_attempts
         self.log = log or (lambda m: None)  # the caller decides where progress lines go
+        self.warn = warn or self.log  # what the user must see at once (a batch refused or failed)
         self.stats = BatchStats()
         self.permanent: dict[str, str] = {}  # key -> why (4xx, unusable): re-submitting would not help
         self._requests: dict[str, list[Request]] = {}  # token -> its requests (jobs of this process)
@@ -218,7 +220,9 @@ class BatchRunner:
                             open_jobs[new.token] = new
                     continue
                 if st.status == "failed" and st.errors:
-                    self._error(f"batch {job.batch_id} failed: {st.errors[0].message or st.errors[0].code}")
+                    why = f"batch {job.batch_id} failed: {st.errors[0].message or st.errors[0].code}"
+                    self._error(why)
+                    self.warn(redact(f"{self.profile.name}: {why}"))
                 await self._import(job)
             if self._deferred and (finished or not open_jobs):
                 # A batch of ours finished (its tokens left the queue), or none is left to wait for.
@@ -243,6 +247,7 @@ class BatchRunner:
         results, conflicts = dedupe(await self.api.results(job.batch_id))
         wanted = set(job.keys)
         seen: set[str] = set()
+        bodies = {q.custom_id: q.body for q in self._requests.get(job.token, [])}  # jobs of this process
         if conflicts:
             self.log(f"{self.profile.name}: batch {job.batch_id} answered {len(conflicts)} request(s) twice with different "
                      "replies; neither is used, they are sent again")
@@ -256,21 +261,26 @@ class BatchRunner:
             if r.custom_id not in wanted or r.custom_id in seen:
                 continue
             seen.add(r.custom_id)
-            self._take(r)
+            self._take(r, bodies.get(r.custom_id))
         not_run = len(wanted - seen)
         self.stats.not_run += not_run
+        refused = [self.permanent[k] for k in wanted if k in self.permanent]
+        if refused and len(refused) == len(wanted):  # the provider answered no request of this batch
+            self.warn(redact(f"{self.profile.name}: the provider refused all {len(wanted):,} requests of batch "
+                             f"{job.batch_id} [{refused[0][:200]}]"))
         self.store.mark(job, "done")
         self._requests.pop(job.token, None)
 
-    def _take(self, r: Result) -> None:
+    def _take(self, r: Result, request: dict[str, Any] | None = None) -> None:
         if r.ok:
             assert r.body is not None
-            usage = r.body.get("usage") or {}
-            self.stats.prompt_tokens += int(usage.get("prompt_tokens") or 0)  # billed, usable or not
-            self.stats.completion_tokens += int(usage.get("completion_tokens") or 0)
+            usage = r.body.get("usage")
+            usage = usage if isinstance(usage, dict) else {}
             if self._cached(r.custom_id):
+                self._bill(usage, None)
                 return  # answered online meanwhile; keep the first reply
-            res = self.engine.store_reply(r.custom_id, r.body)
+            res = self.engine.store_reply(r.custom_id, r.body, request)
+            self._bill(usage, res)
             if getattr(res, "error", None):
                 self.stats.unusable += 1
                 self.permanent[r.custom_id] = str(res.error)
@@ -285,6 +295,18 @@ class BatchRunner:
         if (400 <= r.status_code < 500 and r.status_code not in (408, 409, 429)) or r.status_code == 501:
             self.permanent[r.custom_id] = r.reason()  # the request itself is wrong: same answer next time
         self._error(f"{r.custom_id[:12]}: {r.reason()}")
+
+    def _bill(self, usage: dict[str, Any], res: Any) -> None:
+        """Tokens billed for a reply, usable or not; a body without usage: the engine's estimates, counted."""
+        if not usage and res is not None and getattr(res, "usage_missing", False):
+            self.stats.usage_estimated += 1
+            self.stats.prompt_tokens += res.prompt_tokens
+            self.stats.completion_tokens += res.completion_tokens
+            return
+        for name in ("prompt_tokens", "completion_tokens"):
+            v = usage.get(name)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                setattr(self.stats, name, getattr(self.stats, name) + max(0, int(v)))
 
     def _cached(self, key: str) -> bool:
         return self.cache.get(key) is not None
@@ -303,7 +325,8 @@ class BatchRunner:
         running = sum(1 for s in states.values() if not s.done)
         per = ", ".join(f"{s.completed + s.failed}/{s.total}" for s in list(states.values())[:6])
         more = "" if len(states) <= 6 else f", +{len(states) - 6} more"
+        failed = sum(s.failed for s in states.values())
         self.log(
             f"{self.profile.name}: batches {len(states) - running}/{len(states)} done, requests {done:,}/{total:,} "
-            f"[{per}{more}], waited {format_eta(waited)}"
+            + (f"({failed:,} failed) " if failed else "") + f"[{per}{more}], waited {format_eta(waited)}"
         )

@@ -5,8 +5,13 @@ answer from the response cache and record every other call instead of sending it
 call was deferred stops there (a deferred discovery yields no stubs, hence no planner call yet). So
 the first pass yields every RtP planner and PtR discovery request, and once the discovery replies are
 cached the next pass yields the PtR planners built from their stubs. `batch_rounds` repeats
-collect -> submit -> import until nothing new comes back; the study then runs from the cache, and
-anything still missing is called online as usual.
+collect -> submit -> import until nothing new comes back; the study then runs from the cache.
+
+Batch work never turns into online calls without a word: a batch refused or failed is told at once
+(`warn`), and when requests are still unanswered after the rounds (refused lines, failed or expired
+batches, unusable replies) the run stops before any online call (`BatchIncomplete`, one line saying how
+many, why and what to do) unless `--batch-fallback online` lets them go online at the online price, with
+a warning saying so.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from ..llm import ChatResult, LLMEngine, ModelProfile, Prepared, resolve_api_key
+from ..core import aio
+from ..llm import ChatResult, FatalLLMError, LLMEngine, ModelProfile, Prepared, resolve_api_key
 from ..llm.budget import Budget, context_overflow
 from ..llm.cache import ResponseCache
 from ..pipeline import StudyRunner, Unit  # the study's own request building
@@ -39,6 +45,10 @@ _PLACEHOLDER_URL = "http://127.0.0.1:9/v1"  # a simulated profile's key never de
 # one query) runs in its own task, so the flag never leaks into another branch.
 _BRANCH_DEFERRED: ContextVar[bool] = ContextVar("batch_branch_deferred", default=False)
 OnCall = Callable[[str, Prepared, str, ChatResult | None], None]
+
+
+class BatchIncomplete(FatalLLMError):
+    """Requests the batch API did not answer, and `--batch-fallback stop`: the run stops before any online call."""
 
 
 class _Collector:
@@ -102,10 +112,14 @@ async def batch_rounds(
     log: Callable[[str], None] | None = None,
     batcher: Callable[[], Any] | None = None,
     budget: Budget | None = None,
+    warn: Callable[[str], None] | None = None,
+    fallback: str = "stop",
 ) -> dict[str, BatchStats]:
     """Bring the study's replies into the cache through each model's batch API; stats per model.
-    `budget`: each batch's worst case is reserved before it is submitted (batch/budget.py)."""
+    `budget`: each batch's worst case is reserved before it is submitted (batch/budget.py).
+    `fallback` "stop": requests still unanswered stop the run (`BatchIncomplete`); "online": they go online."""
     say = log or (lambda m: None)
+    tell = warn or say
     check(profiles)
     store = JobStore(cache_root)
     cache = ResponseCache(cache_root)
@@ -118,7 +132,7 @@ async def batch_rounds(
                 if budget is not None:
                     api = BudgetedBatches(api, budget, p)
                 stack.push_async_callback(api.close)
-                runners[n] = BatchRunner(p, engine, api, store, cache, log=say)
+                runners[n] = BatchRunner(p, engine, api, store, cache, log=say, warn=tell)
             if cancel:
                 await asyncio.gather(*(r.cancel_open() for r in runners.values()))
                 return {n: r.stats for n, r in runners.items()}
@@ -132,11 +146,39 @@ async def batch_rounds(
                 before = {n: r.stats.stored for n, r in runners.items()}
                 await asyncio.gather(*(runners[n].run(reqs) for n, reqs in todo.items() if reqs))
                 if all(r.stats.stored == before[n] for n, r in runners.items()):
-                    break  # nothing new came back: what is left goes online
+                    break  # nothing new came back
+            left = await collect(study, profiles, cache_root, batcher() if batcher else None)
+            for n, r in runners.items():
+                if r.stats.usage_estimated:
+                    tell(f"{n}: {r.stats.usage_estimated:,} batch replies carried no token usage; their tokens and cost "
+                         "are estimates (characters / chars_per_token), counted as usage_estimated in meta.json")
+            unanswered(runners, {n: len(reqs) for n, reqs in left.items() if reqs}, fallback, tell)
             return {n: r.stats for n, r in runners.items()}
     finally:
         store.close()
         cache.close()
+
+
+def unanswered(runners: dict[str, BatchRunner], left: dict[str, int], fallback: str,
+               warn: Callable[[str], None]) -> None:
+    """Requests the batch rounds left unanswered (`left`, per model): stop the run, or say they go online."""
+    if not left:
+        return
+    def why(n: str) -> str:
+        st = runners[n].stats
+        first = f": {st.errors[0][:160]}" if st.errors else ""
+        return (f"{n} {left[n]:,} (of {st.submitted:,} submitted: {st.failed:,} refused or failed, {st.not_run:,} "
+                f"not run, {st.unusable:,} unusable{first})")
+    what = "; ".join(why(n) for n in left)
+    if fallback == "online":
+        for n, k in left.items():
+            runners[n].stats.online = k
+        warn(f"--batch-fallback online: requests the batch API did not answer go online at the online price: {what}")
+        return
+    raise BatchIncomplete(
+        f"--batch: requests the batch API did not answer: {what}. Nothing was sent online. Fix the cause and rerun "
+        "the same command (replies the batches returned are cached and not paid again), or add "
+        "--batch-fallback online to send the rest online at the online price.")
 
 
 def empty_stats() -> BatchStats:
@@ -144,9 +186,11 @@ def empty_stats() -> BatchStats:
 
 
 def run_batch(study: Any, profiles: dict[str, ModelProfile], cache_root: Path,
-              log: Callable[[str], None] | None = None, budget: Budget | None = None) -> dict[str, BatchStats]:
+              log: Callable[[str], None] | None = None, budget: Budget | None = None,
+              warn: Callable[[str], None] | None = None, fallback: str = "stop") -> dict[str, BatchStats]:
     """`--batch`: the study's replies into the cache through the batch APIs (stats per model)."""
-    return asyncio.run(batch_rounds(study, profiles, Path(cache_root), log=log, budget=budget))
+    return aio.run(batch_rounds(study, profiles, Path(cache_root), log=log, budget=budget, warn=warn,
+                                fallback=fallback))
 
 
 def cancel(profiles: dict[str, ModelProfile], cache_root: Path,
@@ -154,7 +198,7 @@ def cancel(profiles: dict[str, ModelProfile], cache_root: Path,
     """`--batch-cancel`: cancel every open batch of these models, import what they finished."""
     # An auto-started simulator is new each run: it holds no batch of an earlier one.
     reachable = {n: p for n, p in profiles.items() if p.base_url}
-    return asyncio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=log))
+    return aio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=log))
 
 
 def cancel_message(stats: Mapping[str, BatchStats]) -> str:

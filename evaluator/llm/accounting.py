@@ -49,6 +49,9 @@ class Counters:
     failed: dict[str, int] = field(default_factory=dict)  # those calls by error kind (`http_400`, `timeout`, ...)
     dropped_params: list[str] = field(default_factory=list)  # request fields the host rejected, no longer sent
     cache_damaged: int = 0  # cached replies found damaged (checksum, JSON, fields): not used, requested again
+    cut: dict[str, int] = field(default_factory=dict)  # fresh replies cut short, by cause (llm/reply.py cut_cause)
+    cut_resent: int = 0  # cached replies cut by the server's context or a filter, sent again (cache.reusable)
+    usage_estimated: int = 0  # fresh replies without usage in their body: tokens by the token rule (core/tokens.py)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     concurrency_limit: float = 0.0  # the limit at the end (the adaptive one moves; a fixed one is the profile's)
@@ -78,7 +81,7 @@ class ModelStats(Counters):
 
     def summary(self) -> CallStats:
         counters = {f: getattr(self, f) for f in Counters.__dataclass_fields__}
-        return CallStats(**counters | {"failed": dict(sorted(self.failed.items())),
+        return CallStats(**counters | {"failed": dict(sorted(self.failed.items())), "cut": dict(sorted(self.cut.items())),
                                        "dropped_params": list(self.dropped_params)},
                          latency_s=Spread.of(self.latencies), queue_s=Spread.of(self.queue_waits))
 

@@ -17,10 +17,9 @@ from typing import Any
 
 from ..core.money import capped_usd
 from ..core.tokens import prompt_tokens
+from .errors import CONTEXT_EXCEEDED as CONTEXT_EXCEEDED
 from .errors import ConfigError
 from .profiles import ModelProfile
-
-CONTEXT_EXCEEDED = "context_exceeded"  # the error kind of a call not sent because its prompt cannot fit
 
 
 def context_overflow(profile: ModelProfile, body: dict[str, Any]) -> str | None:

@@ -20,6 +20,15 @@ stored before checksums (plain JSON) are still read, checked for their fields on
 database file (not SQLite, a corrupt page) is one line naming it, at open (`PRAGMA quick_check`) or
 mid-run; it is never used.
 
+A reply cut short is stored with why (`cut`: max_tokens, the server's context, a content filter) and
+the server's context size when known (`n_ctx`, from llama.cpp's `/props`); `reusable` is the one rule
+deciding whether a later lookup may use it: a reply cut by the server's context is sent again once the
+server's context is larger (or cannot be told), one cut by a filter is sent again by a later run.
+
+A database whose pages are damaged is repaired at open: every row that can still be read and whose
+checksum holds is kept, the damaged ones are dropped (requested again), the damaged file is kept aside
+(`cache.db.damaged-*`), with one warning line.
+
 A full disk (or any I/O error) while storing raises `StoreError`; the engine keeps the replies it
 could not store in memory and `spill`s them into a small JSONL file (`spill-*.jsonl` in the cache
 folder, else in the system temp folder), which the next open of the same cache imports and deletes.
@@ -34,6 +43,7 @@ import os
 import socket
 import sqlite3
 import tempfile
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -46,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..core.cache_layout import CacheLayout
 from ..core.files import atomic_write
 from .errors import ConfigError, FatalLLMError
+from .reply import CONTEXT, MAX_TOKENS
 
 KEY_SCHEMA = 1  # bump if the key recipe changes, so old entries are never misread
 _SORT = orjson.OPT_SORT_KEYS
@@ -67,6 +78,30 @@ class CacheEntry(BaseModel):
     stored_at: float = 0.0
     reasoning_only: bool = False
     dropped: list[str] = Field(default_factory=list)  # fields the logical request had that the host refused
+    # Why the reply ended early (reply.cut_cause); None: whole (or stored before causes were kept: derived).
+    cut: str | None = None
+    n_ctx: int | None = None  # the server's context size when it was stored (llama.cpp /props), if known
+    run_id: str = ""  # the invocation that stored it (RUN_ID)
+    tokens_estimated: bool = False  # the body had no usage: tokens by llm/budget.py's rule
+
+
+# One id per process (invocation): a reply cut by a content filter is used by the invocation that got it only.
+RUN_ID = uuid.uuid4().hex
+
+
+def reusable(entry: CacheEntry, cut: str | None, n_ctx_now: int | None) -> bool:
+    """Whether a stored reply stands for what the server would answer now (the one rule; see the module doc).
+
+    A whole reply, or one cut at max_tokens (part of the key), always does. One cut by the server's
+    context does while the server still has the context it was cut under (both known and equal); once
+    the context is larger, or cannot be told, the call is sent again. One cut by a content filter (or any
+    other cause) stands only for the invocation that received it: a later run sends it again.
+    """
+    if cut is None or cut == MAX_TOKENS:
+        return True
+    if cut == CONTEXT:
+        return entry.n_ctx is not None and n_ctx_now is not None and n_ctx_now <= entry.n_ctx
+    return entry.run_id == RUN_ID
 
 
 def encode_entry(entry: CacheEntry) -> bytes:
@@ -128,7 +163,15 @@ def call_key(
 def body_key(endpoint: str, body: dict[str, Any]) -> str:
     """Key of an arbitrary chat-completions body (request files): endpoint + the canonical body."""
     fixed = {"schema": KEY_SCHEMA, "endpoint": endpoint.rstrip("/"), "body": body}
-    return "body-" + hashlib.sha256(orjson.dumps(fixed, option=_SORT)).hexdigest()
+    return BODY_KEY + hashlib.sha256(orjson.dumps(fixed, option=_SORT)).hexdigest()
+
+
+BODY_KEY = "body-"  # the prefix of a request file's keys: its body, not the profile, says its max_tokens
+
+
+def profile_shaped(key: str) -> bool:
+    """A key made by `call_key` (the study's calls): the request's max_tokens is the profile's."""
+    return not key.startswith(BODY_KEY)
 
 
 def new_owner() -> str:
@@ -167,7 +210,56 @@ def _full(e: BaseException) -> bool:
     return getattr(e, "sqlite_errorname", "") == "SQLITE_FULL" or "disk is full" in str(e)
 
 
+def _first_problem(check: list[tuple[Any, ...]]) -> str:
+    """One line of `PRAGMA quick_check`'s report (its rows hold many lines), with how many more there are."""
+    lines = [ln.strip() for row in check for ln in str(row[0]).splitlines() if ln.strip() and not ln.startswith("***")]
+    first = lines[0][:160] if lines else "integrity check failed"
+    return first + (f", and {len(lines) - 1} more problems" if len(lines) > 1 else "")
+
+
+def _salvage(db_file: Path) -> tuple[list[tuple[str, bytes, str]], int]:
+    """(key, value, tag) of every row of diskcache's `Cache` table that can be read and decodes; and how
+    many rows were dropped. Rows are found by a table scan and by the key index (a damaged b-tree page
+    hides its rows from one path, rarely from both), then read one by one."""
+    try:
+        con = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True)
+        con.execute("SELECT name FROM sqlite_master").fetchall()
+    except sqlite3.Error as e:  # not a database at all: nothing to keep
+        raise ConfigError(damaged_message(db_file, e)) from None
+    disk = diskcache.Disk(str(db_file.parent))
+    rowids: set[int] = set()
+    for query in ("SELECT rowid FROM Cache", "SELECT rowid FROM Cache INDEXED BY Cache_key_raw"):
+        with contextlib.suppress(sqlite3.Error):
+            for (rowid,) in con.execute(query):
+                rowids.add(rowid)
+    try:
+        (top,) = con.execute("SELECT max(rowid) FROM Cache").fetchone()
+        rowids |= set(range(1, (top or 0) + 1))
+    except sqlite3.Error:
+        pass
+    kept: list[tuple[str, bytes, str]] = []
+    lost = 0
+    for rowid in sorted(rowids):
+        try:
+            row = con.execute("SELECT key, raw, tag, mode, filename, value FROM Cache WHERE rowid = ?", (rowid,)).fetchone()
+            if row is None:
+                continue
+            key = disk.get(row[0], bool(row[1]))
+            value = disk.fetch(row[3], row[4], row[5], False)
+        except Exception:  # noqa: BLE001 - anything unreadable in a damaged row: the row is dropped
+            lost += 1
+            continue
+        if isinstance(key, str) and isinstance(value, bytes | str) and decode_entry(value) is not None:
+            kept.append((key, value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value,
+                         str(row[2] or "")))
+        else:
+            lost += 1
+    con.close()
+    return kept, lost
+
+
 def damaged_message(db_file: Path, e: BaseException | str) -> str:
+    e = " ".join(str(e).split())[:200]  # one line, whatever SQLite put in it
     return (f"the cache database {db_file} is damaged ({e}); move it away (e.g. `mv {db_file.parent} "
             f"{db_file.parent}.damaged`) and rerun: the replies in it will be requested again")
 
@@ -185,15 +277,21 @@ class ResponseCache:
         self.db_file = self.path / "cache.db"
         self.damaged: set[str] = set()  # keys whose stored value was damaged (a miss each)
         self.imported = 0  # replies imported from spill files of an earlier run
+        self.repaired: tuple[int, int] | None = None  # (kept, dropped) when a damaged database was repaired at open
         opening = self.db_file
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             # eviction off: an evicted reply would be silently re-bought and break exact resume.
-            self._db = diskcache.Cache(str(self.path), eviction_policy="none", statistics=0)
-            check = self._db._sql("PRAGMA quick_check").fetchall()
-            if check != [("ok",)]:
-                self._db.close()
-                raise ConfigError(damaged_message(self.db_file, "; ".join(str(r[0]) for r in check[:2])))
+            try:
+                self._db = diskcache.Cache(str(self.path), eviction_policy="none", statistics=0)
+                check = self._db._sql("PRAGMA quick_check").fetchall()
+                if check != [("ok",)]:
+                    self._db.close()
+                    self._db = self._repair(_first_problem(check))
+            except sqlite3.DatabaseError as e:
+                if not _damaged(e) or not self.db_file.is_file():
+                    raise
+                self._db = self._repair(str(e))  # a damaged page diskcache itself could not read past
             claims = CacheLayout(root).claims
             opening = claims / "cache.db"
             # Claims need not survive a power cut (a lost claim only costs a duplicate), so no fsync.
@@ -209,6 +307,29 @@ class ResponseCache:
                 raise ConfigError(damaged_message(opening, e)) from None
             raise ConfigError(_not_writable(self.path, e)) from None
         self._import_spills()
+
+    def _repair(self, problem: str) -> diskcache.Cache:
+        """Keep every row of a damaged database that can still be read and holds its checksum; drop the rest.
+
+        The damaged file is moved aside (`cache.db.damaged-<time>`), a new one gets the rows kept, and one
+        warning says how many were kept and dropped. A file SQLite cannot read at all is one line (ConfigError).
+        """
+        kept, lost = _salvage(self.db_file)
+        aside = self.db_file.with_name(f"cache.db.damaged-{int(time.time())}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.db_file) + suffix)
+            if src.exists():
+                os.replace(src, Path(str(aside) + suffix))
+        db = diskcache.Cache(str(self.path), eviction_policy="none", statistics=0)
+        for key, value, tag in kept:
+            db.set(key, value, tag=tag, retry=True)
+        log.warning(
+            "the cache database %s was damaged (%s); repaired: %d replies kept, %d damaged rows dropped (those calls "
+            "are requested again); the damaged file is kept as %s", self.db_file, " ".join(problem.split())[:200], len(kept),
+            lost, aside.name,
+        )
+        self.repaired = (len(kept), lost)
+        return db
 
     def _fail(self, e: BaseException, what: str) -> FatalLLMError:
         """A storage error as one line saying what to do."""

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
+from .errors import CONTEXT_EXCEEDED
 from .profiles import ModelProfile
-from .reply import ChatResult, read_reply
+from .reply import MAX_TOKENS, ChatResult, read_reply
 from .retry import Kind, Verdict, classify_http, is_validation_error, jittered_backoff, rejected_fields
 
 # Fields a host may reject and the request still means the same thing without; `model` and
@@ -58,8 +59,12 @@ class Outcome:
     def http(
         cls, status: int, headers: Mapping[str, str], body: bytes, *, latency_s: float = 0.0,
         sent: frozenset[str] = frozenset(), sent_json_schema: bool = False, keep_raw: bool = False,
+        max_tokens: int | None = None, max_tokens_known: bool | None = None,
     ) -> Outcome:
-        reply = read_reply(body, keep_raw) if status == 200 else None
+        """`max_tokens`: what the request asked for (with `max_tokens_known`, None is no limit), which tells
+        a cut at max_tokens from one by the server's context (reply.cut_cause)."""
+        known = max_tokens is not None if max_tokens_known is None else max_tokens_known
+        reply = read_reply(body, keep_raw, max_tokens=max_tokens, max_tokens_known=known) if status == 200 else None
         return cls(status, headers, body, None, latency_s, sent, sent_json_schema, reply)
 
 
@@ -124,10 +129,15 @@ def decide(outcome: Outcome, state: CallState, p: ModelProfile, *, now: float, j
         r = outcome.reply if outcome.reply is not None else read_reply(outcome.body)
         if r.error is not None:
             return _on_verdict(Verdict(Kind.RETRY, r.error, label=r.error_kind or "error"), outcome, state, p, now, jitter)
-        if r.truncated and state.truncations < p.truncation_retries:
+        # Only a cut at max_tokens may come out whole when sampled again; the server's context or a filter
+        # would cut the same request the same way.
+        if r.cut == MAX_TOKENS and state.truncations < p.truncation_retries:
             return Retry(0.0, "cut at max_tokens", cause="truncated")
         return Reply(r)  # the last reply, cut or not, is the model's real output for this request
     status, body = outcome.status, outcome.body
+    verdict = classify_http(status, outcome.headers, body)
+    if verdict.label == CONTEXT_EXCEEDED:  # before blaming a field: its text may name `messages`, `max_tokens`
+        return GiveUp(CONTEXT_EXCEEDED, verdict.reason)
     # 422: FastAPI servers validating the body; a 5xx carrying a validation report: llama-cpp-python,
     # whose error handler answers 500 to a body it cannot validate.
     if status in (400, 422) or (status >= 500 and is_validation_error(body)):
@@ -140,7 +150,7 @@ def decide(outcome: Outcome, state: CallState, p: ModelProfile, *, now: float, j
             return DropFields(frozenset(names), reason)
         if status >= 500:  # a request the server cannot validate: sending it again cannot help
             return GiveUp(f"http_{status}", reason + " (the server rejects the request as invalid)")
-    return _on_verdict(classify_http(status, outcome.headers, body), outcome, state, p, now, jitter)
+    return _on_verdict(verdict, outcome, state, p, now, jitter)
 
 
 def _transport_verdict(e: TransportError, p: ModelProfile) -> Verdict:

@@ -41,10 +41,21 @@ import orjson
 
 from ..core.money import capped_usd
 from ..core.redact import redact
-from ..core.tokens import prompt_tokens
+from ..core.tokens import prompt_tokens, text_tokens
 from .accounting import ModelStats
 from .budget import CONTEXT_EXCEEDED, context_overflow, worst_case_usd
-from .cache import CacheEntry, ResponseCache, StoreError, body_key, call_key, key_prefix, new_owner
+from .cache import (
+    RUN_ID,
+    CacheEntry,
+    ResponseCache,
+    StoreError,
+    body_key,
+    call_key,
+    key_prefix,
+    new_owner,
+    profile_shaped,
+    reusable,
+)
 from .decide import (
     CallState,
     Decision,
@@ -60,9 +71,9 @@ from .decide import (
     resume_time,
 )
 from .errors import BudgetExhausted, ConfigError, FatalLLMError, mask
-from .limits import ConcurrencyLimit, RequestPacer, SlowDownGate, TokenBucket
+from .limits import ConcurrencyLimit, RequestPacer, ServerFacts, SlowDownGate, TokenBucket, read_server_facts
 from .profiles import ModelProfile, resolve_api_key
-from .reply import ChatResult, read_reply
+from .reply import CONTEXT, MAX_TOKENS, ChatResult, cut_cause, describe_cut, read_reply
 from .retry import is_validation_error
 
 __all__ = ["ChatResult", "LLMEngine", "Pacer", "Prepared", "SpendingCap", "TokenPacer", "local_pacer",
@@ -71,9 +82,16 @@ __all__ = ["ChatResult", "LLMEngine", "Pacer", "Prepared", "SpendingCap", "Token
 log = logging.getLogger("evaluator.llm")
 
 CLAIM_LEASE_S = 30.0  # a claim not renewed for this long is free for another process to take
-# A cancelled call whose request is on the wire gets this long to receive and store its reply
-# (a few seconds: well under the 10 s a container runtime waits between SIGTERM and SIGKILL).
-STOP_GRACE_S = 3.0
+# A cancelled call whose request is on the wire gets this long to receive and store its reply (`--stop-grace`):
+# under the 10 s a container runtime (docker stop) waits between SIGTERM and SIGKILL; Slurm and Kubernetes
+# wait 30 s. The 3 s we had first dropped replies of 4-8 s that a CPU server takes (issue 31).
+STOP_GRACE_S = 8.0
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The completion limit a request asked for (tells a cut at max_tokens from one by the server)."""
+    v = body.get("max_tokens", body.get("max_completion_tokens"))
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 class Pacer(Protocol):
@@ -210,6 +228,10 @@ class LLMEngine:
         self._unstored: dict[str, tuple[str, CacheEntry]] = {}  # replies the cache could not store
         self._long_wait_told = False
         self._damage_told = False
+        self._facts: ServerFacts | None = None  # what the server says of its slots and context (asked once)
+        self._probe: asyncio.Future[ServerFacts] | None = None
+        self._told: set[str] = set()  # cut causes / failure kinds already warned about
+        self._stale: set[str] = set()  # cached replies cut short that the server could now answer in full
 
     def __repr__(self) -> str:
         p = self.profile
@@ -230,6 +252,12 @@ class LLMEngine:
         )
         if self._cache is not None:
             self._renewer = asyncio.create_task(self._renew_claims())
+        if self.profile.adaptive_concurrency:
+            facts = await self.server_facts()
+            if facts.slots is not None and facts.slots < self._limit.maximum:
+                self._limit.cap_at(facts.slots)
+                log.info("%s: the server has %d parallel slot(s); at most %d requests in flight",
+                         self.profile.name, facts.slots, facts.slots)
         return self
 
     async def __aexit__(
@@ -317,20 +345,63 @@ class LLMEngine:
             if self._cache.damaged:
                 self.stats.cache_damaged = len(self._cache.damaged)
             return None
+        # Entries stored before causes were kept: derived from what they hold and this profile's max_tokens.
+        cut = entry.cut if entry.cut is not None else cut_cause(
+            entry.finish_reason, entry.completion_tokens, self.profile.max_tokens,
+            max_tokens_known=profile_shaped(key))
+        if not reusable(entry, cut, self._facts.n_ctx if self._facts is not None else None):
+            self._stale.add(key)
+            self.stats.cut_resent = len(self._stale)
+            return None
         return ChatResult(
             entry.content, entry.finish_reason, entry.prompt_tokens, entry.completion_tokens, True,
-            reasoning_only=entry.reasoning_only,
+            reasoning_only=entry.reasoning_only, cut=cut,
         )
 
-    def store_reply(self, key: str, response_body: dict[str, Any]) -> ChatResult:
+    async def server_facts(self) -> ServerFacts:
+        """The server's slots and context size, asked once (llama.cpp `/props`, `/slots`; `/v1/models`).
+
+        Hosted providers answer 404 to these (nothing is billed); their facts are simply unknown.
+        """
+        if self._facts is not None:
+            return self._facts
+        if self._probe is None:  # one probe for all the calls that ask at once
+            self._probe = asyncio.ensure_future(self._ask_server())
+        facts = await asyncio.shield(self._probe)
+        self._facts = facts
+        return facts
+
+    async def _ask_server(self) -> ServerFacts:
+        if self._session is None or not self.profile.base_url:
+            return ServerFacts()
+        base = self.profile.base_url.rstrip("/")
+        root = base[: -len("/v1")] if base.endswith("/v1") else base
+        bodies: list[Any] = []
+        for url in (f"{root}/props", f"{root}/slots", f"{base}/models"):
+            try:
+                async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+                    bodies.append(orjson.loads(await resp.read()) if resp.status == 200 else None)
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+                bodies.append(None)
+            facts = read_server_facts(*bodies)
+            if facts.slots is not None and facts.n_ctx is not None:
+                break
+        return read_server_facts(*bodies)
+
+    def store_reply(self, key: str, response_body: dict[str, Any], request: dict[str, Any] | None = None) -> ChatResult:
         """Parse a chat.completion body (e.g. from a batch output) and cache it as the online path would.
 
         An unusable body (malformed, empty) comes back with `.error` set and is not stored. Its tokens
-        are not added to `stats` (they were billed by the batch API, which accounts for them).
+        are not added to `stats` (they were billed by the batch API, which accounts for them). A body
+        without usage gets the token rule's estimates (the prompt's from `request`, when given).
         """
-        read = read_reply(response_body)
+        read = read_reply(response_body, max_tokens=self.profile.max_tokens, max_tokens_known=profile_shaped(key))
         if read.error is not None:
             return ChatResult(None, None, error=read.error, error_kind=read.error_kind)
+        if read.usage_missing:
+            read.completion_tokens = text_tokens(read.content or "", self.profile.chars_per_token)
+            read.prompt_tokens = prompt_tokens(request, self.profile.chars_per_token) if request else 0
+        self._count_cut(read)
         self._store(key, read, dropped=())
         return read
 
@@ -354,6 +425,10 @@ class LLMEngine:
         self.stats.calls += 1
         key = prepared.key
         hit = self.lookup(key)
+        if hit is None and key in self._stale and self._facts is None:
+            await self.server_facts()  # a reply cut by the server's context: is the context still the same?
+            self._stale.discard(key)
+            hit = self.lookup(key)
         if hit is not None:
             self.stats.cache_hits += 1
             return hit
@@ -488,9 +563,9 @@ class LLMEngine:
             outcome = Outcome(error=error, latency_s=latency, sent=sent, sent_json_schema=schema)
         else:
             outcome = Outcome.http(status, headers, raw, latency_s=latency, sent=sent,
-                                   sent_json_schema=schema, keep_raw=call.keep_raw)
+                                   sent_json_schema=schema, keep_raw=call.keep_raw, max_tokens=_max_tokens(wire), max_tokens_known=True)
         self._signal(outcome, epoch)
-        self._count_reply(outcome, reserved)
+        self._count_reply(outcome, reserved, call)
         return outcome
 
     async def _exchange(self, body: bytes) -> tuple[int, Mapping[str, str], bytes, TransportError | None]:
@@ -527,9 +602,12 @@ class LLMEngine:
         if error is not None:
             self._settle(reserved, None)
             return
-        outcome = Outcome.http(status, headers, raw, sent=sent, sent_json_schema=schema)
-        self._count_reply(outcome, reserved)
+        outcome = Outcome.http(status, headers, raw, sent=sent, sent_json_schema=schema,
+                               max_tokens=_max_tokens(self._wire(call.logical)), max_tokens_known=True)
+        self._count_reply(outcome, reserved, call)
         decision = decide(outcome, call.state, self.profile, now=time.time(), jitter=0.0)
+        if isinstance(decision, Retry) and decision.cause == "truncated" and outcome.reply is not None:
+            decision = Reply(outcome.reply)  # no time for another try: keep the cut reply (marked as cut)
         if isinstance(decision, Reply):
             with contextlib.suppress(FatalLLMError):  # kept in memory and spilled; the stop is under way
                 self._store(call.key, decision.result, dropped=sorted(self._dropped & set(call.logical)))
@@ -549,9 +627,21 @@ class LLMEngine:
             self.stats.http_429 += 1
             self._limit.congested(epoch)
 
-    def _count_reply(self, o: Outcome, reserved: float) -> None:
-        """Tokens of a 200 (billed whether or not the reply is usable), and what it cost the budget."""
+    def _count_reply(self, o: Outcome, reserved: float, call: _Call) -> None:
+        """Tokens of a 200 (billed whether or not the reply is usable), and what it cost the budget.
+
+        A body without `usage` gets its tokens by core/tokens.py's rule (the prompt from the request, the
+        completion from the reply's text), counted in `usage_estimated` and told once per model.
+        """
         r = o.reply
+        if r is not None and r.usage_missing:
+            cpt = self.profile.chars_per_token
+            r.prompt_tokens = prompt_tokens(call.logical, cpt)
+            r.completion_tokens = text_tokens(r.content or "", cpt)
+            self.stats.usage_estimated += 1
+            self._tell_once("usage", "%s: the server's replies carry no token usage; their tokens (and cost) are "
+                            "estimates by the token rule (characters / chars_per_token), counted in usage_estimated",
+                            self.profile.name)
         self._settle(reserved, r)
         if r is None:
             return
@@ -560,6 +650,25 @@ class LLMEngine:
         if r.error is None:
             self.stats.reasoning_only += r.reasoning_only
             self.stats.truncated += r.truncated
+            self._count_cut(r)
+
+    def _count_cut(self, r: ChatResult) -> None:
+        """A reply cut short, by cause; each cause but max_tokens is told at once (once per model)."""
+        if r.cut is None:
+            return
+        self.stats.cut[r.cut] = self.stats.cut.get(r.cut, 0) + 1
+        if r.cut == MAX_TOKENS:
+            return
+        fix = {CONTEXT: "restart the server with a larger context (llama.cpp: --ctx-size) and rerun: such replies are "
+                        "sent again once the server's context is larger"}.get(
+            r.cut, "a later run sends such replies again")
+        self._tell_once(f"cut:{r.cut}", "%s: a reply was %s; counted in the report (cut replies) and %s",
+                        self.profile.name, describe_cut(r.cut), fix)
+
+    def _tell_once(self, what: str, msg: str, *args: Any) -> None:
+        if what not in self._told:
+            self._told.add(what)
+            log.warning(msg, *args)
 
     # -- budget --------------------------------------------------------------------------------------
     async def _reserve(self, wire: dict[str, Any]) -> float:
@@ -582,6 +691,8 @@ class LLMEngine:
         """Carry out `d`; the call's result, or None to attempt again."""
         st = call.state
         if isinstance(d, Reply):
+            if d.result.cut == CONTEXT:
+                await self.server_facts()  # stored with the context it was cut under
             self._store(call.key, d.result, dropped=sorted(self._dropped & set(call.logical)))
             return d.result
         if isinstance(d, Retry):
@@ -617,6 +728,11 @@ class LLMEngine:
             return None  # at once, without them; not a failure of this call
         if isinstance(d, GiveUp):
             self.stats.fail(d.kind)
+            if d.kind == CONTEXT_EXCEEDED:
+                self._tell_once(CONTEXT_EXCEEDED, "%s: the server refuses requests longer than its context [%s]; "
+                                "those calls failed (counted as context_exceeded): restart the server with a larger "
+                                "context (llama.cpp: --ctx-size) and rerun", self.profile.name,
+                                redact(d.reason, self._key)[:200])
             return ChatResult(None, None, error=redact(d.reason, self._key), error_kind=d.kind)
         assert isinstance(d, StopRun)
         if d.is_429:
@@ -706,7 +822,8 @@ class LLMEngine:
         entry = CacheEntry(
             content=r.content, finish_reason=r.finish_reason, prompt_tokens=max(0, r.prompt_tokens),
             completion_tokens=max(0, r.completion_tokens), model=self.profile.model, stored_at=time.time(),
-            reasoning_only=r.reasoning_only, dropped=list(dropped),
+            reasoning_only=r.reasoning_only, dropped=list(dropped), cut=r.cut, run_id=RUN_ID,
+            n_ctx=self._facts.n_ctx if self._facts is not None else None, tokens_estimated=r.usage_missing,
         )
         try:
             self._cache.set(key, entry, tag=self.profile.name)

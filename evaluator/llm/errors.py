@@ -9,6 +9,10 @@ from ..core.errors import BudgetExhausted as BudgetExhausted
 from ..core.errors import ConfigError as ConfigError
 from ..core.errors import FatalLLMError as FatalLLMError
 
+# The error kind of a call whose prompt cannot fit the model's context: refused by the server (llm.retry), or
+# known before sending from the profile's `context_tokens` (llm.budget) and then never sent.
+CONTEXT_EXCEEDED = "context_exceeded"
+
 
 def mask(secret: str | None) -> str:
     """How a key appears in reprs: whether it is set, nothing of its value."""

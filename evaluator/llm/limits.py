@@ -1,5 +1,6 @@
 """Client-side pacing for one model: RPM throttle, optional TPM budget, the shared 429 gate, and the
-concurrency limit (fixed, or adaptive AIMD when the server's capacity is unknown). `SharedPacer`
+concurrency limit (fixed, or adaptive AIMD when the server's capacity is unknown, capped at the slots
+a llama.cpp server announces: `read_server_facts`). `SharedPacer`
 paces RPM or TPM for every process that shares one folder (one API key, several terminals)."""
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import random
 import sqlite3
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..core.cache_layout import CacheLayout
 from .errors import ConfigError
@@ -225,6 +228,13 @@ class ConcurrencyLimit:
     def _cap(self) -> int:
         return max(1, int(self.limit))
 
+    def cap_at(self, slots: int) -> None:
+        """The server announced `slots` parallel slots: never more in flight than that (a request beyond
+        them only queues at the server, adding its wait to every latency)."""
+        self.maximum = max(1, min(self.maximum, slots))
+        self.limit = min(self.limit, float(self.maximum))
+        self.ssthresh = min(self.ssthresh, float(self.maximum))
+
     async def acquire(self) -> int:
         """Take a slot; returns the window it was taken in (hand it back to `answered`/`congested`)."""
         if self.in_use < self._cap() and not self._waiters:
@@ -295,3 +305,36 @@ class ConcurrencyLimit:
         self.ssthresh = max(1.0, self.limit / 2.0)
         self.limit = self.ssthresh
         self._recent_5xx.clear()
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What a self-hosted server says about itself: its parallel slots and its context size (None: not said)."""
+
+    slots: int | None = None
+    n_ctx: int | None = None
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def read_server_facts(props: Any = None, slots: Any = None, models: Any = None) -> ServerFacts:
+    """The facts in decoded bodies of llama.cpp's `GET /props` (`total_slots`,
+    `default_generation_settings.n_ctx`) and `GET /slots` (one entry per slot, each with `n_ctx`), and of
+    `GET /v1/models` (llama.cpp: `data[0].meta.n_ctx`; vLLM: `data[0].max_model_len`). Recorded bodies:
+    tests/fixtures/providers/online/llama_cpp_*.json."""
+    n_slots = n_ctx = None
+    if isinstance(props, dict):
+        n_slots = _count(props.get("total_slots"))
+        gen = props.get("default_generation_settings")
+        n_ctx = _count(gen.get("n_ctx")) if isinstance(gen, dict) else None
+        n_ctx = n_ctx or _count(props.get("n_ctx"))
+    if isinstance(slots, list) and slots and all(isinstance(x, dict) for x in slots):
+        n_slots = n_slots or len(slots)
+        n_ctx = n_ctx or _count(slots[0].get("n_ctx"))
+    data = models.get("data") if isinstance(models, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        meta = data[0].get("meta")
+        n_ctx = n_ctx or (_count(meta.get("n_ctx")) if isinstance(meta, dict) else None) or _count(data[0].get("max_model_len"))
+    return ServerFacts(n_slots, n_ctx)

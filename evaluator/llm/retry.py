@@ -24,6 +24,8 @@ from typing import Any
 
 import orjson
 
+from .errors import CONTEXT_EXCEEDED
+
 _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PER_DAY = re.compile(r"per[ _-]?day|daily", re.IGNORECASE)
@@ -200,6 +202,21 @@ def is_daily_quota(err: Mapping[str, Any]) -> bool:
     return err.get("code") == "insufficient_quota" or err.get("type") == "insufficient_quota"
 
 
+# How servers say a request does not fit the model's context: llama.cpp ("request (810 tokens) exceeds the
+# available context size (256 tokens)", type exceed_context_size_error: tests/fixtures/providers/online/
+# llama_cpp_400_exceeds_context.json), OpenAI (code context_length_exceeded), vLLM ("This model's maximum
+# context length is 2048 tokens"), Gemini ("input token count ... exceeds the maximum").
+_CONTEXT_RE = re.compile(
+    r"exceeds? the available context size|context[_ ]length[_ ]exceeded|maximum context length|"
+    r"exceed_context_size|context window|input token count .{0,40}exceeds", re.IGNORECASE)
+
+
+def exceeds_context(err: Mapping[str, Any], message: str) -> bool:
+    """The error says the request is longer than the model's (or server's) context."""
+    text = " ".join([message, str(err.get("type") or ""), str(err.get("code") or "")])
+    return bool(_CONTEXT_RE.search(text))
+
+
 def classify_http(status: int, headers: Mapping[str, str], raw: bytes) -> Verdict:
     """Decide what a non-200 reply means."""
     err = error_object(decode_body(raw)) if status >= 400 else {}
@@ -221,6 +238,8 @@ def classify_http(status: int, headers: Mapping[str, str], raw: bytes) -> Verdic
         return Verdict(Kind.FATAL, reason, label=label)
     if status == 400 and _api_key_invalid(err):
         return Verdict(Kind.FATAL, reason, label="api_key_invalid")
+    if status in (400, 413, 422) and exceeds_context(err, msg):
+        return Verdict(Kind.GIVE_UP, reason, label=CONTEXT_EXCEEDED)
     if status >= 500 or status in (408, 409, 425):
         delay = retry_after_from_headers(headers) if status == 503 else None
         return Verdict(Kind.RETRY, reason, delay, label=label)

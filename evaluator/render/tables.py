@@ -63,6 +63,13 @@ class Ctx:
         text = "; n scored (summed over runs): " + ", ".join(parts) if parts else ""
         if model is not None:
             text += f"; truncated replies (finish_reason length): {(rtp.truncated if rtp else 0) + (ptr.truncated if ptr else 0)}"
+            cuts: dict[str, int] = {}
+            for sc_ in (rtp, ptr):
+                for cause, n in (sc_.cut.items() if sc_ else ()):
+                    cuts[cause] = cuts.get(cause, 0) + n
+            # by cause: max_tokens, context (the server's context ended it), content_filter, or the finish_reason
+            text += f"; cut replies: {sum(cuts.values())}" + (
+                " (" + ", ".join(f"{c} {n}" for c, n in sorted(cuts.items())) + ")" if cuts else "")
         return text
 
     def n(self, subset: str) -> str:

@@ -56,7 +56,9 @@ class ReplySource(Protocol):
 class BatchConfig:
     turnaround_s: float = 0.2  # from create to completed (progress grows linearly in between)
     p_fail: float = 0.0  # share of requests answered with an error line
-    fail_kind: str = "server"  # "server": HTTP 500 / gRPC 13 INTERNAL; "invalid": HTTP 400 / gRPC 3 INVALID_ARGUMENT
+    fail_kind: str = "server"  # "server": HTTP 500 / gRPC 13 INTERNAL; "invalid": HTTP 400 / gRPC 3 INVALID_ARGUMENT;
+    #                            "denied": HTTP 403 / gRPC 7 PERMISSION_DENIED
+    refuse_create: int | None = None  # answer every batch create with this HTTP status (403: batches not allowed)
     expire_next: int = 0  # the next N batches created expire at turnaround with only part done
     expire_done_share: float = 0.5  # share of an expiring batch's requests answered before it expires
     stuck_next: int = 0  # the next N batches created stay in_progress until cancelled
@@ -137,7 +139,7 @@ def gemini_to_chat(request: dict[str, Any]) -> dict[str, Any]:
 
 def chat_to_gemini_response(completion: dict[str, Any]) -> dict[str, Any]:
     choice = completion["choices"][0]
-    usage = completion["usage"]
+    usage = completion.get("usage") or {"prompt_tokens": 0, "completion_tokens": 0}
     return {
         "candidates": [{
             "content": {"role": "model", "parts": [{"text": choice["message"]["content"]}]},
@@ -162,7 +164,7 @@ _FINAL = ("completed", "failed", "expired", "cancelled")
 # Share of the turnaround spent validating, then in progress; the rest is finalizing.
 _VALIDATING, _FINALIZING = 0.1, 0.8
 # google.rpc.Code values (googleapis google/rpc/code.proto): Gemini's per-line errors carry these, not HTTP.
-_GRPC_CANCELLED, _GRPC_INVALID_ARGUMENT, _GRPC_INTERNAL = 1, 3, 13
+_GRPC_CANCELLED, _GRPC_INVALID_ARGUMENT, _GRPC_PERMISSION_DENIED, _GRPC_INTERNAL = 1, 3, 7, 13
 # OpenAI's per-request codes for requests that never ran (BatchRequestOutput.error.code in its API spec).
 _NOT_RUN = {
     "expired": ("batch_expired", "The request could not be executed before the completion window ended."),
@@ -174,6 +176,10 @@ _FAILED_LINE: dict[str, tuple[int, dict[str, Any], int, str]] = {  # fail_kind -
     "invalid": (400, {"message": "Invalid value for 'messages': the request is malformed.",
                       "type": "invalid_request_error", "param": "messages", "code": "invalid_value"},
                 _GRPC_INVALID_ARGUMENT, "Request contains an invalid argument."),
+    # the account or key may not use this model through the batch API (every line answered so)
+    "denied": (403, {"message": "You are not allowed to sample from this model.", "type": "invalid_request_error",
+                     "param": None, "code": "model_not_allowed"},
+               _GRPC_PERMISSION_DENIED, "Permission denied on resource project."),
 }
 
 
@@ -397,6 +403,8 @@ class BatchSim:
             return _error(404, f"No such file: {req.get('input_file_id')!r}")
         if req.get("endpoint") != "/v1/chat/completions":
             return _error(400, "endpoint must be /v1/chat/completions")
+        if self.cfg.refuse_create:
+            return _error(self.cfg.refuse_create, "This key is not allowed to create batches.")
         try:
             lines = [(x["custom_id"], x["body"]) for x in map(orjson.loads, data.splitlines()) if x]
         except (orjson.JSONDecodeError, KeyError, TypeError):
@@ -543,6 +551,8 @@ class BatchSim:
         data = self.files.get(fname)
         if data is None:
             return _g_error(400, f"input_config.file_name {fname!r} is not an uploaded file", "INVALID_ARGUMENT")
+        if self.cfg.refuse_create:
+            return _g_error(self.cfg.refuse_create, "Batch mode is not enabled for this project.", "PERMISSION_DENIED")
         try:
             lines = [(x["key"], gemini_to_chat(x["request"])) for x in map(orjson.loads, data.splitlines()) if x]
         except (orjson.JSONDecodeError, KeyError, TypeError):

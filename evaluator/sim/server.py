@@ -27,7 +27,8 @@ from aiohttp import web
 from ..core.tokens import prompt_tokens, text_tokens
 from . import batch, behaviour
 
-FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length")
+FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length", "filter")
+CONTENT_FORMS = ("string", "parts", "tool_call", "number", "object")
 RETRY_HEADER_FORMS = ("all", "seconds", "date", "ms", "reset", "none")
 
 
@@ -64,6 +65,16 @@ class SimConfig:
     reject_status: int = 400  # 400 (Gemini's wording), 422 (FastAPI's pydantic list) or 500 (llama-cpp-python)
     retry_value: str = ""  # when set, the raw wait every 429 announces (each header form / retryDelay)
     serial: bool = False  # one request at a time; abandoned requests are still worked on to the end
+    # llama.cpp's --parallel: at most this many requests are worked on at once, the others wait (abandoned
+    # ones are still worked on, as with `serial`); `GET /props` then announces it as `total_slots`.
+    slots: int | None = None
+    # llama.cpp's --ctx-size: a prompt longer than this is a 400 (llama.cpp's body); a reply is cut where
+    # prompt + completion fill it (finish_reason length, fewer tokens than max_tokens). Announced by /props.
+    n_ctx: int | None = None
+    p_filter: float = 0.0  # 200 with finish_reason "content_filter" and part of the content
+    content_form: str = "string"  # message.content as: string | parts (list of text parts) | tool_call
+    #                               (content null, the text as a tool call's arguments) | number | object
+    usage: bool = True  # False: bodies carry no `usage` (some servers leave it out)
     # Reply content (behaviour.reply): stray lists in prose, runaway replies, cuts at max_tokens.
     p_stray: float = 0.0  # replies whose answer sits in prose/code holding stray lists
     p_runaway: float = 0.0  # replies that keep writing list items until a token limit ends them
@@ -80,6 +91,10 @@ class SimConfig:
             raise ValueError(f"retry_headers must be one of {RETRY_HEADER_FORMS}")
         if self.reject_status not in (400, 422, 500):
             raise ValueError("reject_status must be 400, 422 or 500")
+        if self.content_form not in CONTENT_FORMS:
+            raise ValueError(f"content_form must be one of {CONTENT_FORMS}")
+        if self.slots is not None and self.slots < 1:
+            raise ValueError("slots must be 1 or more")
         bad = [f for f in self.script if f not in FAULTS]
         if bad:
             raise ValueError(f"unknown fault(s) {bad}; known: {FAULTS}")
@@ -162,8 +177,9 @@ def _err_body(code: int, message: str, status: str, *, as_list: bool, details: l
 class Simulator:
     def __init__(self, config: SimConfig | None = None) -> None:
         self.stats = _Stats()
-        self._worker = asyncio.Lock()  # the one worker of a `serial` server
         self._waiting = 0
+        self._workers_n = 0
+        self._worker: asyncio.Semaphore | None = None
         self.apply(config or SimConfig())
 
     def apply(self, cfg: SimConfig) -> None:
@@ -177,10 +193,15 @@ class Simulator:
             for p, name in (
                 (cfg.p_500, "500"), (cfg.p_503, "503"), (cfg.p_hang, "hang"), (cfg.p_drop, "drop"),
                 (cfg.p_malformed, "malformed"), (cfg.p_null, "null"), (cfg.p_length, "length"),
+                (cfg.p_filter, "filter"),
             )
             if p > 0
         ]
         self.auth = f"Bearer {cfg.api_key}" if cfg.api_key else None
+        n = cfg.slots or (1 if cfg.serial else 0)
+        if n != self._workers_n:  # the workers of a `serial` / `slots` server
+            self._workers_n = n
+            self._worker = asyncio.Semaphore(n) if n else None
         self.rejected = set(cfg.reject_params) | ({"seed"} if cfg.reject_seed else set())
 
     def app(self) -> web.Application:
@@ -190,6 +211,8 @@ class Simulator:
         app.router.add_get("/stats", self.get_stats)
         app.router.add_post("/stats/reset", self.reset_stats)
         app.router.add_post("/admin/config", self.admin_config)
+        app.router.add_get("/props", self.props)
+        app.router.add_get("/slots", self.slots)
         # -- more routes register here (one line each, their handlers in their own modules) --
         batch.register(app, self)  # provider Batch APIs (evaluator/sim/batch.py)
         return app
@@ -198,6 +221,24 @@ class Simulator:
     async def models(self, request: web.Request) -> web.Response:
         body = {"object": "list", "data": [{"id": "sim-1", "object": "model", "owned_by": "evaluator-sim"}]}
         return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    def _llama(self) -> bool:
+        """Announce slots and context as llama.cpp's server does (only when a knob says what they are)."""
+        return self.cfg.slots is not None or self.cfg.n_ctx is not None
+
+    async def props(self, request: web.Request) -> web.Response:
+        if not self._llama():
+            return self._json(404, _err_body(404, "File Not Found", "NOT_FOUND", as_list=False))
+        body = {"default_generation_settings": {"n_ctx": self.cfg.n_ctx or 4096, "params": {"n_predict": -1}},
+                "total_slots": self._workers_n or 1, "model_alias": "sim-1"}
+        return self._json(200, orjson.dumps(body))
+
+    async def slots(self, request: web.Request) -> web.Response:
+        if not self._llama():
+            return self._json(404, _err_body(404, "File Not Found", "NOT_FOUND", as_list=False))
+        n = self._workers_n or 1
+        return self._json(200, orjson.dumps([{"id": i, "n_ctx": self.cfg.n_ctx or 4096, "is_processing": False}
+                                             for i in range(n)]))
 
     async def get_stats(self, request: web.Request) -> web.Response:
         return web.Response(body=orjson.dumps(self.stats.as_dict()), content_type="application/json")
@@ -272,6 +313,11 @@ class Simulator:
         fault = cfg.script.pop(0) if cfg.script else None
         if fault is None and cfg.daily_quota is not None and self.stats.ok >= cfg.daily_quota:
             fault = "quota"
+        if cfg.n_ctx is not None and (n_prompt := prompt_tokens(req)) > cfg.n_ctx:
+            ctx_err: dict[str, Any] = {"code": 400, "type": "exceed_context_size_error", "n_prompt_tokens": n_prompt, "n_ctx": cfg.n_ctx,
+                   "message": f"request ({n_prompt} tokens) exceeds the available context size ({cfg.n_ctx} tokens), "
+                              "try increasing it"}
+            return self._json(400, orjson.dumps({"error": ctx_err}))  # llama.cpp's body, word for word
         if fault is None:
             prompt_est = prompt_tokens(req)
             delay = self.req_bucket.take(1) if self.req_bucket else 0.0
@@ -292,7 +338,7 @@ class Simulator:
             if early is not None:
                 return early
 
-        if not cfg.serial:
+        if self._worker is None:
             return await self._generate(req, messages, raw, fault)
         # One worker: requests wait their turn, and one whose client hangs up is still worked on to
         # the end (shielded), holding the worker as a real single-slot server does.
@@ -304,7 +350,8 @@ class Simulator:
             raise
 
     async def _serially(self, req: dict[str, Any], messages: list[dict], raw: bytes, fault: str | None) -> web.Response:
-        queued = self._worker.locked()  # the worker is busy: this one waits its turn
+        assert self._worker is not None
+        queued = self._worker.locked()  # every worker is busy: this one waits its turn
         if queued:
             self._waiting += 1
             self.stats.max_waiting = max(self.stats.max_waiting, self._waiting)
@@ -315,11 +362,12 @@ class Simulator:
 
     async def _generate(self, req: dict[str, Any], messages: list[dict], raw: bytes, fault: str | None) -> web.Response:
         body = self.reply_body(req, fault=fault, reply_id=f"chatcmpl-sim-{self.stats.requests}")
-        latency = self._latency() + self.cfg.latency_per_token_s * self.cfg.latency_scale * body["usage"]["completion_tokens"]
+        usage = body.get("usage") or {"prompt_tokens": 0, "completion_tokens": 0}
+        latency = self._latency() + self.cfg.latency_per_token_s * self.cfg.latency_scale * usage["completion_tokens"]
         if latency > 0:
             await asyncio.sleep(latency)
-        self.stats.prompt_tokens += body["usage"]["prompt_tokens"]
-        self.stats.completion_tokens += body["usage"]["completion_tokens"]
+        self.stats.prompt_tokens += usage["prompt_tokens"]
+        self.stats.completion_tokens += usage["completion_tokens"]
         h = hash(raw)
         self.stats.ok += 1
         self.stats.ok_bodies[h] = self.stats.ok_bodies.get(h, 0) + 1
@@ -336,22 +384,41 @@ class Simulator:
             max_tokens=req.get("max_tokens"), response_format=req.get("response_format"),
             p_stray=cfg.p_stray, p_runaway=cfg.p_runaway, cut_at_max_tokens=cfg.cut_at_max_tokens,
         )
+        pt, ct = prompt_tokens(req), text_tokens(text)  # the engine's token rule: its estimates are exact here
+        max_tokens = req.get("max_tokens") if isinstance(req.get("max_tokens"), int) else None
+        if fault == "length":  # cut at max_tokens: all of them used
+            text, finish = text[: max(1, len(text) // 2)], "length"
+            ct = max_tokens or text_tokens(text)
+        elif fault == "filter":
+            text, finish = text[: max(1, len(text) // 3)], "content_filter"
+            ct = text_tokens(text)
+        if cfg.n_ctx is not None and pt + ct > cfg.n_ctx:  # the context is full: generation stops there
+            ct = max(0, cfg.n_ctx - pt)
+            text, finish = text[: 4 * ct], "length"
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if fault == "null":
             message = {"role": "assistant", "content": None, "reasoning_content": text}
             finish = cfg.null_finish
-        elif fault == "length":
-            message["content"] = text[: max(1, len(text) // 2)]
-            finish = "length"
-        pt, ct = prompt_tokens(req), text_tokens(text)  # the engine's token rule: its estimates are exact here
-        return {
+        elif cfg.content_form == "parts":
+            message["content"] = [{"type": "text", "text": text[: len(text) // 2]}, {"type": "text", "text": text[len(text) // 2:]}]
+        elif cfg.content_form == "tool_call":
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_sim", "type": "function", "function": {"name": "answer", "arguments": text}}]}
+            finish = "tool_calls" if finish == "stop" else finish
+        elif cfg.content_form == "number":
+            message["content"] = 42
+        elif cfg.content_form == "object":
+            message["content"] = {"text": text}
+        body: dict[str, Any] = {
             "id": reply_id,
             "object": "chat.completion",
             "created": int(time.time()),
             "model": req.get("model", "sim-1"),
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
         }
+        if cfg.usage:
+            body["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+        return body
 
     def _latency(self) -> float:
         cfg = self.cfg
