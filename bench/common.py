@@ -89,7 +89,7 @@ def machine() -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
             if line.startswith("flags") and not vector:
                 vector = sorted(f for f in line.split(":", 1)[1].split()
-                                if f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "avx_vnni"))
+                                if f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni"))
     versions = {}
     for p in PACKAGES:
         try:
@@ -181,6 +181,7 @@ class TreeRSS:
         self.every_s = every_s
         self.peak = 0
         self.peak_by_name: dict[str, int] = {}
+        self.largest = 0  # the largest RSS of any one process of the tree
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -197,10 +198,13 @@ class TreeRSS:
             for p in procs:
                 try:
                     rss = p.memory_info().rss
-                    name = "evaluator.sim" if "evaluator.sim" in " ".join(p.cmdline()) else ("main" if p == self.root else p.name())
+                    cmd = " ".join(p.cmdline())
+                    name = ("evaluator.sim" if "evaluator.sim" in cmd else "main" if p == self.root
+                            else "export child" if "multiprocessing" in cmd else p.name())
                 except psutil.Error:
                     continue  # exited between listing and reading
                 total += rss
+                self.largest = max(self.largest, rss)
                 self.peak_by_name[name] = max(self.peak_by_name.get(name, 0), rss)
             self.peak = max(self.peak, total)
             self.samples += 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import resource
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -61,6 +63,7 @@ from .schema import (
     ModelInfo,
     OutputDir,
     OutputError,
+    PeakMemory,
     Record,
     RegistryInfo,
     Runtime,
@@ -209,6 +212,7 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
         notes = run_extras(s, study, records, meta, od, reporter)
         meta.analysis_notes = notes
         od.write_meta(meta)
+    meta.runtime.peak_rss_mib = peak_rss_mib()  # before the report, which states it
     t = time.perf_counter()
     render_outputs(od, figure_store=CacheLayout(cache_root).figures, meta=meta, records=records)
     study.timings["render_s"] = time.perf_counter() - t
@@ -218,6 +222,16 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
     cut: Counter[str] = Counter(c for r in records for b in (r.rtp, r.ptr) if b is not None for c in b.cut_replies())
     estimated = sum(st.usage_estimated for st in meta.llm_stats.values())
     return RunOutcome(out, failed, cut=cut, usage_estimated=estimated)
+
+
+def peak_rss_mib() -> PeakMemory:
+    """Peak resident memory so far (getrusage's ru_maxrss): of this process, of its largest finished
+    child (the model export runs in one) and the larger of the two."""
+    scale = 2**20 if sys.platform == "darwin" else 2**10  # bytes on macOS, KiB on Linux
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale / 2**20
+    return PeakMemory(largest_process=round(max(own, child), 1), this_process=round(own, 1),
+                      largest_child=round(child, 1))
 
 
 Server = SimHandle | llamacpp.LlamaHandle  # a server this process started for a profile: base_url, stats(), stop()

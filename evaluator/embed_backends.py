@@ -24,17 +24,22 @@ new stub). A model whose tokenizer fails the probe keeps tokenising through sent
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import ctypes
 import hashlib
 import importlib.metadata
 import importlib.util
 import itertools
 import json
 import logging
+import multiprocessing
 import os
 import shutil
 import threading
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +47,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .core.cache_layout import CacheLayout
+from .core.errors import EmbedderError
 from .core.files import atomic_folder
 
 EXPORT_VERSION = 2  # bump when the export procedure changes: old exports are then ignored (2: tokenizer kept)
@@ -137,25 +143,90 @@ def _link_tree(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
-def export(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, root: Path) -> Path:
-    """The export folder for `kind` ("onnx-fp32", "onnx-int8", "openvino-fp32"), built on first use
-    (or linked from another cache folder this process already exported into, as tests do). `load`
-    gives the SentenceTransformer, called only when the export must be built."""
+def _folder(root: Path, load_path: str, cache_name: str, kind: str) -> Path:
     slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in cache_name)[-120:]
-    name = f"{kind}-{_fingerprint(load_path, kind)}"
-    final = CacheLayout(root).exports / slug / name
+    return CacheLayout(root).exports / slug / f"{kind}-{_fingerprint(load_path, kind)}"
+
+
+class ModelLoadError(EmbedderError):
+    """The model itself could not be loaded to be exported: (exception type name, its message); the
+    embedder turns it into its one line naming the model."""
+
+
+# Build exports in a child process (spawned: a fresh interpreter, so nothing of the parent's memory is
+# copied) whose memory ends with it. Measured on the 47k first run: exporting in the run's own process left
+# torch, sentence-transformers and the traced graph resident (1.3 GB before the first text was embedded);
+# the child peaks at ~0.9 GB and the run itself never imports torch.
+ISOLATED_BUILD = True
+
+
+def export(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, root: Path,
+           timings: dict[str, float] | None = None) -> Path:
+    """The export folder for `kind` ("onnx-fp32", "onnx-int8", "openvino-fp32"), built on first use
+    (or linked from another cache folder this process already exported into, as tests do). A build runs
+    in a child process that loads the model itself (`ISOLATED_BUILD`; otherwise here, with `load`, which
+    gives the SentenceTransformer). `timings` gains the build's `model_load_s` and `export_s`."""
+    final = _folder(root, load_path, cache_name, kind)
+    name = final.name
     if not final.is_dir() and name in _BUILT and _BUILT[name].is_dir():
         atomic_folder(final, lambda d: _link_tree(_BUILT[name], d))
     shared = os.environ.get(SHARED_EXPORTS_ENV)
     if not final.is_dir() and shared and Path(shared).resolve() != root.resolve():
         # Every cache folder on this machine links one export (the test suite's fresh caches, a user's
         # per-project caches): exporting costs 10-20 s of CPU each time, linking nothing.
-        source = export(load, load_path, cache_name, kind, Path(shared))
+        source = export(load, load_path, cache_name, kind, Path(shared), timings)
         atomic_folder(final, lambda d: _link_tree(source, d))
     if not final.is_dir():
-        _build(load, load_path, cache_name, kind, root, final)
+        if ISOLATED_BUILD:
+            spent = _build_in_child(load_path, cache_name, kind, root)
+        else:
+            spent = _build_here(load, load_path, cache_name, kind, root)
+        if timings is not None:
+            for k, v in spent.items():
+                timings[k] = timings.get(k, 0.0) + v
     _BUILT[name] = final
     return final
+
+
+def _build_here(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, root: Path) -> dict[str, float]:
+    """Builds `kind` (and the ONNX export it derives from) in this process; the seconds spent loading the
+    model and exporting."""
+    t0 = time.perf_counter()
+    loaded: list[float] = []
+
+    def timed_load() -> Any:
+        t = time.perf_counter()
+        st = load()
+        loaded.append(time.perf_counter() - t)
+        return st
+
+    _build(timed_load, load_path, cache_name, kind, root, _folder(root, load_path, cache_name, kind))
+    load_s = sum(loaded)
+    return {"model_load_s": load_s, "export_s": time.perf_counter() - t0 - load_s}
+
+
+def _child_build(load_path: str, cache_name: str, kind: str, root: str) -> dict[str, float]:
+    """The child's work: load the model once (only if a build needs it) and build."""
+    st: list[Any] = []
+
+    def load() -> Any:
+        if not st:
+            from sentence_transformers import SentenceTransformer
+
+            try:
+                st.append(SentenceTransformer(load_path, device="cpu"))
+            except (OSError, ValueError, RuntimeError) as e:
+                raise ModelLoadError(type(e).__name__, str(e)[:300]) from None
+        return st[0]
+
+    return _build_here(load, load_path, cache_name, kind, Path(root))
+
+
+def _build_in_child(load_path: str, cache_name: str, kind: str, root: Path) -> dict[str, float]:
+    """`_build_here` in a spawned process; its exceptions are raised here."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(_child_build, load_path, cache_name, kind, str(root)).result()
 
 
 def _build(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, root: Path, final: Path) -> Path:
@@ -167,7 +238,9 @@ def _build(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
             _keep_tokenizer(st, d)
 
         return atomic_folder(final, onnx)
-    base = export(load, load_path, cache_name, "onnx-fp32", root)
+    base = _folder(root, load_path, cache_name, "onnx-fp32")
+    if not base.is_dir():
+        _build(load, load_path, cache_name, "onnx-fp32", root, base)
     if kind == "onnx-int8":
         convert: Callable[[Path], None] = lambda d: _quantize(base / "model.onnx", d / "model.onnx")  # noqa: E731
     elif kind == "openvino-fp32":
@@ -211,6 +284,28 @@ def _keep_tokenizer(st, out: Path) -> None:
         "dimension": dimension_of(st)}), encoding="utf-8")
 
 
+_TOKENIZE_CHUNK = 4096  # texts per `encode_batch`: bounds the tokenizer's own objects alive at once
+
+
+class TokenIds:
+    """Token ids of many texts in one flat int32 array; `ids[i]` is text i's ids (a view)."""
+
+    def __init__(self, flat: np.ndarray, lengths: np.ndarray) -> None:
+        self.flat = flat
+        self.lengths = lengths
+        self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        lo = int(self.starts[i])
+        return self.flat[lo : lo + int(self.lengths[i])]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
 class TextTokenizer:
     """The exported model's tokenizer without torch: token ids once per text, padded per batch as
     sentence-transformers pads them (right, to the batch's longest, with the model's pad id)."""
@@ -231,10 +326,18 @@ class TextTokenizer:
         except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception on a damaged file
             return None  # missing, damaged or foreign: tokenise through sentence-transformers
 
-    def ids(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(texts)]
+    def ids(self, texts: list[str]) -> TokenIds:
+        """Every text's token ids, packed (4 bytes a token). Tokenised in chunks: the whole 47k registry's
+        `Encoding` objects and per-text lists of Python ints held 266 MiB at once, the packed ids 5 MiB."""
+        flat: list[np.ndarray] = []
+        lengths = np.zeros(len(texts), np.int64)
+        for lo in range(0, len(texts), _TOKENIZE_CHUNK):
+            enc = self.tokenizer.encode_batch(texts[lo : lo + _TOKENIZE_CHUNK])
+            lengths[lo : lo + len(enc)] = [len(e.ids) for e in enc]
+            flat.append(np.fromiter(itertools.chain.from_iterable(e.ids for e in enc), np.int32))
+        return TokenIds(np.concatenate(flat) if flat else np.zeros(0, np.int32), lengths)
 
-    def features(self, ids: list[list[int]]) -> dict[str, np.ndarray]:
+    def features(self, ids: Sequence[Any] | TokenIds) -> dict[str, np.ndarray]:
         width = max(map(len, ids), default=0)
         input_ids = np.full((len(ids), width), self.pad_id, np.int64)
         mask = np.zeros((len(ids), width), np.int64)
@@ -331,5 +434,27 @@ def openvino_runner(model_file: Path, precision: str, threads: int) -> tuple[Run
             queue.wait_all()
             return np.concatenate([parts[i] for i in sorted(parts)])
 
+    def release() -> None:
+        # The activations of the largest batch stay allocated for the next one; once a call's batches are
+        # done they are handed back (655 MiB after 8,192 tokens of 256-token texts: RSS 965 -> 304 MiB),
+        # so the rest of a run does not carry them.
+        with lock:
+            compiled.release_memory()
+        trim_heap()
+
+    run.release = release  # type: ignore[attr-defined]
     return run, (f"openvino {ov.get_version().split('-')[0]}, {actual} compute, "
                  f"{streams} stream{'s' if streams > 1 else ''} x 1 thread")
+
+
+def release(run: Runner) -> None:
+    """Hands back what a runner keeps allocated between batches (OpenVINO's activations), if anything."""
+    if callable(free := getattr(run, "release", None)):
+        free()
+
+
+def trim_heap() -> None:
+    """Returns the C heap's free pages to the system (glibc's malloc_trim; nothing elsewhere): freed
+    large blocks otherwise stay counted in the process's RSS."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL(None).malloc_trim(0)

@@ -351,6 +351,16 @@ class SimulatorStats:
         return _adapter(cls).validate_python(d)
 
 
+@dataclass
+class PeakMemory:
+    """Peak resident memory up to writing the report, MiB (getrusage's ru_maxrss): this process, its largest
+    finished child (the model export runs in one), and the larger of the two (issue 29's bound: 1.5 GiB)."""
+
+    largest_process: float = 0.0
+    this_process: float = 0.0
+    largest_child: float = 0.0
+
+
 @dataclass(config=ConfigDict(validate_assignment=True))
 class Runtime:
     """meta.json's `runtime`: what changes between otherwise identical invocations (never in summary.json)."""
@@ -363,6 +373,7 @@ class Runtime:
     # Per simulated model: the simulator's own count (a rerun from the cache shows zero requests); absent in
     # a retrieval-only run.
     simulator_stats: dict[str, SimulatorStats] | None = Field(default=None, exclude_if=_absent)
+    peak_rss_mib: PeakMemory | None = Field(default=None, exclude_if=_absent)  # absent in runs before 29
     # Per bundled model (`local_model`): its llama.cpp server's file, hash, version, sizing and counters.
     local_server: dict[str, LocalServer] | None = Field(default=None, exclude_if=_absent)
 

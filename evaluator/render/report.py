@@ -8,7 +8,7 @@ from typing import Any
 
 from ..analysis.main import MainResult
 from ..data import EMBED_TEXT_RULE
-from ..schema import CallStats, Meta, WarningCount, plain, repeats_note
+from ..schema import CallStats, Meta, Runtime, WarningCount, plain, repeats_note
 from . import tables as T
 from .batch import cost_section_md
 from .fmt import models_or_none, table
@@ -62,6 +62,23 @@ def warnings_md(w: Mapping[str, WarningCount]) -> str:
         return "No data warnings.\n"
     return "\n".join(f"- {k}: {v.count}" + (f" (e.g. {'; '.join(v.examples[:3])})" if v.examples else "")
                      for k, v in sorted(w.items())) + "\n"
+
+
+def runtime_md(runtime: Runtime) -> str:
+    """The embedding runtime, what it embedded, and the peak resident memory (meta.json `runtime`)."""
+    peak = runtime.peak_rss_mib
+    if peak is None:
+        return ""
+    lines = ["## Runtime\n"]
+    if runtime.embed_runtime:
+        lines.append(f"- Embedding runtime: `{runtime.embed_runtime}`")
+    if emb := runtime.embed:
+        lines.append(f"- Texts embedded: {int(emb.get('embedded', 0)):,}; from the embedding cache: "
+                     f"{int(emb.get('cache_hits', 0)):,}")
+    lines.append(f"- Peak resident memory of the largest process: {peak.largest_process:,.0f} MiB (this "
+                 f"process {peak.this_process:,.0f} MiB; its largest finished child, e.g. the model export, "
+                 f"{peak.largest_child:,.0f} MiB), up to writing this report")
+    return "\n".join(lines) + "\n"
 
 
 def llm_stats_md(st: Mapping[str, CallStats]) -> str:
@@ -217,6 +234,8 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
         out.append(st)
     if cost := cost_section_md(meta.cost, meta.batch):
         out.append(cost)
+    if rt := runtime_md(meta.runtime):
+        out.append(rt)
     all_skipped = [*result.skipped, *skipped]
     out.append("## Skipped tables and analyses\n\n" + ("\n".join(f"- {s}" for s in all_skipped) if all_skipped
                                                          else "None: every table and analysis was made.") + "\n")
