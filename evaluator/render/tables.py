@@ -84,6 +84,16 @@ def has(s: S.Summary, model: str | None, arch: str) -> bool:
     return any(r.model == model and r.arch == arch for r in s.rows)
 
 
+def _at_k_cells(c: Ctx, model: str | None, sub: str, metric: str, k: int, gold: str, with_ptr: bool) -> list[str]:
+    """RtP's value (deterministic: the retrieval-only row) and, with PtR, PtR's beside it, the better bold."""
+    r = c.s.row(None, sub, "rtp", metric, k, gold)
+    if not with_ptr:
+        return [fms(r)]
+    p = c.s.row(model, sub, "ptr", metric, k, gold)
+    br, bp = better(r, p)
+    return [bold(fms(r), br), bold(fms(p), bp)]
+
+
 def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
     subs = c.s.subsets
     with_ptr = model is not None and has(c.s, model, "ptr")
@@ -92,13 +102,7 @@ def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") ->
     for k in c.r.ks:
         line = [str(k)]
         for sub in subs:
-            r = c.s.row(None, sub, "rtp", metric, k, gold)
-            if with_ptr:
-                p = c.s.row(model, sub, "ptr", metric, k, gold)
-                br, bp = better(r, p)
-                line += [bold(fms(r), br), bold(fms(p), bp)]
-            else:
-                line.append(fms(r))
+            line += _at_k_cells(c, model, sub, metric, k, gold, with_ptr)
         body.append(line)
     name = "Recall" if metric == "recall" else "Precision"
     return section(f"Table 1{'' if metric == 'recall' else 'b'}: {name} at retrieval budget k",
@@ -120,13 +124,7 @@ def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
         for k in c.r.ks:
             line = [c.n(sub), str(k)]
             for metric in RANK_METRICS:
-                r = c.s.row(None, sub, "rtp", metric, k, gold)
-                if with_ptr:
-                    p = c.s.row(model, sub, "ptr", metric, k, gold)
-                    br, bp = better(r, p)
-                    line += [bold(fms(r), br), bold(fms(p), bp)]
-                else:
-                    line.append(fms(r))
+                line += _at_k_cells(c, model, sub, metric, k, gold, with_ptr)
             body.append(line)
     return section("Table 1c: Rank metrics at retrieval budget k",
                    f"{c.label(model, gold)}. Binary relevance. NDCG@k: DCG = Σ rel_i/log2(i+1) over the top k, "
