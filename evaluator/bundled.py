@@ -10,7 +10,6 @@ before the folder is used; a folder that fails the check is unpacked again. It i
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 import zipfile
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from .core.cache_layout import CacheLayout
 from .core.errors import EmbedderError
-from .core.files import atomic_folder
+from .core.files import atomic_folder, sha256_file
 
 NAME = "bundled:all-mpnet-base-v2"
 CACHE_NAME = "sentence-transformers/all-mpnet-base-v2"
@@ -52,14 +51,6 @@ def _piece(part: str) -> Path:
     raise BundledModelError(f"{part} holds no *{suffix} piece; reinstall it: {install_hint()}")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def model_path(root: Path | None) -> Path:
     """The model folder, assembled (once) under `root/models/` (a temporary folder when None)."""
     base = CacheLayout(root if root is not None else Path(tempfile.gettempdir()) / "evaluator").models
@@ -90,7 +81,7 @@ def model_path(root: Path | None) -> Path:
             raise BundledModelError(f"the pieces of {NAME} do not join into a zip archive; reinstall them: "
                                     f"{install_hint()}") from None
         joined.unlink()
-        got = _sha256(tmp / WEIGHTS) if (tmp / WEIGHTS).is_file() else "missing"
+        got = sha256_file(tmp / WEIGHTS) if (tmp / WEIGHTS).is_file() else "missing"
         if got != WEIGHTS_SHA256:
             raise BundledModelError(f"{NAME}: {WEIGHTS} has sha256 {got}, not the recorded {WEIGHTS_SHA256}; "
                                     f"reinstall the parts: {install_hint()}")

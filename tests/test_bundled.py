@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from evaluator import bundled
+from evaluator.core.files import sha256_file
 from evaluator.embed import Embedder, EmbedderError
 
 
@@ -43,7 +44,7 @@ def test_assembled_checked_and_loadable(tmp_path) -> None:
     model (skipped where the optional extra is not installed)."""
     folder = bundled.model_path(tmp_path)
     assert (folder / bundled.WEIGHTS).stat().st_size == 437_971_872
-    assert bundled._sha256(folder / bundled.WEIGHTS) == bundled.WEIGHTS_SHA256
+    assert sha256_file(folder / bundled.WEIGHTS) == bundled.WEIGHTS_SHA256
     assert bundled.model_path(tmp_path) == folder  # verified once: not assembled again
     emb = Embedder(bundled.NAME, cache_dir=tmp_path, device="cpu", backend="torch", precision="fp32", progress=False)
     assert emb.cache_name == "sentence-transformers/all-mpnet-base-v2"

