@@ -25,14 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluator.batch.cost import accounting
+from evaluator.batch.collect import batch_rounds
 from evaluator.batch.files import Request
 from evaluator.batch.requests import run_requests
-from evaluator.batch.study import batch_rounds
 from evaluator.llm import LLMEngine, load_profile
-from evaluator.pipeline import StudyRunner, Unit
-from evaluator.schema import plain
-from evaluator.sim.harness import SimHandle, batch_stats, configure_batch, start_simulator
+from evaluator.results.cost import accounting
+from evaluator.results.schema import plain
+from evaluator.study.runner import StudyRunner, Unit
+from simulator.harness import SimHandle, batch_stats, configure_batch, start_simulator
 
 from .common import Goal, Result, temp_dir
 from .fanout import SPECS, OpenAIChat, _sim_knobs

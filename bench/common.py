@@ -199,7 +199,7 @@ class TreeRSS:
                 try:
                     rss = p.memory_info().rss
                     cmd = " ".join(p.cmdline())
-                    name = ("evaluator.sim" if "evaluator.sim" in cmd else "main" if p == self.root
+                    name = ("simulator" if "simulator" in cmd else "main" if p == self.root
                             else "export child" if "multiprocessing" in cmd else p.name())
                 except psutil.Error:
                     continue  # exited between listing and reading
@@ -226,8 +226,8 @@ class TreeRSS:
 def data_dir() -> str:
     """The data folder the working tree's config names, passed explicitly to every command (a
     checkout elsewhere would resolve the config's relative path from its own folder)."""
-    from evaluator.config import REPO_ROOT, load_settings
     from evaluator.data import resolve_data_dir
+    from evaluator.settings.load import REPO_ROOT, load_settings
 
     return str(resolve_data_dir(None, load_settings().data_dir, REPO_ROOT))
 

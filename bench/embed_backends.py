@@ -4,7 +4,7 @@ Speed: the same seeded sample of registry texts through every path (no cache), t
 the second in reverse order, so a drift of the shared machine's load cancels out of the ratios;
 each path is warmed first (model load, export, first-call allocations stay out of the timings).
 
-Equivalence (the check behind `AUTO_CPU` in evaluator/embed.py): the full registry and the test
+Equivalence (the check behind `AUTO_CPU` in evaluator/retrieval/embed.py): the full registry and the test
 queries embedded by each path (kept in bench/.cache, keyed by path, reused by reruns; torch fp32's
 vectors come from the project's warm cache), then RtP retrieval exactly as the stage does it
 (`VectorIndex.exact_search`): the largest difference from torch fp32 in recall@k for k = 1..20 over
@@ -36,7 +36,7 @@ MIN_SAME_TOP5 = 0.98
 
 
 def _installed(paths):
-    from evaluator import embed_backends as eb
+    from evaluator.retrieval import backends as eb
 
     return [(b, p) for b, p in paths if b == "torch" or eb.missing_package(b) is None]
 
@@ -46,7 +46,7 @@ class _Today:
     whole to `SentenceTransformer.encode` (which re-sorts by characters and batches by count)."""
 
     def __init__(self) -> None:
-        from evaluator.embed import Embedder
+        from evaluator.retrieval.embed import Embedder
 
         self.e = Embedder(backend="torch", precision="fp32", device="cpu", cache_dir=None, progress=False)
         self.e._order = lambda texts: sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -69,7 +69,7 @@ TODAY = "torch fp32, before (char-sorted)"
 def speed(paths, texts: list[str], n: int = N_SPEED) -> dict[str, dict[str, Any]]:
     """texts/s per path on a seeded sample, two rounds (forward, then reversed order); the
     reference is torch fp32 as it ran before this change."""
-    from evaluator.embed import Embedder
+    from evaluator.retrieval.embed import Embedder
 
     idx = np.random.default_rng(0).choice(len(texts), min(n, len(texts)), replace=False)
     sample = [texts[i] for i in idx]
@@ -102,10 +102,10 @@ def _recall(rows: np.ndarray, golds: list[set[int]], k: int) -> float:
 
 def equivalence(paths, progress: bool = True) -> dict[str, dict[str, Any]]:
     """Full-registry RtP of each path vs torch fp32 (see the module docstring)."""
-    from evaluator.config import load_settings
-    from evaluator.embed import Embedder
-    from evaluator.index import VectorIndex
-    from evaluator.study import load_inputs
+    from evaluator.retrieval.embed import Embedder
+    from evaluator.retrieval.index import VectorIndex
+    from evaluator.settings.load import load_settings
+    from evaluator.study.prepare import load_inputs
 
     link_embeddings(BENCH_CACHE)  # torch fp32 from the project's warm cache, never written there
     s = load_settings()
@@ -143,9 +143,9 @@ def equivalence(paths, progress: bool = True) -> dict[str, dict[str, Any]]:
 
 
 def run(paths=PATHS, do_speed: bool = True, do_equivalence: bool = True) -> Result:
-    from evaluator.config import load_settings
     from evaluator.core import threads
-    from evaluator.study import load_inputs
+    from evaluator.settings.load import load_settings
+    from evaluator.study.prepare import load_inputs
 
     paths = _installed(paths)
     rows: list[list[Any]] = []

@@ -98,7 +98,7 @@ def compute_floor() -> dict[str, float]:
     from tokenizers import Tokenizer
 
     from evaluator.core import threads
-    from evaluator.embed import DEFAULT_MODEL, resolve_model
+    from evaluator.retrieval.embed import DEFAULT_MODEL, resolve_model
 
     threads.configure_env()
     root = Path(resolve_model(DEFAULT_MODEL)[0])

@@ -31,9 +31,9 @@ TITLE = "Embedding beside a busy CPU-bound process: texts/s vs the same embedder
 WORKER = r"""
 import json, sys, time
 import numpy as np
-from evaluator.embed import Embedder
-from evaluator.config import load_settings
-from evaluator.study import load_inputs
+from evaluator.retrieval.embed import Embedder
+from evaluator.settings.load import load_settings
+from evaluator.study.prepare import load_inputs
 backend, precision, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 spin = sys.argv[4] == "spinning"
 texts = load_inputs(load_settings()).registry.texts()
@@ -41,7 +41,7 @@ idx = np.random.default_rng(1).choice(len(texts), 4096, replace=False)
 sample = [texts[i] for i in idx]
 e = Embedder(backend=backend, precision=precision, device="cpu", cache_dir=None, progress=False)
 if spin and backend == "onnx":
-    import evaluator.embed_backends as eb
+    import evaluator.retrieval.backends as eb
     real = eb.onnxruntime_runner
     def spinning(path, threads):
         import onnxruntime as ort
@@ -51,7 +51,7 @@ if spin and backend == "onnx":
         return (lambda f: sess.run(None, {n: f[n] for n in names})[0]), "onnxruntime (spinning)"
     eb.onnxruntime_runner = spinning
 if spin and backend == "openvino":  # OpenVINO's defaults: threads pinned to cores
-    import evaluator.embed_backends as eb
+    import evaluator.retrieval.backends as eb
     def pinned(path, precision, threads):
         import openvino as ov
         c = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"})

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from evaluator.embed import Embedder
-from evaluator.index import VectorIndex
+from evaluator.retrieval.embed import Embedder
+from evaluator.retrieval.index import VectorIndex
 
 from .common import Goal, Result
 from .workload import load_study

@@ -31,10 +31,10 @@ from typing import Any
 
 from evaluator.core.progress import Progress
 from evaluator.llm import ChatResult, LLMEngine, ModelStats, load_profile
-from evaluator.pipeline import StudyRunner, Unit
-from evaluator.retrieve import Retrieved
-from evaluator.sim.harness import SimHandle, start_simulator
-from evaluator.study import Study
+from evaluator.retrieval.search import Retrieved
+from evaluator.study.prepare import Study
+from evaluator.study.runner import StudyRunner, Unit
+from simulator.harness import SimHandle, start_simulator
 
 from .common import Goal, Result, temp_dir
 from .workload import MODELS, RUNS, TableBatcher, load_study, prewarm_stub_embeddings, ptr_table

@@ -29,7 +29,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from evaluator.llm import LLMEngine, ModelProfile, load_profile  # noqa: E402
-from evaluator.sim.harness import start_simulator  # noqa: E402
+from simulator.harness import start_simulator  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -77,7 +77,7 @@ def run() -> Result:
                f"cache folder (empty, then warm; no EVALUATOR_SHARED_EXPORTS: the first run exports the model): "
                f"{first['registry']:,} APIs, {first['records']:,} records",
                f"{first['samples']:,} + {warm['samples']:,} samples every 50 ms; 'export child' is the spawned "
-               "process that exports the model (first run only); 'evaluator.sim' is the simulator",
+               "process that exports the model (first run only); 'simulator' is the simulator",
                "first run's stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in first["timings"].items()),
                "peak RSS is load-independent; wall times are not (loadavg at start and end)"],
         data={k: {kk: vv for kk, vv in r.items() if kk != "rtp"} for k, r in runs.items()} | {"rtp_identical": same},

@@ -25,11 +25,11 @@ from typing import Any
 
 import psutil
 
-from evaluator import prompts
 from evaluator.llm import LLMEngine, load_profile
-from evaluator.parse import parse_stubs
-from evaluator.sim.harness import start_simulator
-from evaluator.study import Study
+from evaluator.study import prompts
+from evaluator.study.parse import parse_stubs
+from evaluator.study.prepare import Study
+from simulator.harness import start_simulator
 
 from .common import Goal, Result, temp_dir
 from .workload import MODELS, RUNS, load_study

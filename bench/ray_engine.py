@@ -26,7 +26,7 @@ from evaluator.batch.files import Request
 from evaluator.batch.ray_engine import LOCAL_RAY, RayOptions, run_requests_ray
 from evaluator.batch.requests import run_requests
 from evaluator.llm import load_profile
-from evaluator.sim.harness import start_simulator
+from simulator.harness import start_simulator
 
 from .common import Result, temp_dir
 

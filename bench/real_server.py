@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from evaluator.schema import TRUNCATED, OutputDir, Record, record_key
+from evaluator.results.schema import TRUNCATED, OutputDir, Record, record_key
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "bench" / "results" / "real_server.json"

@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluator import schema as NEW
+from evaluator.results import schema as NEW
 
 
 def _old_schema(worktree: Path) -> Any:
-    """The release's `evaluator.schema`, imported under another package name beside this one."""
+    """The release's `evaluator.results.schema`, imported under another package name beside this one."""
     pkg = Path(tempfile.mkdtemp(prefix="records-io-old-"))
     shutil.copytree(worktree / "evaluator", pkg / "evaluator_old")
     sys.path.insert(0, str(pkg))

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from evaluator.llm import ResponseCache
-from evaluator.sim.harness import SimHandle, start_simulator
+from simulator.harness import SimHandle, start_simulator
 
 from .common import BENCH_CACHE, PROJECT_CACHE, PYTHON, REPO, Goal, Result, link_embeddings, temp_dir
 

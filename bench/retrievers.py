@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from evaluator import lexical as L
 from evaluator.analysis.metrics import recall
-from evaluator.config import load_settings
-from evaluator.retrievers import FUSION_DEPTH, Dense, Hybrid, Lexical
-from evaluator.study import load_inputs, prepare
+from evaluator.retrieval import lexical as L
+from evaluator.retrieval.retrievers import FUSION_DEPTH, Dense, Hybrid, Lexical
+from evaluator.settings.load import load_settings
+from evaluator.study.prepare import load_inputs, prepare
 
 from .common import PROJECT_CACHE, Result, machine, print_result, write_result
 

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from evaluator.schema import Meta, OutputDir, as_records, plain
+from evaluator.results.schema import Meta, OutputDir, as_records, plain
 
 from .common import PYTHON, REPO, Goal, Result, TreeRSS, temp_dir
 

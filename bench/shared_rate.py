@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from evaluator.sim.harness import start_simulator
+from simulator.harness import start_simulator
 
 from .common import PYTHON, REPO, Goal, Result, temp_dir
 

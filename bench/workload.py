@@ -11,13 +11,14 @@ import dataclasses
 import os
 from pathlib import Path
 
-from evaluator import prompts, retrieve
-from evaluator.config import load_settings
-from evaluator.parse import parse_stubs, stub_text
-from evaluator.pipeline import StubBatcher
-from evaluator.retrieve import Retrieved
-from evaluator.sim import behaviour
-from evaluator.study import Study, prepare
+from evaluator.retrieval import search as retrieve
+from evaluator.retrieval.search import Retrieved
+from evaluator.settings.load import load_settings
+from evaluator.study import prompts
+from evaluator.study.parse import parse_stubs, stub_text
+from evaluator.study.prepare import Study, prepare
+from evaluator.study.runner import StubBatcher
+from simulator import behaviour
 
 from .common import BENCH_CACHE, link_embeddings
 

@@ -1,8 +1,8 @@
-"""`python -m evaluator`: see `evaluator.cli`."""
+"""`python -m evaluator`: see `evaluator.cli.main`."""
 
 import sys
 
-from .cli import main
+from evaluator.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evaluator.sim.harness import configure_batch, reset_batch_stats, start_simulator  # noqa: E402
+from simulator.harness import configure_batch, reset_batch_stats, start_simulator  # noqa: E402
 
 
 def batch_sim_fixtures(turnaround_s: float):

@@ -23,7 +23,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from evaluator.llm import LLMEngine, ModelProfile, load_profile  # noqa: E402
-from evaluator.sim.harness import SimHandle, start_simulator  # noqa: E402
+from simulator.harness import SimHandle, start_simulator  # noqa: E402
 
 FAKE_KEY = "sk-test-FAKEKEY-0123456789abcdef"
 

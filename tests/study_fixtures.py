@@ -15,7 +15,7 @@ from data_fixtures import make_data_dir
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evaluator.sim.harness import start_simulator  # noqa: E402
+from simulator.harness import start_simulator  # noqa: E402
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from data_fixtures import make_data_dir
 
-from evaluator.app import load_profiles
-from evaluator.cli import main
-from evaluator.config import ConfigError, ProfileOverrides, Settings, analysis_subsets, load_settings
+from evaluator.app.study import load_profiles
+from evaluator.cli.main import main
+from evaluator.settings.load import ConfigError, ProfileOverrides, Settings, analysis_subsets, load_settings
 
 
 def _cfg(tmp_path: Path, text: str) -> Path:
@@ -134,7 +134,7 @@ def test_analysis_subsets_rule() -> None:
 
 
 def test_summary_meta_holds_no_paths_or_timings(tmp_path: Path) -> None:
-    from evaluator.schema import Meta
+    from evaluator.results.schema import Meta
 
     meta = Meta.from_dict({"settings": {"cache_dir": "/x/cache", "out": "/y", "k": 5}, "data_dir": "/d",
                            "runtime": {"timings": {"embed_s": 1.0}}, "llm_stats": {"sim": {"requests": 3}},

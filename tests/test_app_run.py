@@ -115,7 +115,7 @@ def test_one_subset_says_why_routing_has_no_split(tmp_path: Path) -> None:
 
 
 def test_calls_failed_for_good_exit_non_zero_with_one_line(tmp_path: Path) -> None:
-    from evaluator.sim.harness import start_simulator
+    from simulator.harness import start_simulator
 
     data = make_data_dir(tmp_path / "data")
     with start_simulator(p_500=1.0) as sim:

@@ -22,7 +22,7 @@ from evaluator.batch.runner import BatchRunner  # noqa: E402
 from evaluator.batch.store import JobStore  # noqa: E402
 from evaluator.llm import LLMEngine, load_profile  # noqa: E402
 from evaluator.llm.cache import ResponseCache  # noqa: E402
-from evaluator.sim.harness import batch_stats, configure_batch, reset_batch_stats  # noqa: E402
+from simulator.harness import batch_stats, configure_batch, reset_batch_stats  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests"))
 from batch_sim_fixtures import batch_sim_fixtures  # noqa: E402
@@ -199,7 +199,7 @@ def test_batch_unknown_to_the_endpoint_is_resubmitted_not_fatal(sim, tmp_path):
 
 def test_collect_skips_calls_built_on_a_deferred_reply(tmp_path):
     """A PtR planner made after a deferred discovery (e.g. --fallback-to-query) is not a study request."""
-    from evaluator.batch.study import DEFERRED, _Collector
+    from evaluator.batch.collect import DEFERRED, _Collector
 
     async def go():
         p = dataclasses.replace(load_profile("sim"), base_url="http://127.0.0.1:9/v1")

@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO))
 from request_fixtures import cached_count, write_requests  # noqa: E402
 
 from evaluator.llm import LLMEngine, load_profile  # noqa: E402
-from evaluator.sim.harness import start_simulator  # noqa: E402
+from simulator.harness import start_simulator  # noqa: E402
 
 
 def requests_cmd(*args: str, cwd: Path) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 from study_fixtures import REPO, run_cli, study_args, workspace
 
 from evaluator.core.money import capped_usd, cost_usd
-from evaluator.sim.harness import batch_stats, configure_batch, reset_batch_stats
+from simulator.harness import batch_stats, configure_batch, reset_batch_stats
 
 SIM_TOML = REPO / "configs" / "models" / "sim.toml"
 # configs/models/sim.toml's illustrative prices, USD per 1M tokens

@@ -8,9 +8,9 @@ from importlib import metadata
 import numpy as np
 import pytest
 
-from evaluator import bundled
 from evaluator.core.files import sha256_file
-from evaluator.embed import Embedder, EmbedderError
+from evaluator.retrieval import bundled
+from evaluator.retrieval.embed import Embedder, EmbedderError
 
 
 def _installed() -> bool:

@@ -123,7 +123,7 @@ def _profile(tmp_path: Path, base_url: str) -> Path:
 
 
 def test_bad_key_stops_cleanly_without_leaking_it(workspace, tmp_path):
-    from evaluator.sim.harness import start_simulator
+    from simulator.harness import start_simulator
 
     root, data, cache = workspace
     with start_simulator(api_key="the-right-key") as sim:
@@ -136,7 +136,7 @@ def test_bad_key_stops_cleanly_without_leaking_it(workspace, tmp_path):
 
 
 def test_daily_quota_stop_then_resume_pays_no_call_twice(workspace, tmp_path):
-    from evaluator.sim.harness import start_simulator
+    from simulator.harness import start_simulator
 
     root, data, cache = workspace
     args = ["--data", str(data), "--cache-dir", str(tmp_path / "c"), "--runs", "2", "--no-progress",

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 import records_fixtures as F
 
-from evaluator import app
-from evaluator.cli import main
+from evaluator.app import report as app
+from evaluator.cli.main import main
 
 
 @pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from evaluator.core.progress import Reporter
-from evaluator.embed import Embedder, EmbedderError, choose_runtime
+from evaluator.retrieval.embed import Embedder, EmbedderError, choose_runtime
 
 TEXTS = [
     "Flight Search/search flights: find flights between two airports on a date",
@@ -72,7 +72,7 @@ def test_auto_keeps_the_gpu_path_and_rejects_impossible_pairs():
 
 
 def test_auto_on_cpu_takes_the_verified_path_and_falls_back_to_torch_without_it(monkeypatch):
-    from evaluator import embed
+    from evaluator.retrieval import embed
 
     monkeypatch.setattr(embed, "AUTO_CPU", (("onnx", "fp32"),))
     pytest.importorskip("onnxruntime")
@@ -86,8 +86,8 @@ def test_auto_on_cpu_takes_the_verified_path_and_falls_back_to_torch_without_it(
 
 def test_an_export_that_fails_falls_back_to_torch_under_auto_and_is_one_line_when_chosen(
         monkeypatch, tmp_path, capsys):
-    from evaluator import embed
-    from evaluator import embed_backends as eb
+    from evaluator.retrieval import backends as eb
+    from evaluator.retrieval import embed
 
     pytest.importorskip("onnxruntime")
     monkeypatch.setattr(embed, "AUTO_CPU", (("onnx", "fp32"),))
@@ -122,7 +122,7 @@ def test_an_exported_path_embeds_new_texts_without_importing_torch(cache, tmp_pa
     texts = ["  Leading spaces: Café NAÏVE  ", "", "tab\tnew\nline", "word " * 400, *TEXTS[1:]]
     script = (
         "import json, sys\n"
-        "from evaluator.embed import Embedder\n"
+        "from evaluator.retrieval.embed import Embedder\n"
         "from pathlib import Path\n"
         f"e = Embedder(backend='openvino', precision='fp32', cache_dir=Path({str(tmp_path)!r}), progress=False)\n"
         f"v = e.encode({texts!r})\n"
@@ -141,7 +141,7 @@ def test_an_exported_path_embeds_new_texts_without_importing_torch(cache, tmp_pa
 def test_a_tokenizer_that_does_not_match_is_not_kept(monkeypatch, tmp_path):
     """An export whose `tokenizers` form gives other ids than sentence-transformers on the probes
     keeps no tokenizer: runs tokenise through sentence-transformers, with the same vectors."""
-    from evaluator import embed_backends as eb
+    from evaluator.retrieval import backends as eb
 
     pytest.importorskip("onnxruntime")
     monkeypatch.delenv(eb.SHARED_EXPORTS_ENV, raising=False)

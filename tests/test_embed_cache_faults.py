@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from evaluator.core.progress import Reporter
-from evaluator.embed import Embedder, EmbedderError
+from evaluator.retrieval.embed import Embedder, EmbedderError
 
 TEXTS = ["Weather/current: the current weather for a city", "Maps/route: a route between two places"]
 

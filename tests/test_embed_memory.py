@@ -34,7 +34,7 @@ def _registry() -> list[str]:
 SCRIPT = """
 import json, resource, sys
 from pathlib import Path
-from evaluator.embed import Embedder
+from evaluator.retrieval.embed import Embedder
 texts = json.loads(sys.stdin.read())
 e = Embedder(backend="openvino", precision="fp32", cache_dir=Path(sys.argv[1]), progress=False)
 e.encode(["warm: the export is linked and the runtime compiled"])

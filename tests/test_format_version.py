@@ -1,5 +1,5 @@
 """Every saved file carries `format_version`; folders written before it (release 0.1.0: commits 9ca467f and
-2acddc3, no version anywhere) still re-render with `report`, through the one module `evaluator.migrate`."""
+2acddc3, no version anywhere) still re-render with `report`, through the one module `evaluator.results.migrate`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from evaluator import migrate
 from evaluator.analysis.metrics import RANK_METRICS
 from evaluator.analysis.routing import RoutingResult
 from evaluator.analysis.scaling import ScalingResult
-from evaluator.cli import main
-from evaluator.schema import (
+from evaluator.cli.main import main
+from evaluator.results import migrate
+from evaluator.results.schema import (
     FORMAT_VERSION,
     META_FILE,
     QUERIES_FILE,

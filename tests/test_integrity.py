@@ -17,22 +17,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluator import cli
 from evaluator.batch.files import Request, Result, dedupe, write_lines
 from evaluator.batch.providers import batch_api
 from evaluator.batch.requests import import_files
 from evaluator.batch.runner import BatchRunner
 from evaluator.batch.store import JobStore
+from evaluator.cli import main as cli
 from evaluator.data import Warnings, load_registry
 from evaluator.data.model import DESCRIPTION_CAP_CHARS
-from evaluator.embed import Embedder, EmbedderError
-from evaluator.embed import _key as embed_key
-from evaluator.index import VectorIndex
 from evaluator.llm import LLMEngine, load_profile
 from evaluator.llm.cache import ResponseCache
-from evaluator.prompts import PLANNER_MARKER, api_line, planner_messages
-from evaluator.schema import atomic_write
-from evaluator.sim.harness import configure_batch, start_simulator
+from evaluator.results.schema import atomic_write
+from evaluator.retrieval.embed import Embedder, EmbedderError
+from evaluator.retrieval.embed import _key as embed_key
+from evaluator.retrieval.index import VectorIndex
+from evaluator.study.prompts import PLANNER_MARKER, api_line, planner_messages
+from simulator.harness import configure_batch, start_simulator
 
 
 # -- oversized tool descriptions -------------------------------------------------------------------------
@@ -205,7 +205,7 @@ def test_full_disk_writing_an_output_is_one_line_and_leaves_no_temporary_file(tm
     assert (tmp_path / "report.md").read_text() == "old report"
 
     # The CLI turns it into one line saying what to free (any command that writes an output folder).
-    monkeypatch.setattr("evaluator.cli.HANDLERS", {"report": lambda argv: atomic_write(tmp_path / "report.md", "x")})
+    monkeypatch.setattr("evaluator.cli.main.HANDLERS", {"report": lambda argv: atomic_write(tmp_path / "report.md", "x")})
     monkeypatch.setattr(Path, "write_text", _no_space)
     assert cli.main(["report", str(tmp_path)]) == cli.EXIT_STOPPED
     err = capsys.readouterr().err.strip().splitlines()

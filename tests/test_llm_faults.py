@@ -14,7 +14,7 @@ import pytest
 
 from evaluator.llm import LLMEngine
 from evaluator.llm.cache import call_key
-from evaluator.sim import behaviour
+from simulator import behaviour
 
 sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
 

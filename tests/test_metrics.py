@@ -8,7 +8,7 @@ import pytest
 import records_fixtures as F
 
 from evaluator.analysis import metrics as M
-from evaluator.schema import GOLDS, Record
+from evaluator.results.schema import GOLDS, Record
 
 GOLD = ["T::a", "T::b", "T::c", "T::d"]
 REL = ["T::a", "T::b"]

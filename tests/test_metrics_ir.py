@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from study_fixtures import REPO, run_cli, study_args, workspace
 
-from evaluator import cli
 from evaluator.analysis import stats as S
 from evaluator.analysis.metrics import RANK_METRICS, rank_metrics, record_obs
+from evaluator.cli import main as cli
 from evaluator.render import trec as TREC
-from evaluator.retrievers import rrf
-from evaluator.schema import GOLDS, OutputDir, Record
+from evaluator.results.schema import GOLDS, OutputDir, Record
+from evaluator.retrieval.retrievers import rrf
 
 pytrec_eval = pytest.importorskip("pytrec_eval")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from evaluator.llm.errors import ConfigError
-from evaluator.schema import check_writable
+from evaluator.results.schema import check_writable
 
 
 def test_a_folder_that_cannot_be_created_is_one_clear_error() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evaluator.parse import Plan, Stub, parse_plan, parse_stubs, stub_text
+from evaluator.study.parse import Plan, Stub, parse_plan, parse_stubs, stub_text
 
 OFFERED = [
     ("Weather API::get forecast", "Weather API/get forecast"),

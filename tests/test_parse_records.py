@@ -6,9 +6,9 @@ from __future__ import annotations
 from records_fixtures import plan, ptr_block, record
 
 from evaluator.analysis.metrics import record_obs
-from evaluator.parse import parse_plan, parse_stubs
-from evaluator.pipeline import plan_block
-from evaluator.schema import Record, plain
+from evaluator.results.schema import Record, plain
+from evaluator.study.parse import parse_plan, parse_stubs
+from evaluator.study.runner import plan_block
 
 OFFERED = [("Weather API::get forecast", "Weather API/get forecast")]
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 from data_fixtures import make_data_dir
 
-from evaluator import prompts
 from evaluator.analysis.main import main_study
-from evaluator.config import Settings
 from evaluator.data import Warnings, find_query_files, load_query_files, load_registry
 from evaluator.llm import ChatResult
-from evaluator.pipeline import StudyRunner, Unit
-from evaluator.retrieve import Retrieved
-from evaluator.schema import Meta, Record
-from evaluator.study import Study
+from evaluator.results.schema import Meta, Record
+from evaluator.retrieval.search import Retrieved
+from evaluator.settings.load import Settings
+from evaluator.study import prompts
+from evaluator.study.prepare import Study
+from evaluator.study.runner import StudyRunner, Unit
 
 
 class ScriptedClient:

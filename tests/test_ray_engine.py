@@ -29,10 +29,10 @@ sys.path.insert(0, str(REPO))
 
 from request_fixtures import cached_count, write_requests  # noqa: E402
 
-from evaluator import cli  # noqa: E402
 from evaluator.batch.ray_engine import LOCAL_RAY  # noqa: E402
+from evaluator.cli import main as cli  # noqa: E402
 from evaluator.llm import load_profile  # noqa: E402
-from evaluator.sim.harness import start_simulator  # noqa: E402
+from simulator.harness import start_simulator  # noqa: E402
 
 pytestmark = pytest.mark.ray
 MCP = REPO / "examples" / "mcp"

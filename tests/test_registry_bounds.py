@@ -12,7 +12,7 @@ from data_fixtures import QUERIES, api_records
 from study_fixtures import REPO, run_cli
 
 from evaluator.data.model import NAME_CAP_CHARS
-from evaluator.sim.harness import start_simulator
+from simulator.harness import start_simulator
 
 
 def _data(root: Path, recs: list[dict]) -> Path:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import records_fixtures as F
 
-from evaluator.app import render_outputs
-from evaluator.schema import OutputDir
+from evaluator.app.report import render_outputs
+from evaluator.results.schema import OutputDir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -141,7 +141,7 @@ def test_minimal_meta(tmp_path: Path) -> None:
 
 def test_damaged_saved_data_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A damaged queries.jsonl or routing.json: `report` says which file and line, no traceback."""
-    from evaluator.cli import main
+    from evaluator.cli.main import main
 
     d = F.write_out(tmp_path / "bad", F.study(("sim",), runs=1), F.meta(("sim",), runs=1))
     good = (d / "queries.jsonl").read_bytes()

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from evaluator.analysis import routing as R
-from evaluator.cli import main as cli
-from evaluator.schema import as_records
+from evaluator.cli.main import main as cli
+from evaluator.results.schema import as_records
 
 K = 5
 RUNS = 3

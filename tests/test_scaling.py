@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluator import retrieve
 from evaluator.analysis import scaling as S
-from evaluator.app import SCALING_FILE, render_outputs
-from evaluator.cli import main as cli
+from evaluator.app.report import SCALING_FILE, render_outputs
+from evaluator.cli.main import main as cli
 from evaluator.data import load_registry
-from evaluator.embed import Embedder, _key
-from evaluator.index import SubsetSearch, VectorIndex
-from evaluator.parse import Stub, stub_text
-from evaluator.schema import OutputDir
+from evaluator.results.plans import Stub, stub_text
+from evaluator.results.schema import OutputDir
+from evaluator.retrieval import search as retrieve
+from evaluator.retrieval.embed import Embedder, _key
+from evaluator.retrieval.index import SubsetSearch, VectorIndex
 
 DIM = 48
 CATEGORIES = {"Sports": 120, "Finance": 60, "Weather": 30, None: 90}  # None: no category

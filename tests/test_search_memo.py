@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluator.index import SearchMemo, VectorIndex
+from evaluator.retrieval.index import SearchMemo, VectorIndex
 
 
 def _data(seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -53,7 +53,7 @@ def test_subset_searches_are_kept_and_an_unchanged_rerun_makes_no_pass(tmp_path:
     """The scaling study's sub-registry searches: a second SubsetSearch over the same matrix and
     queries reads every result back (no full pass), equal to a fresh search; other queries, another
     k or a damaged file search again."""
-    from evaluator.index import SubsetSearch
+    from evaluator.retrieval.index import SubsetSearch
 
     api, q = _data()
     rng = np.random.default_rng(4)

@@ -20,9 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evaluator import cli  # noqa: E402
+from evaluator.cli import main as cli  # noqa: E402
 from evaluator.core.redact import known_keys, redact, redact_keys, watch_env  # noqa: E402
-from evaluator.sim.harness import configure_batch, start_simulator  # noqa: E402
+from simulator.harness import configure_batch, start_simulator  # noqa: E402
 
 MCP = REPO / "examples" / "mcp"
 SIM_ENV = "EVALUATOR_TEST_CANARY_SIM_KEY"  # the path profile's api_key_env (not one of configs/models)

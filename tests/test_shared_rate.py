@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO))
 from evaluator.llm.budget import Budget  # noqa: E402
 from evaluator.llm.limits import SharedPacer, SharedRates, rate_key  # noqa: E402
 from evaluator.llm.profiles import ModelProfile  # noqa: E402
-from evaluator.sim.harness import start_simulator  # noqa: E402
+from simulator.harness import start_simulator  # noqa: E402
 
 
 def _acquire_times(folder: str, key: str, rpm: float, n: int, out: mp.Queue) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from evaluator import prompts
-from evaluator.parse import parse_plan, parse_stubs
-from evaluator.sim import behaviour
-from evaluator.sim.behaviour import answer
+from evaluator.study import prompts
+from evaluator.study.parse import parse_plan, parse_stubs
+from simulator import behaviour
+from simulator.behaviour import answer
 
 DATA = Path(os.environ.get("TOOLBENCH_DIR", Path(__file__).resolve().parents[2] / "shared" / "toolbench"))
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
@@ -227,7 +227,7 @@ def test_structured_replies_are_bare_json_in_the_schemas_shape(sample: list[dict
 _SCRIPT = """
 import json, sys
 from evaluator import prompts
-from evaluator.sim.behaviour import answer
+from simulator.behaviour import answer
 calls = json.loads(sys.stdin.read())
 print(json.dumps([answer(prompts.planner_messages(q, apis), seed=0, temperature=0.0) for q, apis in calls]))
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from data_fixtures import make_data_dir
 
-from evaluator.sim.harness import start_simulator
+from simulator.harness import start_simulator
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from evaluator.core.tokens import prompt_tokens
-from evaluator.sim import behaviour
-from evaluator.sim.harness import start_simulator
-from evaluator.sim.server import SimConfig
+from simulator import behaviour
+from simulator.harness import start_simulator
+from simulator.server import SimConfig
 
 sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
 
@@ -171,7 +171,7 @@ def test_random_faults_are_seeded():
 
 def test_cli_flags():
     out = subprocess.run(
-        [sys.executable, "-m", "evaluator.sim", "--help"], capture_output=True, text=True, check=True, cwd=F.REPO
+        [sys.executable, "-m", "simulator", "--help"], capture_output=True, text=True, check=True, cwd=F.REPO
     ).stdout
     for flag in ("--latency-s", "--rpm", "--rate-style", "--p-503", "--p-hang", "--list-errors", "--script", "--seed"):
         assert flag in out

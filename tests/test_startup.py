@@ -22,7 +22,7 @@ def _loaded_after(code: str, tmp_path: Path) -> list[str]:
 
 
 def test_the_command_line_loads_no_heavy_package(tmp_path: Path) -> None:
-    assert _loaded_after("import evaluator.cli, evaluator.app", tmp_path) == []
+    assert _loaded_after("import evaluator.cli.main, evaluator.app.study", tmp_path) == []
 
 
 def test_a_fully_cached_embedding_loads_no_model(tmp_path: Path) -> None:
@@ -30,7 +30,7 @@ def test_a_fully_cached_embedding_loads_no_model(tmp_path: Path) -> None:
     code = f"""
 import numpy as np
 from pathlib import Path
-import evaluator.embed as E
+import evaluator.retrieval.embed as E
 E._GPU_NODES = ()  # as on a machine without a GPU, whatever this one has
 texts = ["get weather: forecast by city", "convert currency: rates"]
 first = E.Embedder(cache_dir=Path({str(tmp_path / 'cache')!r}), progress=False)

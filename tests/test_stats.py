@@ -12,7 +12,7 @@ from scipy import stats as sps
 
 from evaluator.analysis import stats as S
 from evaluator.render.fmt import format_p
-from evaluator.schema import as_records, dumps
+from evaluator.results.schema import as_records, dumps
 
 
 def summarize(recs: list[dict], *args: object) -> S.Summary:

@@ -18,8 +18,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..schema import PtrBlock, QueryId, Record, qid_key
-from .metrics import recall
+from evaluator.analysis.metrics import recall
+from evaluator.results.schema import PtrBlock, QueryId, Record, qid_key
 
 CONTRAST_RULE = (
     "run 0, main k, gold `api_list`. *RtP wins*: RtP recall > PtR recall and the query has a proper noun "

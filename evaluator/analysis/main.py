@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..schema import GOLDS, Meta, Record
-from . import examples as E
-from . import stats as S
+from evaluator.analysis import examples as E
+from evaluator.analysis import stats as S
+from evaluator.results.schema import GOLDS, Meta, Record
 
 
 @dataclass

@@ -17,7 +17,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TypeVar
 
-from ..schema import GOLDS, ArchBlock, PlanBlock, PtrBlock, Record, Tokens
+from evaluator.results.schema import GOLDS, ArchBlock, PlanBlock, PtrBlock, Record, Tokens
 
 DEFAULT_KS: tuple[int, ...] = (1, 3, 5, 10, 20)
 DEFAULT_K = 5

@@ -29,9 +29,19 @@ import numpy as np
 import pydantic
 import pydantic.dataclasses
 
-from .. import migrate
-from ..schema import FORMAT_VERSION, GOLDS, About, ArchBlock, QueryId, Record, about_fields, plain, qid_key
-from .metrics import retrieval_obs
+from evaluator.analysis.metrics import retrieval_obs
+from evaluator.results import migrate
+from evaluator.results.schema import (
+    FORMAT_VERSION,
+    GOLDS,
+    About,
+    ArchBlock,
+    QueryId,
+    Record,
+    about_fields,
+    plain,
+    qid_key,
+)
 
 # name -> (label, direction): "high" sends high values to RtP, "low" sends low values to RtP.
 SIGNALS: dict[str, tuple[str, str]] = {

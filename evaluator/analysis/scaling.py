@@ -27,15 +27,26 @@ import numpy as np
 import pydantic
 import pydantic.dataclasses
 
-from .. import migrate, retrieve
-from ..data import Registry
-from ..index import SubsetSearch, digest
-from ..lexical import BM25Index
-from ..parse import stub_text
-from ..retrievers import FUSION_DEPTH, HybridSubsets, LexicalSubsets, SubSearch
-from ..schema import FORMAT_VERSION, GOLDS, About, PtrBlock, QueryId, Record, about_fields, plain, qid_key
-from .metrics import recall
-from .stats import mean_std
+from evaluator.analysis.metrics import recall
+from evaluator.analysis.stats import mean_std
+from evaluator.data import Registry
+from evaluator.results import migrate
+from evaluator.results.plans import stub_text
+from evaluator.results.schema import (
+    FORMAT_VERSION,
+    GOLDS,
+    About,
+    PtrBlock,
+    QueryId,
+    Record,
+    about_fields,
+    plain,
+    qid_key,
+)
+from evaluator.retrieval import search as retrieve
+from evaluator.retrieval.index import SubsetSearch, digest
+from evaluator.retrieval.lexical import BM25Index
+from evaluator.retrieval.retrievers import FUSION_DEPTH, HybridSubsets, LexicalSubsets, SubSearch
 
 Encode = Callable[[list[str]], np.ndarray]
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..schema import FORMAT_VERSION, Record, qid_key, record_key
-from . import metrics as M
+from evaluator.analysis import metrics as M
+from evaluator.results.schema import FORMAT_VERSION, Record, qid_key, record_key
 
 
 def _sps() -> Any:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.money import capped_usd
-from ..llm.budget import Budget, worst_case_usd
-from ..llm.errors import BudgetExhausted
-from ..llm.profiles import ModelProfile
-from .files import Request, Result
-from .providers import BatchAPI
+from evaluator.batch.files import Request, Result
+from evaluator.batch.providers import BatchAPI
+from evaluator.core.money import capped_usd
+from evaluator.llm.budget import Budget, worst_case_usd
+from evaluator.llm.errors import BudgetExhausted
+from evaluator.llm.profiles import ModelProfile
 
 
 class BudgetedBatches:

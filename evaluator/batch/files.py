@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from ..core.redact import redact, redact_keys
-from ..llm.errors import ConfigError
-from ..schema import atomic_write
+from evaluator.core.redact import redact, redact_keys
+from evaluator.llm.errors import ConfigError
+from evaluator.results.schema import atomic_write
 
 CHAT_URL = "/v1/chat/completions"
 

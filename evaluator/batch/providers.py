@@ -23,11 +23,11 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from ..core.redact import redact
-from ..llm.errors import ConfigError, FatalLLMError
-from ..llm.profiles import ModelProfile
-from ..llm.retry import backoff_delay, retry_after_from_headers
-from .files import BatchError, Request, Result, error_dict, parse_results
+from evaluator.batch.files import BatchError, Request, Result, error_dict, parse_results
+from evaluator.core.redact import redact
+from evaluator.llm.errors import ConfigError, FatalLLMError
+from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.retry import backoff_delay, retry_after_from_headers
 
 TOKEN_KEY = "evaluator_token"
 # Per-batch limits when the profile names none. OpenAI: 50,000 requests and 200 MB per input file

@@ -24,13 +24,13 @@ from typing import Any
 
 import orjson
 
-from ..core.errors import EvaluatorError
-from ..core.progress import SILENT, Reporter
-from ..llm import ConfigError, FatalLLMError, LLMEngine, ModelProfile
-from ..llm.accounting import CallStats
-from . import ray_worker
-from .files import BatchError, Request, Result
-from .requests import as_result
+from evaluator.batch import ray_worker
+from evaluator.batch.files import BatchError, Request, Result
+from evaluator.batch.requests import as_result
+from evaluator.core.errors import EvaluatorError
+from evaluator.core.progress import SILENT, Reporter
+from evaluator.llm import ConfigError, FatalLLMError, LLMEngine, ModelProfile
+from evaluator.llm.accounting import CallStats
 
 INSTALL = "pip install 'evaluator[ray]'"
 PROCESSORS = ("http", "vllm")

@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import aio
-from ..core.aio import cancel_all
-from ..core.progress import SILENT, Reporter
-from ..llm import ChatResult, ConfigError, LLMEngine, ModelProfile, ResponseCache, load_profile
-from ..llm.accounting import CallStats
-from ..llm.engine import STOP_GRACE_S
-from ..llm.limits import SharedRates, rate_folder
-from .files import BatchError, Request, Result, dedupe, failure_kinds, read_results
-from .store import JobStore
-from .study import offline
+from evaluator.batch.collect import offline
+from evaluator.batch.files import BatchError, Request, Result, dedupe, failure_kinds, read_results
+from evaluator.batch.store import JobStore
+from evaluator.core import aio
+from evaluator.core.aio import cancel_all
+from evaluator.core.progress import SILENT, Reporter
+from evaluator.llm import ChatResult, ConfigError, LLMEngine, ModelProfile, ResponseCache, load_profile
+from evaluator.llm.accounting import CallStats
+from evaluator.llm.engine import STOP_GRACE_S
+from evaluator.llm.limits import SharedRates, rate_folder
 
 
 @dataclass

@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core.progress import format_eta
-from ..core.redact import redact
-from ..llm.cache import ResponseCache
-from ..llm.profiles import ModelProfile
-from .cost import BatchStats  # the meta.json contract, beside the cost it feeds
-from .files import Request, Result, dedupe, split
-from .providers import BatchAPI, BatchAPIError, BatchState, batch_limits, is_loopback
-from .store import Job, JobStore
+from evaluator.batch.files import Request, Result, dedupe, split
+from evaluator.batch.providers import BatchAPI, BatchAPIError, BatchState, batch_limits, is_loopback
+from evaluator.batch.store import Job, JobStore
+from evaluator.core.progress import format_eta
+from evaluator.core.redact import redact
+from evaluator.llm.cache import ResponseCache
+from evaluator.llm.profiles import ModelProfile
+from evaluator.results.cost import BatchStats  # the meta.json contract, beside the cost it feeds
 
 MAX_ERRORS_KEPT = 5
 # Polls in a row with the queue still full and no batch of ours finishing before deferred chunks are given up

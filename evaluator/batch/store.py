@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from ..core.cache_layout import CacheLayout
+from evaluator.core.cache_layout import CacheLayout
 
 OPEN = ("pending", "submitted")  # states whose requests may still come back from the provider
 

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from tqdm import tqdm
 
-from .redact import redact
+from evaluator.core.redact import redact
 
 _TICK_S = 1.0  # terminal refresh of rate and ETA
 

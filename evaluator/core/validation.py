@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 from pydantic import TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from .errors import ConfigError
+from evaluator.core.errors import ConfigError
 
 T = TypeVar("T")
 

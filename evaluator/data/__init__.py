@@ -9,8 +9,8 @@ so a bad input stops the run with one line naming the file, the line or record a
 is dropped silently and nothing is half-loaded.
 """
 
-from .locate import resolve_data_dir
-from .model import (
+from evaluator.data.locate import resolve_data_dir
+from evaluator.data.model import (
     EMBED_TEXT_RULE,
     GOLD_SETS,
     REGISTRY_CHOICES,
@@ -24,8 +24,14 @@ from .model import (
     match_subsets,
     qid_key,
 )
-from .queries import find_query_files, load_queries, load_query_files, normalise_qid, select_subsets
-from .registry import TOOLS_FORMATS, load_registry
+from evaluator.data.queries import (
+    find_query_files,
+    load_queries,
+    load_query_files,
+    normalise_qid,
+    select_subsets,
+)
+from evaluator.data.registry import TOOLS_FORMATS, load_registry
 
 __all__ = [
     "EMBED_TEXT_RULE", "GOLD_SETS", "REGISTRY_CHOICES", "TOOLS_FORMATS", "Api", "DataError", "Query", "Registry",

@@ -7,9 +7,9 @@ a JSON-RPC response's `result`), a JSON list of tools, or one tool a line (JSONL
 
 from __future__ import annotations
 
-from .model import Api, DataError, description_or_none
-from .params import schema_params
-from .source import get_str, json_type
+from evaluator.data.model import Api, DataError, description_or_none
+from evaluator.data.params import schema_params
+from evaluator.data.source import get_str, json_type
 
 Entry = tuple[str, Api]
 

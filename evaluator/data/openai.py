@@ -9,9 +9,9 @@ the record's `tool` field, else the file's name without its suffixes.
 
 from __future__ import annotations
 
-from .model import Api, DataError, description_or_none
-from .params import schema_params
-from .source import get_str, json_type
+from evaluator.data.model import Api, DataError, description_or_none
+from evaluator.data.params import schema_params
+from evaluator.data.source import get_str, json_type
 
 Entry = tuple[str, Api]
 LIST_KEYS = ("tools", "functions", "functionDeclarations", "function_declarations")

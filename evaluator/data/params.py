@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import DataError, Param
-from .source import json_type
+from evaluator.data.model import DataError, Param
+from evaluator.data.source import json_type
 
 
 def schema_params(schema: Any, where: str, field: str) -> tuple[Param, ...]:

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import toolbench
-from .model import (
+from evaluator.data import toolbench
+from evaluator.data.model import (
     GOLD_SETS,
     DataError,
     Query,
@@ -28,7 +28,16 @@ from .model import (
     loose_id,
     match_subsets,
 )
-from .source import get_str, json_type, parse_csv, parse_json, parse_jsonl, read_text, reading, stem
+from evaluator.data.source import (
+    get_str,
+    json_type,
+    parse_csv,
+    parse_json,
+    parse_jsonl,
+    read_text,
+    reading,
+    stem,
+)
 
 QUERY_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".tsv")
 QUERY_DIRS = ("queries", "data/test_instruction", "test_instruction")

@@ -11,8 +11,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from . import mcp, openai, toolbench
-from .model import (
+from evaluator.data import mcp, openai, toolbench
+from evaluator.data.model import (
     DESCRIPTION_CAP_CHARS,
     DESCRIPTION_CAP_TOKENS,
     NAME_CAP_CHARS,
@@ -25,7 +25,7 @@ from .model import (
     loose_id,
     prompt_description,
 )
-from .source import json_type, parse_json, parse_jsonl, read_text, reading, stem
+from evaluator.data.source import json_type, parse_json, parse_jsonl, read_text, reading, stem
 
 TOOLS_FORMATS = ("auto", "jsonl", "toolbench", "mcp", "openai")
 TOOL_SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz")

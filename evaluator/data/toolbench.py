@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .model import Api, DataError, api_id, description_or_none
-from .params import schema_params
-from .source import get_str, json_type, located, one_line, parse_json, read_text
+from evaluator.data.model import Api, DataError, api_id, description_or_none
+from evaluator.data.params import schema_params
+from evaluator.data.source import get_str, json_type, located, one_line, parse_json, read_text
 
 Entry = tuple[str, Api]  # (where the record is, the API)
 

@@ -22,8 +22,8 @@ from typing import Any
 import orjson
 import xllamacpp
 
-from ..llm.errors import ConfigError
-from .weights import ensure, weights
+from evaluator.llamacpp.weights import ensure, weights
+from evaluator.llm.errors import ConfigError
 
 
 def _emit(line: dict[str, Any]) -> None:

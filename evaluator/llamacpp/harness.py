@@ -29,10 +29,10 @@ from typing import IO, Any
 
 import orjson
 
-from ..core.cache_layout import CacheLayout
-from ..llm.errors import ConfigError
-from ..llm.profiles import ModelProfile
-from .weights import Weights, chunks, verified, weights
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.llamacpp.weights import Weights, chunks, verified, weights
+from evaluator.llm.errors import ConfigError
+from evaluator.llm.profiles import ModelProfile
 
 log = logging.getLogger("evaluator.llamacpp")
 _REPO = Path(__file__).resolve().parents[2]

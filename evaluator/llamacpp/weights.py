@@ -21,8 +21,8 @@ from pathlib import Path
 
 import orjson
 
-from ..core.files import atomic_write, sha256_file
-from ..llm.errors import ConfigError
+from evaluator.core.files import atomic_write, sha256_file
+from evaluator.llm.errors import ConfigError
 
 _BLOCK = 8 << 20  # 8 MiB per read: hashing and copying at disk speed without holding a chunk in memory
 

@@ -1,10 +1,10 @@
 """Async LLM engine: model profiles, rate limits, retries, durable response cache, accounting."""
 
-from .accounting import ModelStats
-from .cache import ResponseCache, cache_clear, cache_stats
-from .engine import ChatResult, LLMEngine, Prepared
-from .errors import ConfigError, FatalLLMError
-from .profiles import ModelProfile, available_profiles, load_profile, resolve_api_key
+from evaluator.llm.accounting import ModelStats
+from evaluator.llm.cache import ResponseCache, cache_clear, cache_stats
+from evaluator.llm.engine import ChatResult, LLMEngine, Prepared
+from evaluator.llm.errors import ConfigError, FatalLLMError
+from evaluator.llm.profiles import ModelProfile, available_profiles, load_profile, resolve_api_key
 
 __all__ = [
     "ChatResult",

@@ -15,11 +15,11 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.money import capped_usd
-from ..core.tokens import prompt_tokens
-from .errors import CONTEXT_EXCEEDED as CONTEXT_EXCEEDED
-from .errors import ConfigError
-from .profiles import ModelProfile
+from evaluator.core.money import capped_usd
+from evaluator.core.tokens import prompt_tokens
+from evaluator.llm.errors import CONTEXT_EXCEEDED as CONTEXT_EXCEEDED
+from evaluator.llm.errors import ConfigError
+from evaluator.llm.profiles import ModelProfile
 
 
 def context_overflow(profile: ModelProfile, body: dict[str, Any]) -> str | None:

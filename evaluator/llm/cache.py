@@ -53,10 +53,10 @@ import diskcache
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..core.cache_layout import CacheLayout
-from ..core.files import atomic_write
-from .errors import ConfigError, FatalLLMError
-from .reply import CONTEXT, MAX_TOKENS
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.files import atomic_write
+from evaluator.llm.errors import ConfigError, FatalLLMError
+from evaluator.llm.reply import CONTEXT, MAX_TOKENS
 
 KEY_SCHEMA = 1  # bump if the key recipe changes, so old entries are never misread
 _SORT = orjson.OPT_SORT_KEYS

@@ -24,10 +24,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-from .errors import CONTEXT_EXCEEDED
-from .profiles import ModelProfile
-from .reply import MAX_TOKENS, ChatResult, read_reply
-from .retry import Kind, Verdict, classify_http, is_validation_error, jittered_backoff, rejected_fields
+from evaluator.llm.errors import CONTEXT_EXCEEDED
+from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.reply import MAX_TOKENS, ChatResult, read_reply
+from evaluator.llm.retry import (
+    Kind,
+    Verdict,
+    classify_http,
+    is_validation_error,
+    jittered_backoff,
+    rejected_fields,
+)
 
 # Fields a host may reject and the request still means the same thing without; `model` and
 # `messages` are the request itself.

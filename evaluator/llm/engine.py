@@ -39,12 +39,12 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from ..core.money import capped_usd
-from ..core.redact import redact
-from ..core.tokens import prompt_tokens, text_tokens
-from .accounting import ModelStats
-from .budget import CONTEXT_EXCEEDED, context_overflow, worst_case_usd
-from .cache import (
+from evaluator.core.money import capped_usd
+from evaluator.core.redact import redact
+from evaluator.core.tokens import prompt_tokens, text_tokens
+from evaluator.llm.accounting import ModelStats
+from evaluator.llm.budget import CONTEXT_EXCEEDED, context_overflow, worst_case_usd
+from evaluator.llm.cache import (
     RUN_ID,
     CacheEntry,
     ResponseCache,
@@ -56,7 +56,7 @@ from .cache import (
     profile_shaped,
     reusable,
 )
-from .decide import (
+from evaluator.llm.decide import (
     CallState,
     Decision,
     DowngradeSchema,
@@ -70,11 +70,18 @@ from .decide import (
     decide,
     resume_time,
 )
-from .errors import BudgetExhausted, ConfigError, FatalLLMError, mask
-from .limits import ConcurrencyLimit, RequestPacer, ServerFacts, SlowDownGate, TokenBucket, read_server_facts
-from .profiles import ModelProfile, resolve_api_key
-from .reply import CONTEXT, MAX_TOKENS, ChatResult, cut_cause, describe_cut, read_reply
-from .retry import is_validation_error
+from evaluator.llm.errors import BudgetExhausted, ConfigError, FatalLLMError, mask
+from evaluator.llm.limits import (
+    ConcurrencyLimit,
+    RequestPacer,
+    ServerFacts,
+    SlowDownGate,
+    TokenBucket,
+    read_server_facts,
+)
+from evaluator.llm.profiles import ModelProfile, resolve_api_key
+from evaluator.llm.reply import CONTEXT, MAX_TOKENS, ChatResult, cut_cause, describe_cut, read_reply
+from evaluator.llm.retry import is_validation_error
 
 __all__ = ["ChatResult", "LLMEngine", "Pacer", "Prepared", "SpendingCap", "TokenPacer", "local_pacer",
            "local_token_pacer"]

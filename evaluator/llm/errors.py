@@ -5,9 +5,9 @@ The classes are defined, with their exit codes, in `core.errors`; the engine's m
 
 from __future__ import annotations
 
-from ..core.errors import BudgetExhausted as BudgetExhausted
-from ..core.errors import ConfigError as ConfigError
-from ..core.errors import FatalLLMError as FatalLLMError
+from evaluator.core.errors import BudgetExhausted as BudgetExhausted
+from evaluator.core.errors import ConfigError as ConfigError
+from evaluator.core.errors import FatalLLMError as FatalLLMError
 
 # The error kind of a call whose prompt cannot fit the model's context: refused by the server (llm.retry), or
 # known before sending from the profile's `context_tokens` (llm.budget) and then never sent.

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.cache_layout import CacheLayout
-from .errors import ConfigError
-from .profiles import ModelProfile, resolve_api_key
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.llm.errors import ConfigError
+from evaluator.llm.profiles import ModelProfile, resolve_api_key
 
 # Pace a little under the nominal limit: the server's clock sees our requests with network and
 # event-loop jitter, and a request that lands 1 ms early costs a 429 and a full Retry-After wait.

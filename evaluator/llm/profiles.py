@@ -18,10 +18,10 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
 
-from ..core.redact import redact_url, watch_env
-from ..core.tokens import CHARS_PER_TOKEN
-from ..core.validation import checked, toml_label
-from .errors import ConfigError
+from evaluator.core.redact import redact_url, watch_env
+from evaluator.core.tokens import CHARS_PER_TOKEN
+from evaluator.core.validation import checked, toml_label
+from evaluator.llm.errors import ConfigError
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from .errors import CONTEXT_EXCEEDED
+from evaluator.llm.errors import CONTEXT_EXCEEDED
 
 _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..batch.cost import BatchStats, Cost, usd
-from ..core.redact import redact
-from .fmt import table
+from evaluator.core.redact import redact
+from evaluator.render.fmt import table
+from evaluator.results.cost import BatchStats, Cost, usd
 
 
 def _usd(x: float | None) -> str:

@@ -18,9 +18,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.stats import Row, Summary
-from ..core.files import atomic_folder
-from ..schema import atomic_write
+from evaluator.analysis.stats import Row, Summary
+from evaluator.core.files import atomic_folder
+from evaluator.results.schema import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..analysis.stats import Row, Test
+from evaluator.analysis.stats import Row, Test
 
 DASH = "–"
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..analysis.main import MainResult
-from ..data import EMBED_TEXT_RULE
-from ..schema import CallStats, Meta, Runtime, WarningCount, plain, repeats_note
-from . import tables as T
-from .batch import cost_section_md
-from .fmt import models_or_none, table
+from evaluator.analysis.main import MainResult
+from evaluator.data import EMBED_TEXT_RULE
+from evaluator.render import tables as T
+from evaluator.render.batch import cost_section_md
+from evaluator.render.fmt import models_or_none, table
+from evaluator.results.schema import CallStats, Meta, Runtime, WarningCount, plain, repeats_note
 
 DECISIONS = [
     "Gold sets: every retrieval table is given for `api_list` (paper-comparable default) and then for "
@@ -48,7 +48,7 @@ DECISIONS = [
     "PtR: every stub is searched to the largest k of the ablation, so the re-ranked union's first k "
     "entries are exactly TopK_t max_s sim(s, d_t) at every k. A query whose discovery reply yields no "
     "stub retrieves nothing and gets no planner call (counted in Gen%), unless `fallback_to_query` is on.",
-    "Prompts are this project's own (evaluator/prompts.py; the paper's verbatim prompts are not in the "
+    "Prompts are this project's own (evaluator/study/prompts.py; the paper's verbatim prompts are not in the "
     "available text); their versions are part of the response-cache key. The planner sees the main-k "
     "retrieved APIs as `tool/api: description`; its selections are mapped back to registry ids by exact, "
     "normalised, then close (difflib >= 0.85) name matching; a name that matches nothing offered is "

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..analysis.routing import ARCH_LABEL, SIGNALS, Policy, RoutingMeta, RoutingResult, Scored
-from ..schema import GOLDS
-from .fmt import DASH, fint, mean_pm, simulated_note, table
+from evaluator.analysis.routing import ARCH_LABEL, SIGNALS, Policy, RoutingMeta, RoutingResult, Scored
+from evaluator.render.fmt import DASH, fint, mean_pm, simulated_note, table
+from evaluator.results.schema import GOLDS
 
 
 def _f(o: Scored, name: str, digits: int = 3) -> str:

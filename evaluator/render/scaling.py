@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from ..analysis.scaling import FULL, Key, Point, ScalingResult
-from ..analysis.stats import mean_std
-from ..schema import GOLDS
-from .fmt import DASH, fpct, mean_pm, models_or_none, simulated_note, table
+from evaluator.analysis.scaling import FULL, Key, Point, ScalingResult
+from evaluator.analysis.stats import mean_std
+from evaluator.render.fmt import DASH, fpct, mean_pm, models_or_none, simulated_note, table
+from evaluator.results.schema import GOLDS
 
 
 def _fmt(p: Point | None, key: Key, pct: bool = False) -> tuple[str, float]:

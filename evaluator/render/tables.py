@@ -9,11 +9,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..analysis import stats as S
-from ..analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
-from ..analysis.main import MainResult
-from ..analysis.metrics import RANK_METRICS, RETRIEVAL_METRICS
-from .fmt import DASH, better, bold, fms, fnum, fpct, ptest, section, table
+from evaluator.analysis import stats as S
+from evaluator.analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
+from evaluator.analysis.main import MainResult
+from evaluator.analysis.metrics import RANK_METRICS, RETRIEVAL_METRICS
+from evaluator.render.fmt import DASH, better, bold, fms, fnum, fpct, ptest, section, table
 
 
 @dataclass

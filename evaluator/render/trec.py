@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from ..schema import GOLDS, Record, record_key
+from evaluator.results.schema import GOLDS, Record, record_key
 
 _ESCAPE = re.compile(r"[%\s]")
 _NAME = re.compile(r"[^A-Za-z0-9._+-]+")

@@ -30,11 +30,21 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..analysis.metrics import RANK_METRICS, Obs, record_obs
-from ..analysis.stats import exact, stars, wilcoxon_paired
-from ..batch.cost import usd
-from ..schema import GOLDS, SUMMARY_FILE, Meta, OutputDir, OutputError, Record, atomic_write, plain, qid_key
-from .fmt import DASH, fnum, format_p, mean_pm
+from evaluator.analysis.metrics import RANK_METRICS, Obs, record_obs
+from evaluator.analysis.stats import exact, stars, wilcoxon_paired
+from evaluator.render.fmt import DASH, fnum, format_p, mean_pm
+from evaluator.results.cost import usd
+from evaluator.results.schema import (
+    GOLDS,
+    SUMMARY_FILE,
+    Meta,
+    OutputDir,
+    OutputError,
+    Record,
+    atomic_write,
+    plain,
+    qid_key,
+)
 
 VIEW_FILE = "view.html"
 # A page with more records than this keeps them in side files of at most about this many records each (whole

@@ -17,7 +17,7 @@ genai = pytest.importorskip("google.genai")
 from google.genai import _api_client, errors, types  # noqa: E402
 
 from evaluator.batch.providers import GEMINI_JSONL_MIME, GeminiBatch, chat_to_gemini, status_result  # noqa: E402
-from evaluator.sim.harness import admin_call, configure_batch  # noqa: E402
+from simulator.harness import admin_call, configure_batch  # noqa: E402
 
 sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
 FINAL = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED"}

@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletion  # noqa: E402
 
 from evaluator.batch.files import parse_results  # noqa: E402
 from evaluator.batch.providers import OpenAIBatch  # noqa: E402
-from evaluator.sim.harness import batch_stats, configure_batch  # noqa: E402
+from simulator.harness import batch_stats, configure_batch  # noqa: E402
 
 sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
 

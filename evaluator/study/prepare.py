@@ -12,10 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import retrieve
-from .config import REPO_ROOT, Settings
-from .core.progress import SILENT, Reporter
-from .data import (
+from evaluator.core.progress import SILENT, Reporter
+from evaluator.data import (
     Query,
     Registry,
     Warnings,
@@ -24,10 +22,12 @@ from .data import (
     load_registry,
     resolve_data_dir,
 )
-from .embed import Embedder
-from .index import VectorIndex, searches_folder
-from .lexical import load_index
-from .retrievers import Dense, Hybrid, Lexical, Retriever
+from evaluator.retrieval import search as retrieve
+from evaluator.retrieval.embed import Embedder
+from evaluator.retrieval.index import VectorIndex, searches_folder
+from evaluator.retrieval.lexical import load_index
+from evaluator.retrieval.retrievers import Dense, Hybrid, Lexical, Retriever
+from evaluator.settings.load import REPO_ROOT, Settings
 
 
 @dataclass

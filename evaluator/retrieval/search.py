@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .index import VectorIndex
+from evaluator.retrieval.index import VectorIndex
 
 
 @dataclass

@@ -14,9 +14,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .core import threads
-from .core.cache_layout import CacheLayout
-from .core.files import atomic_write
+from evaluator.core import threads
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.files import atomic_write
 
 threads.configure_env()
 

@@ -21,9 +21,9 @@ from typing import Protocol
 
 import numpy as np
 
-from .embed import Embedder
-from .index import SearchMemo, VectorIndex
-from .lexical import BM25Index
+from evaluator.retrieval.embed import Embedder
+from evaluator.retrieval.index import SearchMemo, VectorIndex
+from evaluator.retrieval.lexical import BM25Index
 
 RRF_K = 60  # the constant of Cormack et al. (2009), as ranx and the tool-retrieval papers use it
 FUSION_DEPTH = 100  # each list fused to this depth (>= every k the study reports)

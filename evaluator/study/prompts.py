@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .data.model import prompt_description
+from evaluator.data.model import prompt_description
 
 # The simulator recognises the two prompts by these opening words; keep them stable.
 DISCOVERY_MARKER = "You are the tool-discovery step of an LLM agent."

@@ -8,71 +8,55 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pydantic import TypeAdapter
 
-from . import __version__
-from .analysis import routing as routing_analysis
-from .analysis import scaling as scaling_analysis
-from .analysis.main import main_study
-from .analysis.stats import summary_dict
-from .batch import study as batch_study
-from .batch.cost import BatchStats, accounting
-from .batch.files import Result, read_requests, write_lines
-from .batch.ray_engine import RayOptions, RayRun, run_requests_ray
-from .batch.ray_engine import check as check_ray
-from .batch.requests import offline_profile, run_requests
-from .batch.store import JobStore
-from .config import AnalysisSubsets, ConfigError, Settings, analysis_subsets
-from .core import aio
-from .core.cache_layout import CacheLayout
-from .core.progress import SILENT, Progress, Reporter
-from .data import DataError, Registry, load_registry
-from .index import searches_folder
-from .lexical import BM25Index, load_index
-from .llamacpp import harness as llamacpp
-from .llm import LLMEngine, ModelProfile, load_profile
-from .llm.accounting import CallStats
-from .llm.budget import Budget, check_priced
-from .llm.engine import STOP_GRACE_S
-from .llm.errors import BudgetExhausted
-from .llm.limits import SharedRates, rate_folder
-from .pipeline import StudyRunner, Unit, calls_per_unit, retrieval_only_records
-from .plan import PLAN_FILE, plan_requests, plan_study, write_plan
-from .render import figures, report, trec, view
-from .render import routing as routing_render
-from .render import scaling as scaling_render
-from .retrievers import Hybrid, Lexical
-from .schema import (
-    REPORT_FILE,
+from evaluator import __version__
+from evaluator.analysis import routing as routing_analysis
+from evaluator.analysis import scaling as scaling_analysis
+from evaluator.app.dry_run import PLAN_FILE, plan_study, write_plan
+from evaluator.app.report import about, render_outputs, routing_options
+from evaluator.batch import collect as batch_study
+from evaluator.batch.requests import offline_profile
+from evaluator.core import aio
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.progress import SILENT, Progress, Reporter
+from evaluator.data import DataError, Registry
+from evaluator.llamacpp import harness as llamacpp
+from evaluator.llm import LLMEngine, ModelProfile, load_profile
+from evaluator.llm.accounting import CallStats
+from evaluator.llm.budget import Budget, check_priced
+from evaluator.llm.errors import BudgetExhausted
+from evaluator.llm.limits import SharedRates, rate_folder
+from evaluator.results.cost import BatchStats, accounting
+from evaluator.results.schema import (
     ROUTING_FILE,
     SCALING_FILE,
-    SUMMARY_FILE,
-    About,
     LocalServer,
     Meta,
     ModelInfo,
     OutputDir,
-    OutputError,
     PeakMemory,
     Record,
     RegistryInfo,
     Runtime,
     SimulatorStats,
     check_writable,
-    record_key,
 )
-from .sim.harness import SimHandle, start_simulator
-from .study import Inputs, Study, load_inputs, make_embedder, prepare
+from evaluator.retrieval.index import searches_folder
+from evaluator.retrieval.lexical import BM25Index
+from evaluator.retrieval.retrievers import Hybrid, Lexical
+from evaluator.settings.load import ConfigError, Settings, analysis_subsets
+from evaluator.study.prepare import Inputs, Study, load_inputs, prepare
+from evaluator.study.runner import StudyRunner, Unit, calls_per_unit, retrieval_only_records
+from simulator.harness import SimHandle, start_simulator
 
 Log = Callable[[str], None]
 
@@ -174,7 +158,7 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
             return RunOutcome(out, message=batch_study.cancel_message(stats))
     with contextlib.ExitStack() as stack:
         # Simulated and bundled models' servers start now and get ready beside the loading and embedding below.
-        sims = _start_servers(stack, profiles, cache_root) if profiles and not s.dry_run else {}
+        sims = start_servers(stack, profiles, cache_root) if profiles and not s.dry_run else {}
         return _run_study(s, out, cache_root, profiles, sims, reporter, retrieval_only)
 
 
@@ -237,9 +221,9 @@ def peak_rss_mib() -> PeakMemory:
 Server = SimHandle | llamacpp.LlamaHandle  # a server this process started for a profile: base_url, stats(), stop()
 
 
-def _start_servers(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile], cache_root: Path) -> dict[str, Server]:
+def start_servers(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile], cache_root: Path) -> dict[str, Server]:
     """A local simulator for each simulated profile without an endpoint, and the bundled llama.cpp server for
-    each profile with `local_model` and no endpoint, started without waiting for them (`_use_servers`
+    each profile with `local_model` and no endpoint, started without waiting for them (`use_servers`
     waits); they stop with `stack` (an error, Ctrl-C, SIGTERM) or at the end of the LLM stage."""
     out: dict[str, Server] = {}
     for name, p in profiles.items():
@@ -250,7 +234,7 @@ def _start_servers(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile
     return out
 
 
-def _use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> None:
+def use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> None:
     """Each profile pointed at the server started for it (`profiles` updated in place), once it listens."""
     for name, sim in sims.items():
         if isinstance(sim, llamacpp.LlamaHandle):
@@ -269,8 +253,8 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
     them from the cache."""
     s = study.settings
     with contextlib.ExitStack() as stack:
-        sims = sims if sims is not None else _start_servers(stack, profiles, cache_root)
-        _use_servers(profiles, sims)
+        sims = sims if sims is not None else start_servers(stack, profiles, cache_root)
+        use_servers(profiles, sims)
         batch_stats: dict[str, BatchStats] = {}
         if s.batch == "submit":
             batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget,
@@ -353,15 +337,15 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
         res = scaling_analysis.scaling_study(
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
             subsets=subs.scaling, divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes,
-            seeds=s.scaling_seeds, about=_about(meta, s, "scaling_subsets"), log=quiet,
+            seeds=s.scaling_seeds, about=about(meta, s, "scaling_subsets"), log=quiet,
             memo=searches_folder(study.embedder.cache_dir), retriever=s.retriever, lexical=_lexical(study.retriever))
         od.write_json(SCALING_FILE, res.to_dict())
     else:
         notes["scaling"] = "no subset to run it on"
     study.timings["scaling_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    opt = _routing_options(s, subs)
-    result = routing_analysis.routing_study(records, opt, _about(meta, s, "routing_test"))
+    opt = routing_options(s, subs)
+    result = routing_analysis.routing_study(records, opt, about(meta, s, "routing_test"))
     od.write_json(ROUTING_FILE, result.to_dict())
     study.timings["routing_s"] = time.perf_counter() - t
     return notes
@@ -372,232 +356,3 @@ def _lexical(retriever: object) -> BM25Index | None:
     if isinstance(retriever, Hybrid):
         retriever = retriever.lexical
     return retriever.index if isinstance(retriever, Lexical) else None
-
-
-def _routing_options(s: Settings, subs: AnalysisSubsets) -> routing_analysis.Options:
-    return routing_analysis.Options(k=s.k, train=subs.routing_train, test=subs.routing_test,
-                                    folds=s.routing_folds, seed=s.routing_seed)
-
-
-def _about(meta: Meta, s: Settings, setting: str) -> About:
-    derived = not getattr(s, setting)
-    return meta.about(
-        "derived from the subsets present: sorted, the last one is the held-out test set" if derived
-        else "as set in [analysis]",
-        "derived: the last subset in sorted order is the test set, the others tune" if derived
-        else "as set in [analysis]")
-
-
-# ---------------------------------------------------------------- render
-
-
-def _draw_one(draw: Callable[[Any, Path], Path], result: Any, png: Path) -> list[Path]:
-    return [draw(result, png)]
-
-
-def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None,
-                   meta: Meta | None = None, records: list[Record] | None = None) -> None:
-    """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
-    `figure_store`: a folder of figures already drawn, by their data (render.figures.drawn). `meta`,
-    `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study)."""
-    saved = meta is None or records is None  # read back: another run's meta.json may sit beside the records
-    meta = od.read_meta() if meta is None else meta
-    records = od.read_records() if records is None else sorted(records, key=record_key)
-    if saved:
-        od.check_agree(meta, records)
-    result = main_study(records, meta)
-    od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view()), indent=1)
-    scaling = od.read_json(SCALING_FILE)
-    routing = od.read_json(ROUTING_FILE)
-    sections: list[str] = []
-    skipped: list[str] = []
-    figs: list[Path] = []  # the main study's figures (report.md lists them); the analyses' sit in their sections
-    if with_figures:
-        figs = figures.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
-                                simulated=report.labels_of(meta, result.summary.models).simulated, store=figure_store)
-    drawn = list(figs)  # every figure this render drew: the view shows these, not a stale PNG of an earlier run
-    # The two analyses that follow the main study: (name, saved data, its typed result, section, figure, command)
-    analyses: tuple[tuple[str, dict[str, Any] | None, Callable[[Mapping[str, Any]], Any], Callable[[Any], str],
-                          Callable[[Any, Path], Path], str], ...] = (
-        ("scaling", scaling, scaling_analysis.ScalingResult.from_dict, scaling_render.section_md,
-         scaling_render.figure, "Scaling study (Table 10)"),
-        ("routing", routing, routing_analysis.RoutingResult.from_dict, routing_render.section_md,
-         routing_render.figure, "Routing study"),
-    )
-    for name, data, typed, section_md, draw, title in analyses:
-        if data is None:
-            if not meta.retrieval_only:
-                skipped.append(f"{title}: {meta.analysis_notes.get(name, 'not run')}; "
-                               f"`python -m evaluator {name} OUT` runs it from the saved data.")
-            continue
-        try:
-            res = typed(data)
-        except (KeyError, TypeError, ValueError) as e:  # pydantic's ValidationError is a ValueError
-            raise OutputError(f"{od.path / f'{name}.json'}: not a {name} result ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:160]}); rerun `python -m evaluator {name} OUT`.") from None
-        sections.append(section_md(res))
-        if isinstance(res, routing_analysis.RoutingResult) and not res.meta.has_split:
-            skipped.append("Routing held-out subset split: it needs two subsets, one to tune τ on and one to "
-                           "report on; cross-validation is shown instead.")
-        if with_figures:
-            png = od.figures / f"{name}.png"
-            drawn += figures.drawn(od.figures, name, figures.figure_inputs(data),
-                            functools.partial(_draw_one, draw, res, png), figure_store)
-    od.write_text(REPORT_FILE, report.compose(meta, result, sections=sections, figures=[p.name for p in figs],
-                                          skipped=skipped))
-    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None)  # view.html: every query browsable (evaluator.render.view)
-
-
-# ---------------------------------------------------------------- the analyses alone, on a finished run
-
-
-def _records_with_ptr(od: OutputDir, what: str) -> list[Record]:
-    records = od.read_records()
-    if not any(r.ptr is not None and r.model is not None for r in records):
-        raise DataError(f"{od.path}: no PtR records (a retrieval-only run?); {what} needs both architectures.")
-    return records
-
-
-def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = None, device: str = "auto",
-                        reporter: Reporter = SILENT) -> scaling_analysis.ScalingResult:
-    """The scaling study on a finished run: its registry re-read, every vector from its embedding cache."""
-    meta = od.read_meta()
-    records = od.read_records()
-    od.check_agree(meta, records)
-    # --data on this command wins; else the run's --tools, else its data folder
-    data = data_dir or meta.settings.tools or meta.data_dir or meta.settings.data_dir
-    if not data:
-        raise DataError(f"{od.path}/meta.json names no data_dir; pass --data DIR.")
-    registry = load_registry(data, meta.registry.choice if meta.registry.choice != "?" else "full",
-                             fmt=meta.settings.tools_format)
-    if meta.registry.size and meta.registry.size != len(registry):
-        reporter.warn(f"the registry now has {len(registry):,} APIs, the run had {meta.registry.size:,}")
-    run_s = dataclasses.replace(s, embedder=meta.settings.embedder,
-                                precision=meta.precision if meta.precision != "?" else "auto", device=device,
-                                # old runs had only torch; the cache key is model/backend/precision
-                                backend=meta.backend if meta.backend != "?" else "torch")
-    embedder = make_embedder(run_s, reporter.progress, reporter)
-    encode = lambda texts: embedder.encode(texts, desc="embedding (cache misses)")  # noqa: E731
-    api_vecs = encode(registry.texts())
-    subs = analysis_subsets(s, sorted({r.subset for r in records}))
-    retriever = meta.settings.retriever
-    lexical = load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0] if retriever != "dense" else None
-    res = scaling_analysis.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
-                           divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
-                           about=_about(meta, s, "scaling_subsets"), log=reporter.info,
-                           memo=searches_folder(embedder.cache_dir), retriever=retriever, lexical=lexical)
-    if meta.registry.digest and meta.registry.digest != registry.digest():
-        reporter.warn(f"the registry at {data} is not the one the run used (digest {registry.digest()}, the run's "
-                      f"{meta.registry.digest}); the scaling study uses it as it is now")
-    res.meta.embed = dataclasses.asdict(embedder.stats)
-    if embedder.stats.embedded:
-        reporter.info(f"note: {embedder.stats.embedded} texts were not in the embedding cache and were embedded now")
-    od.write_json(SCALING_FILE, res.to_dict())
-    render_outputs(od)
-    return res
-
-
-def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> routing_analysis.RoutingResult:
-    meta = od.read_meta()
-    saved = max([meta.k, *meta.ks])
-    if s.k > saved:  # the records hold each top list only to the run's largest k
-        raise ConfigError(f"--k {s.k} is above the largest k this run saved ({saved}); pass --k {saved} or less.")
-    records = _records_with_ptr(od, "routing")
-    od.check_agree(meta, records)
-    subs = analysis_subsets(s, sorted({r.subset for r in records}))
-    opt = _routing_options(s, subs)
-    res = routing_analysis.routing_study(records, opt, _about(meta, s, "routing_test"), log=reporter.info)
-    od.write_json(ROUTING_FILE, res.to_dict())
-    render_outputs(od)
-    return res
-
-
-# ---------------------------------------------------------------- `export trec`
-
-
-def export_trec(od: OutputDir, to: Path) -> list[Path]:
-    """`export trec OUT --to DIR`: the run's ranked lists and gold sets as TREC run and qrels files."""
-    records = od.read_records()
-    check_writable(to, "--to")
-    target = OutputDir(to)
-    written = []
-    for name, text in trec.export(records).items():
-        target.write_text(name, text)
-        written.append(to / name)
-    return written
-
-
-# ---------------------------------------------------------------- request files (`requests export|run`)
-
-
-@dataclass
-class Exported:
-    out: Path
-    per_model: dict[str, int]  # requests written per model
-    cache_root: Path
-
-
-def export_requests(s: Settings, out: Path, reporter: Reporter = SILENT) -> Exported:
-    """`requests export`: every chat request the study would send now that is not cached, into `out`.
-
-    The run's checks and order with offline profiles (the same cache keys, no key needed): inputs
-    checked, the study prepared, then one collect pass instead of the models' runs. The PtR planners
-    need the discovery replies, so a second export after the first results were imported holds them."""
-    cache_root = s.resolve_path(s.cache_dir)
-    check_writable(out.parent, "requests export: the output file's folder")
-    check_writable(cache_root, "--cache-dir")
-    if not s.models:
-        raise ConfigError("requests export: name the model(s) with --model PROFILE")
-    profiles = load_profiles(s, offline=True)
-    inputs = checked_inputs(s, reporter)
-    study = prepare(s, reporter.progress, inputs, reporter=reporter)
-    todo = aio.run(batch_study.collect(study, profiles, cache_root))
-    store = JobStore(cache_root)
-    try:
-        for name, reqs in todo.items():
-            store.remember_export(name, [r.custom_id for r in reqs])  # so `requests import` needs no --model
-    finally:
-        store.close()
-    write_lines(out, [r for reqs in todo.values() for r in reqs])
-    return Exported(out, {n: len(r) for n, r in todo.items()}, cache_root)
-
-
-@dataclass
-class RanFile:
-    results: list[Result]
-    stats: CallStats  # the engine's accounting (requests sent, cache hits, ...)
-    seconds: float
-    ray: RayRun | None = None  # --engine ray: where and how Ray ran it
-
-
-def plan_request_file(path: Path, model: str, out: Path, cache_root: Path, **overrides: Any) -> str:
-    """`requests run --dry-run`: the plan of a request file, as JSON beside `out`; nothing is sent."""
-    requests = read_requests(path)
-    plan = plan_requests(requests, offline_profile(model, **overrides), cache_root)
-    return write_plan(plan, out.with_name(out.stem + ".plan.json"))
-
-
-def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, reporter: Reporter = SILENT,
-                     ray: RayOptions | None = None, grace_s: float = STOP_GRACE_S, **overrides: Any) -> RanFile:
-    """`requests run`: any request file through the online engine (limits, retries, cache, resume) into a
-    results file, or with `ray` through Ray Data LLM (`batch.ray_engine`: the same cache, the same
-    results). The whole file is checked, and `out` writable, before anything is sent."""
-    if out.resolve() == path.resolve():
-        raise ConfigError("requests run: --out must not be the input file")
-    requests = read_requests(path)
-    check_writable(out.parent, "--out")  # one line now, not a traceback after every request was sent
-    profile = load_profile(model, **overrides)
-    if ray is not None:
-        check_ray(profile, ray)  # Ray missing, vLLM missing, a pace Ray cannot keep: one line, before any start
-    t0 = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        profiles = {profile.name: profile}
-        _use_servers(profiles, _start_servers(stack, profiles, cache_root))
-        ran: RayRun | None = None
-        if ray is not None:
-            results, stats, ran = run_requests_ray(requests, profiles[profile.name], cache_root, ray, reporter=reporter)
-        else:
-            results, stats = aio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter,
-                                                  grace_s=grace_s))
-    write_lines(out, results)
-    return RanFile(results, stats, time.perf_counter() - t0, ran)

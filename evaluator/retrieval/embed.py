@@ -30,18 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .core import threads
-from .core.cache_layout import CacheLayout
-from .core.errors import EmbedderError as EmbedderError  # defined with its exit code in core.errors
-from .core.files import atomic_write
+from evaluator.core import threads
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.errors import EmbedderError as EmbedderError  # defined with its exit code in core.errors
+from evaluator.core.files import atomic_write
 
 threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread pools
 
 import numpy as np  # noqa: E402
 
-from . import bundled  # noqa: E402
-from . import embed_backends as eb  # noqa: E402
-from .core.progress import SILENT, Reporter  # noqa: E402
+from evaluator.core.progress import SILENT, Reporter  # noqa: E402
+from evaluator.retrieval import backends as eb  # noqa: E402
+from evaluator.retrieval import bundled  # noqa: E402
 
 DEFAULT_MODEL = "bundled:all-MiniLM-L6-v2"
 BACKENDS = ("auto", *eb.BACKENDS)

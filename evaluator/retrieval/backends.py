@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from .core.cache_layout import CacheLayout
-from .core.errors import EmbedderError
-from .core.files import atomic_folder
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.errors import EmbedderError
+from evaluator.core.files import atomic_folder
 
 EXPORT_VERSION = 2  # bump when the export procedure changes: old exports are then ignored (2: tokenizer kept)
 OPSET = 17

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import orjson
 from aiohttp import web
 
-from ..core.tokens import prompt_tokens
+from evaluator.core.tokens import prompt_tokens
 
 
 class _Keyed(Protocol):

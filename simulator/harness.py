@@ -24,9 +24,9 @@ from typing import Any
 
 import orjson
 
-from .server import SimConfig, config_from
+from simulator.server import SimConfig, config_from
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[1]
 # Loopback only: never route admin calls through an HTTP(S)_PROXY from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -138,12 +138,12 @@ class SimHandle:
 
 def start_simulator(config: SimConfig | None = None, *, host: str = "127.0.0.1", timeout_s: float = 20.0,
                     wait: bool = True, **knobs: Any) -> SimHandle:
-    """Launch `python -m evaluator.sim` on a free port of `host`; returns once `/v1/models` answers, or
+    """Launch `python -m simulator` on a free port of `host`; returns once `/v1/models` answers, or
     at once with `wait=False` (the first use of `base_url` waits: the simulator's ~0.5 s start then
     overlaps the caller's own work)."""
     cfg = config_from(config, **knobs)
     cmd = [
-        sys.executable, "-m", "evaluator.sim", "--host", host, "--port", "0", "--exit-with-parent",
+        sys.executable, "-m", "simulator", "--host", host, "--port", "0", "--exit-with-parent",
         "--config-json", orjson.dumps(dataclasses.asdict(cfg)).decode(),
     ]
     env = dict(os.environ)

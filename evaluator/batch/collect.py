@@ -24,16 +24,16 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from ..core import aio
-from ..llm import ChatResult, FatalLLMError, LLMEngine, ModelProfile, Prepared, resolve_api_key
-from ..llm.budget import Budget, context_overflow
-from ..llm.cache import ResponseCache
-from ..pipeline import StudyRunner, Unit  # the study's own request building
-from .budget import BudgetedBatches
-from .files import Request
-from .providers import batch_api, batch_kind, chat_to_gemini
-from .runner import BatchRunner, BatchStats
-from .store import JobStore
+from evaluator.batch.budget import BudgetedBatches
+from evaluator.batch.files import Request
+from evaluator.batch.providers import batch_api, batch_kind, chat_to_gemini
+from evaluator.batch.runner import BatchRunner, BatchStats
+from evaluator.batch.store import JobStore
+from evaluator.core import aio
+from evaluator.llm import ChatResult, FatalLLMError, LLMEngine, ModelProfile, Prepared, resolve_api_key
+from evaluator.llm.budget import Budget, context_overflow
+from evaluator.llm.cache import ResponseCache
+from evaluator.study.runner import StudyRunner, Unit  # the study's own request building
 
 DEFERRED = "deferred: sent through the batch API / request file"
 _PLACEHOLDER_URL = "http://127.0.0.1:9/v1"  # a simulated profile's key never depends on its URL

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args
 from pydantic import Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
-from . import data
-from .core.errors import ConfigError  # one ConfigError for settings and model profiles
-from .core.validation import check_values, checked
-from .data import TOOLS_FORMATS
-from .embed_backends import BACKENDS, PRECISIONS
-from .llm.engine import STOP_GRACE_S
-from .llm.profiles import ModelProfile
+from evaluator import data
+from evaluator.core.errors import ConfigError  # one ConfigError for settings and model profiles
+from evaluator.core.validation import check_values, checked
+from evaluator.data import TOOLS_FORMATS
+from evaluator.llm.engine import STOP_GRACE_S
+from evaluator.llm.profiles import ModelProfile
+from evaluator.retrieval.backends import BACKENDS, PRECISIONS
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 
@@ -36,12 +36,12 @@ if TYPE_CHECKING:  # a Literal built from the tables is no type to a static chec
     Precision: TypeAlias = str
     ToolsFormat: TypeAlias = str
 else:  # pydantic checks the choices
-    Backend = Literal[("auto", *BACKENDS)]  # auto: see evaluator/embed.py AUTO_CPU
+    Backend = Literal[("auto", *BACKENDS)]  # auto: see evaluator/retrieval/embed.py AUTO_CPU
     Precision = Literal[("auto", *dict.fromkeys(p for ps in PRECISIONS.values() for p in ps))]
     ToolsFormat = Literal[TOOLS_FORMATS]  # auto: detected per file
 RegistryChoice = Literal["full", "described"]
 Arch = Literal["rtp", "ptr"]
-RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrievers.py
+RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrieval/retrievers.py
 # --batch-fallback: requests the batch API did not answer stop the run, or go online at the online price
 BATCH_FALLBACKS = ("stop", "online")
 BatchFallback = Literal[BATCH_FALLBACKS]  # type: ignore[valid-type]

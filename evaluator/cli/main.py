@@ -23,12 +23,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from . import app
-from .analysis.routing import RoutingMeta
-from .analysis.scaling import ScalingMeta
-from .batch.ray_engine import RayOptions
-from .batch.requests import import_files
-from .config import (
+from evaluator.analysis.routing import RoutingMeta
+from evaluator.analysis.scaling import ScalingMeta
+from evaluator.app import report, requests, study
+from evaluator.batch.ray_engine import RayOptions
+from evaluator.batch.requests import import_files
+from evaluator.core.aio import interrupt_on_stop_signals, stop_signal
+from evaluator.core.errors import (
+    EXIT_FAILED_CALLS,
+    EXIT_INTERRUPTED,
+    EXIT_STOPPED,
+    EXIT_USAGE,
+    ConfigError,
+    EvaluatorError,
+)
+from evaluator.core.progress import Reporter
+from evaluator.core.redact import RedactFilter, redact, redacted_traceback
+from evaluator.llm import cache_clear, cache_stats
+from evaluator.render import view as view_page
+from evaluator.results.schema import OutputDir
+from evaluator.settings.load import (
     BACKEND_CHOICES,
     BATCH_FALLBACKS,
     PRECISION_CHOICES,
@@ -41,20 +55,6 @@ from .config import (
     load_settings,
     validate,
 )
-from .core.aio import interrupt_on_stop_signals, stop_signal
-from .core.errors import (
-    EXIT_FAILED_CALLS,
-    EXIT_INTERRUPTED,
-    EXIT_STOPPED,
-    EXIT_USAGE,
-    ConfigError,
-    EvaluatorError,
-)
-from .core.progress import Reporter
-from .core.redact import RedactFilter, redact, redacted_traceback
-from .llm import cache_clear, cache_stats
-from .render import view as view_page
-from .schema import OutputDir
 
 
 class Parser(argparse.ArgumentParser):
@@ -204,7 +204,7 @@ def cmd_run(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
     s = settings_from(args)
     _writing(s.out or "results/", s.resolve_path(s.cache_dir))
-    outcome = app.run(s, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
+    outcome = study.run(s, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
     if outcome.message:  # --batch-cancel: no study ran
         print(outcome.message)
         return 0
@@ -232,7 +232,7 @@ def cmd_report(argv: list[str]) -> int:
     p.add_argument("out_dir", type=Path)
     args = p.parse_args(argv)
     _writing(args.out_dir)
-    app.render_outputs(OutputDir(args.out_dir).require())
+    report.render_outputs(OutputDir(args.out_dir).require())
     print(f"Re-rendered {args.out_dir}/report.md, summary.json and figures/")
     return 0
 
@@ -304,7 +304,7 @@ def cmd_scaling(argv: list[str]) -> int:
     return _analysis_command(
         "scaling", "Scaling study (paper Table 10): RtP and PtR recall on sub-registries of growing size, from a "
         "finished output folder; no LLM call, embeddings from the run's cache.", argv, add,
-        lambda args, od, s: app.scaling_from_output(od, s, data_dir=args.data, device=args.device,
+        lambda args, od, s: report.scaling_from_output(od, s, data_dir=args.data, device=args.device,
                                                     reporter=make_reporter(not args.no_progress)).meta)
 
 
@@ -318,7 +318,7 @@ def cmd_routing(argv: list[str]) -> int:
     return _analysis_command(
         "routing", "Complexity-adaptive routing (RtP when RtP's top-1 score >= tau, else PtR; also query length "
         "and clause count) from a finished output folder; no embedding, no LLM call.", argv, add,
-        lambda _args, od, s: app.routing_from_output(od, s, make_reporter()).meta)
+        lambda _args, od, s: report.routing_from_output(od, s, make_reporter()).meta)
 
 
 # ---------------------------------------------------------------- `requests export|import|run`: request files
@@ -353,7 +353,7 @@ def _requests_export(argv: list[str]) -> int:
     args = run_parser().parse_args(argv[1:])
     s = settings_from(args)
     _writing(Path(argv[0]).parent, s.resolve_path(s.cache_dir))
-    done = app.export_requests(s, Path(argv[0]), make_reporter(not args.no_progress))
+    done = requests.export_requests(s, Path(argv[0]), make_reporter(not args.no_progress))
     n = sum(done.per_model.values())
     if n:
         per = ", ".join(f"{name} {k:,}" for name, k in done.per_model.items())
@@ -424,10 +424,10 @@ def _requests_run(argv: list[str]) -> int:
     overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
     _writing(args.out.parent, _cache_root(args.cache_dir, args.config))
     if args.dry_run:
-        print(app.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
+        print(requests.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
                                     **overrides.as_kwargs()))
         return 0
-    done = app.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
+    done = requests.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
                                 reporter=make_reporter(not args.no_progress), ray=ray_opts, grace_s=args.stop_grace,
                                 **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
@@ -473,7 +473,7 @@ def cmd_export(argv: list[str]) -> int:
     p.add_argument("out_dir", type=Path, metavar="OUT", help="output folder of a finished run")
     p.add_argument("--to", type=Path, required=True, metavar="DIR", help="folder to write the files into")
     args = p.parse_args(argv)
-    files = app.export_trec(OutputDir(args.out_dir).require(), args.to)
+    files = report.export_trec(OutputDir(args.out_dir).require(), args.to)
     runs = sum(f.suffix == ".trec" for f in files)
     qrels = sum(f.name.startswith("qrels.") for f in files)
     print(f"Wrote {runs} run file(s) and {qrels} qrels file(s) to {args.to}/ "

@@ -31,19 +31,19 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
-from . import migrate
-from .batch.cost import BatchStats, Cost
-from .config import Settings
-from .core.errors import ConfigError
-from .core.errors import OutputError as OutputError  # defined with its exit code in core.errors
-from .core.files import (
+from evaluator.core.errors import ConfigError
+from evaluator.core.errors import OutputError as OutputError  # defined with its exit code in core.errors
+from evaluator.core.files import (
     atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
 )
-from .data import GOLD_SETS, QueryId, qid_key
-from .llm.accounting import CallStats
-from .llm.profiles import ModelProfile
-from .llm.reply import cut_cause
-from .parse import ParseAudit, Stub
+from evaluator.data import GOLD_SETS, QueryId, qid_key
+from evaluator.llm.accounting import CallStats
+from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.reply import cut_cause
+from evaluator.results import migrate
+from evaluator.results.cost import BatchStats, Cost
+from evaluator.results.plans import ParseAudit, Stub
+from evaluator.settings.load import Settings
 
 # re-exported: query ids (int or str) and their sort key, a PtR stub, a model's call counters, the version
 __all__ = ["qid_key", "QueryId", "Stub", "CallStats", "FORMAT_VERSION"]
@@ -330,7 +330,7 @@ class LocalServer:
 
 @dataclass
 class SimulatorStats:
-    """A simulator's own count of what it answered (`GET /stats` of `evaluator.sim`), as meta.json keeps it."""
+    """A simulator's own count of what it answered (`GET /stats` of `simulator`), as meta.json keeps it."""
 
     requests: int = 0
     by_status: dict[str, int] = field(default_factory=dict)  # HTTP status -> replies
@@ -402,7 +402,7 @@ class Meta:
     runtime: Runtime = field(default_factory=Runtime)
     # Why an analysis that follows the run (scaling, routing) did not run, by analysis.
     analysis_notes: dict[str, str] = field(default_factory=dict)
-    # Per model: the batch API's work (--batch) and tokens + USD online/batch (evaluator.batch.cost).
+    # Per model: the batch API's work (--batch) and tokens + USD online/batch (evaluator.results.cost).
     batch: dict[str, BatchStats] = field(default_factory=dict)
     cost: dict[str, Cost] = field(default_factory=dict)
 

@@ -30,7 +30,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from evaluator.prompts import DISCOVERY_MARKER, PLANNER_MARKER
+from evaluator.study.prompts import DISCOVERY_MARKER, PLANNER_MARKER
 
 __all__ = ["answer", "reply"]
 

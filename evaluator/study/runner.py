@@ -13,16 +13,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import prompts, retrieve
-from .core.aio import cancel_all, gather_all
-from .data import Query, Registry
-from .index import searches_folder
-from .llm import ChatResult
-from .parse import Plan, parse_plan, parse_stubs, stub_text
-from .retrieve import Retrieved
-from .retrievers import Dense, Retriever
-from .schema import ArchBlock, PlanBlock, PtrBlock, Record, Tokens, round6
-from .study import Study
+from evaluator.core.aio import cancel_all, gather_all
+from evaluator.data import Query, Registry
+from evaluator.llm import ChatResult
+from evaluator.results.schema import ArchBlock, PlanBlock, PtrBlock, Record, Tokens, round6
+from evaluator.retrieval import search as retrieve
+from evaluator.retrieval.index import searches_folder
+from evaluator.retrieval.retrievers import Dense, Retriever
+from evaluator.retrieval.search import Retrieved
+from evaluator.study import prompts
+from evaluator.study.parse import Plan, parse_plan, parse_stubs, stub_text
+from evaluator.study.prepare import Study
 
 _LINGER_S = 0.02
 

@@ -39,33 +39,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import json_repair
-import pydantic.dataclasses
 
-from .prompts import DISCOVERY_EXAMPLES
+from evaluator.results.plans import ParseAudit, Stub, stub_text
+from evaluator.study.prompts import DISCOVERY_EXAMPLES
 
 __all__ = ["Plan", "ParseAudit", "Selection", "Stub", "parse_plan", "parse_stubs", "stub_text"]
-
-
-@pydantic.dataclasses.dataclass
-class Stub:
-    """One stub of a discovery reply, as parsed and as `queries.jsonl` keeps it (`PtrBlock.stubs`)."""
-
-    name: str
-    reasoning: str
-    # Which rule produced it: "<where>[/repaired|/truncated]:<container>:<item form>".
-    rule: str = field(default="", compare=False)
-    # A copy of the prompt's own example rather than the model's need; left out of Match%.
-    example_copy: bool = False
-
-
-@pydantic.dataclasses.dataclass
-class ParseAudit:
-    """The provenance of every parsed field of a plan, as `queries.jsonl` keeps it (`PlanBlock.parse_audit`)."""
-
-    source: str = ""  # where the answer object came from: "<where>[/repaired|/truncated]"
-    steps_rule: str = ""
-    selected_rule: str = ""
-    names: list[tuple[str, str, str, bool]] = field(default_factory=list)  # per name: raw, api, rule, offered
 
 
 @dataclass
@@ -92,11 +70,6 @@ class Plan:
         """The provenance of every parsed field (for queries.jsonl)."""
         return ParseAudit(self.source, self.steps_rule, self.selected_rule,
                           [(s.raw, s.api, s.rule, s.offered) for s in self.names])
-
-
-def stub_text(stub: Stub) -> str:
-    """The text embedded for a stub's retrieval (STUDY.md)."""
-    return f"{stub.name}: {stub.reasoning}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .core.errors import OutputError
+from evaluator.core.errors import OutputError
 
 FORMAT_VERSION = 2
 

@@ -1,4 +1,4 @@
-"""`python -m evaluator.sim --host 127.0.0.1 --port P [knobs]`: run the simulator.
+"""`python -m simulator --host 127.0.0.1 --port P [knobs]`: run the simulator.
 
 Every `SimConfig` field is a flag (`--p-503 0.1`, `--rate-style gemini`, `--script 429,500`).
 With `--port 0` a free port is chosen. Once listening, one JSON line goes to stdout:
@@ -17,11 +17,11 @@ from typing import Any
 
 import orjson
 
-from .server import SimConfig, config_from, serve
+from simulator.server import SimConfig, config_from, serve
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m evaluator.sim", description="OpenAI-compatible LLM simulator")
+    ap = argparse.ArgumentParser(prog="python -m simulator", description="OpenAI-compatible LLM simulator")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8765, help="0 picks a free port")
     ap.add_argument("--config-json", help="SimConfig fields as a JSON object (flags override it)")
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = config_from(None, **knobs)
     except (TypeError, ValueError) as e:
-        raise SystemExit(f"evaluator.sim: {e}") from e
+        raise SystemExit(f"simulator: {e}") from e
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_main(args, cfg))
 

@@ -21,17 +21,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import prompts
-from .batch.cost import usd
-from .batch.files import Request
-from .batch.study import collect, offline
-from .core import aio
-from .core.money import cost_usd
-from .core.tokens import MESSAGE_TOKENS, prompt_tokens
-from .llm import ChatResult, LLMEngine, ModelProfile, Prepared
-from .llm.limits import RPM_SAFETY
-from .schema import OutputDir, repeats_note
-from .study import Study
+from evaluator.batch.collect import collect, offline
+from evaluator.batch.files import Request
+from evaluator.core import aio
+from evaluator.core.money import cost_usd
+from evaluator.core.tokens import MESSAGE_TOKENS, prompt_tokens
+from evaluator.llm import ChatResult, LLMEngine, ModelProfile, Prepared
+from evaluator.llm.limits import RPM_SAFETY
+from evaluator.results.cost import usd
+from evaluator.results.schema import OutputDir, repeats_note
+from evaluator.study import prompts
+from evaluator.study.prepare import Study
 
 PLAN_FILE = "plan.json"
 TOKEN_RULE = (f"prompt tokens = characters of message text / the profile's chars_per_token + {MESSAGE_TOKENS} per "

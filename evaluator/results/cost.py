@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import TypeAdapter
 from pydantic.dataclasses import dataclass
 
-from ..core.money import cost_usd
-from ..llm.profiles import ModelProfile
+from evaluator.core.money import cost_usd
+from evaluator.llm.profiles import ModelProfile
 
 
 @dataclass

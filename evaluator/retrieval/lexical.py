@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .core.cache_layout import CacheLayout
-from .core.errors import UserError
-from .core.files import atomic_write
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.errors import UserError
+from evaluator.core.files import atomic_write
 
 if TYPE_CHECKING:
     import scipy.sparse as sp

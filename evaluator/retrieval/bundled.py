@@ -16,9 +16,9 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from .core.cache_layout import CacheLayout
-from .core.errors import EmbedderError
-from .core.files import atomic_folder, sha256_file
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.errors import EmbedderError
+from evaluator.core.files import atomic_folder, sha256_file
 
 NAME = "bundled:all-mpnet-base-v2"
 CACHE_NAME = "sentence-transformers/all-mpnet-base-v2"

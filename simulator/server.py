@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..core.tokens import prompt_tokens, text_tokens
-from . import batch, behaviour
+from evaluator.core.tokens import prompt_tokens, text_tokens
+from simulator import batch, behaviour
 
 FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length", "filter")
 CONTENT_FORMS = ("string", "parts", "tool_call", "number", "object")
@@ -34,7 +34,7 @@ RETRY_HEADER_FORMS = ("all", "seconds", "date", "ms", "reset", "none")
 
 @dataclass
 class SimConfig:
-    """Simulator knobs; each is also a `python -m evaluator.sim` flag (`--latency-s 0.2`)."""
+    """Simulator knobs; each is also a `python -m simulator` flag (`--latency-s 0.2`)."""
 
     latency: str = "fixed"  # "fixed" or "lognormal"
     latency_s: float = 0.0  # the fixed latency, or the lognormal's median
@@ -214,7 +214,7 @@ class Simulator:
         app.router.add_get("/props", self.props)
         app.router.add_get("/slots", self.slots)
         # -- more routes register here (one line each, their handlers in their own modules) --
-        batch.register(app, self)  # provider Batch APIs (evaluator/sim/batch.py)
+        batch.register(app, self)  # provider Batch APIs (simulator/batch.py)
         return app
 
     # -- admin -----------------------------------------------------------------------------------
