@@ -54,8 +54,9 @@ from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import BM25Index
 from evaluator.retrieval.retrievers import Hybrid, Lexical
 from evaluator.settings.load import ConfigError, Settings, analysis_subsets
+from evaluator.study import archs as arch_units
 from evaluator.study.prepare import Inputs, Study, load_inputs, prepare
-from evaluator.study.runner import StudyRunner, Unit, calls_per_unit, retrieval_only_records
+from evaluator.study.runner import StudyRunner, Unit, calls_per_unit, probe_archs, retrieval_only_records
 from simulator.harness import SimHandle, start_simulator
 
 Log = Callable[[str], None]
@@ -147,6 +148,8 @@ def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = Fals
     check_writable(cache_root, "--cache-dir")
     check_writable(out, "--out")
     profiles = {} if retrieval_only else load_profiles(s, offline=s.dry_run)
+    if not retrieval_only:  # every --archs plugin imported and checked: one line before any work
+        arch_units.resolve(s.archs, 0.0, s.resolve_path)
     if s.budget_usd is not None and profiles and not s.dry_run:
         check_priced(profiles)  # a budget needs prices and max_tokens: one line, before any work
     if s.batch and profiles:
@@ -166,6 +169,8 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
                sims: dict[str, Server], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
     inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
     study = prepare(s, reporter.progress, inputs, reporter=reporter)
+    if profiles:  # each plugin once on one query, nothing sent: what it returns is checked before any call
+        aio.run(probe_archs(study, arch_units.resolve(s.archs, 0.0, s.resolve_path)))
     if s.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
         return RunOutcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
     od = OutputDir(out)
@@ -176,14 +181,15 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
         # meta states the profiles as declared: an auto-started simulator's port is an accident of this run
         budget = Budget(s.budget_usd) if s.budget_usd is not None else None
         try:
-            records, llm_stats, sim_stats, batch_stats = run_models(study, dict(profiles), cache_root, reporter,
-                                                                    budget=budget, sims=sims)
+            records, llm_stats, sim_stats, batch_stats, arch_calls = run_models(
+                study, dict(profiles), cache_root, reporter, budget=budget, sims=sims)
         except BudgetExhausted:  # what remains, priced from the cache now holding every reply received
             assert budget is not None
             rest = plan_study(study, profiles, cache_root)
             raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
         meta = build_meta(study, profiles)
         meta.llm_stats = llm_stats
+        meta.runtime.arch_calls = arch_calls
         meta.runtime.simulator_stats = {n: v for n, v in sim_stats.items() if isinstance(v, SimulatorStats)}
         local = {n: v for n, v in sim_stats.items() if isinstance(v, LocalServer)}
         if local:  # the bundled model's file, hash, server version, threads, slots and counters
@@ -203,7 +209,8 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
     meta.runtime.timings = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
     failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
-    cut: Counter[str] = Counter(c for r in records for b in (r.rtp, r.ptr) if b is not None for c in b.cut_replies())
+    cut: Counter[str] = Counter(c for r in records for b in r.archs.values() if not (b.side and b.side in r.archs)
+                                for c in b.cut_replies())
     estimated = sum(st.usage_estimated for st in meta.llm_stats.values())
     return RunOutcome(out, failed, cut=cut, usage_estimated=estimated)
 
@@ -246,7 +253,7 @@ def use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> N
 def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
                budget: Budget | None = None, sims: dict[str, Server] | None = None,
                ) -> tuple[list[Record], dict[str, CallStats], dict[str, SimulatorStats | LocalServer],
-                          dict[str, BatchStats]]:
+                          dict[str, BatchStats], dict[str, dict[str, int]]]:
     """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
     bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
     when the stage ends. With `--batch`, the calls first go through the batch APIs; the run then answers
@@ -263,7 +270,7 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
         with bar:
-            records, llm_stats = aio.run(_run_async(study, profiles, cache_root, bar, budget))
+            records, llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
         # llama.cpp server's file, hash, sizing and token counters.
@@ -272,11 +279,12 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
             for n, sim in sims.items()}
         for sim in sims.values():
             sim.stop()  # idle from here on: the analyses and the render need none
-    return records, llm_stats, sim_stats, batch_stats
+    return records, llm_stats, sim_stats, batch_stats, arch_calls
 
 
-async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
-                     bar: Progress, budget: Budget | None = None) -> tuple[list[Record], dict[str, CallStats]]:
+async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, bar: Progress,
+                     budget: Budget | None = None,
+                     ) -> tuple[list[Record], dict[str, CallStats], dict[str, dict[str, int]]]:
     s = study.settings
     # one RPM per key for every process on this folder (the cache's, or --rate-dir)
     rates = SharedRates(rate_folder(s.resolve_path(s.rate_dir) if s.rate_dir else None, cache_root))
@@ -292,7 +300,10 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
             await runner.run(units)
         finally:
             stats = {n: e.stats.summary() for n, e in engines.items()}
-    return runner.records, stats
+    calls: dict[str, dict[str, int]] = {}
+    for (model, arch), count in runner.arch_calls.items():
+        calls.setdefault(model, {})[arch] = count
+    return runner.records, stats, calls
 
 
 # meta.json states the settings and each profile as saved (their JSON shape, secrets and per-invocation
@@ -326,8 +337,8 @@ def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od:
     """Scaling and routing, reusing this run's embeddings and records; returns why any did not run."""
     if not s.extras:
         return {"scaling": "not run (--no-extras)", "routing": "not run (--no-extras)"}
-    if set(s.archs) != {"rtp", "ptr"}:
-        why = f"needs both architectures; this run had only {', '.join(s.archs)}"
+    if not {"rtp", "ptr"} <= set(s.archs):
+        why = f"needs both RtP and PtR; this run had only {', '.join(s.archs)}"
         return {"scaling": why, "routing": why}
     notes: dict[str, str] = {}
     subs = analysis_subsets(s, sorted(study.subsets))

@@ -13,6 +13,10 @@ Versions:
   `backend` was written before the embedding runtimes existed: by torch.
 - 1: meta.json carries `format_version`; scaling.json, routing.json and summary.json carry none.
 - 2: scaling.json, routing.json and summary.json carry `format_version` too.
+- 3: meta.json's settings in nested sections (the settings' own step).
+- 4: a `queries.jsonl` line holds its architectures as one mapping, `archs: {name: block}` in `--archs` order
+  (architectures are plugins: hyde, rewrite, fusion, route, a user's class); before it, `rtp` and `ptr` were
+  top-level keys of the line. `record` moves them (`archs_mapping`); their blocks are unchanged.
 
 `queries.jsonl` lines carry no version of their own: they are written only together with meta.json, and
 the folder's meta.json version applies to them (a field on every line would change every line of the
@@ -28,7 +32,7 @@ from typing import Any
 
 from evaluator.core.errors import OutputError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 4
 
 JSON = dict[str, Any]  # a saved file's JSON object, as read: its shape is what this module checks
 
@@ -62,17 +66,33 @@ def meta(d: Mapping[str, Any]) -> JSON:
         if not isinstance(out.get("registry"), Mapping):
             out.pop("registry", None)
         out = _torch_if_unsaid(out)
-    # 1 -> 2: meta.json's shape did not change.
+    # 1 -> 2: meta.json's shape did not change; 3 -> 4 neither (the records' did).
     out["format_version"] = FORMAT_VERSION
     return out
 
 
 def record(d: Mapping[str, Any], version: int) -> Mapping[str, Any]:
-    """A `queries.jsonl` line of a folder whose meta.json is of `version` -> FORMAT_VERSION. No record
-    shape has changed yet (fields added since 0.1.0 have defaults that mean "not recorded"); a change
-    adds its step here, and `schema.OutputDir.read_records` sends an older folder's lines through it."""
-    del version
-    return d
+    """A `queries.jsonl` line of a folder whose meta.json is of `version` -> FORMAT_VERSION (fields added
+    since 0.1.0 have defaults that mean "not recorded"); `schema.OutputDir.read_records` sends an older
+    folder's lines through it. 3 -> 4: the top-level `rtp` / `ptr` blocks into the `archs` mapping."""
+    return archs_mapping(d) if version < 4 else d
+
+
+_OLD_ARCHS = ("rtp", "ptr")  # the order RtP and PtR were always run and reported in
+
+
+def archs_mapping(d: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record line with top-level `rtp` / `ptr` blocks (format < 4) as one with `archs: {rtp, ptr}`; a line
+    that has `archs` already is returned as it is. A null block (an architecture that did not run) is dropped."""
+    if not any(a in d for a in _OLD_ARCHS):
+        return d
+    out = {k: v for k, v in d.items() if k not in _OLD_ARCHS}
+    archs = dict(out.get("archs") or {})
+    for a in _OLD_ARCHS:
+        if d.get(a) is not None:
+            archs.setdefault(a, d[a])
+    out["archs"] = archs
+    return out
 
 
 def _stamped(d: Mapping[str, Any]) -> JSON:

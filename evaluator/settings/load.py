@@ -12,7 +12,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, get_args
 
-from pydantic import Field, TypeAdapter
+from pydantic import AfterValidator, Field, TypeAdapter
 from pydantic.dataclasses import dataclass
 
 from evaluator import data
@@ -40,7 +40,20 @@ else:  # pydantic checks the choices
     Precision = Literal[("auto", *dict.fromkeys(p for ps in PRECISIONS.values() for p in ps))]
     ToolsFormat = Literal[TOOLS_FORMATS]  # auto: detected per file
 RegistryChoice = Literal["full", "described"]
-Arch = Literal["rtp", "ptr"]
+# --archs: the built-in architectures (evaluator/study/archs/), or a plugin `path/file.py:Class` / `module:Class`
+ARCHS: tuple[str, ...] = ("rtp", "ptr", "hyde", "rewrite", "fusion", "route")
+
+
+def _arch_spec(v: str) -> str:
+    """A built-in's name or a plugin spec (its import and protocol are checked before the run: study.archs)."""
+    target, sep, cls = v.rpartition(":")
+    if v in ARCHS or (sep and target and cls.isidentifier()):
+        return v
+    raise ValueError(f"must be one of {', '.join(ARCHS)}, or a plugin path/to/file.py:ClassName or "
+                     "package.module:ClassName")
+
+
+Arch = Annotated[str, AfterValidator(_arch_spec)]
 RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrieval/retrievers.py
 # --batch-fallback: requests the batch API did not answer stop the run, or go online at the online price
 BATCH_FALLBACKS = ("stop", "online")
@@ -49,7 +62,6 @@ BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
 PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
 TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
 REGISTRY_CHOICES: tuple[str, ...] = get_args(RegistryChoice)
-ARCHS: tuple[str, ...] = get_args(Arch)
 RETRIEVER_CHOICES: tuple[str, ...] = get_args(RetrieverChoice)
 AtLeast1 = Annotated[int, Field(ge=1)]
 
@@ -70,7 +82,7 @@ class ProfileOverrides:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
-_BOTH: list[Arch] = ["rtp", "ptr"]
+_BOTH: list[str] = ["rtp", "ptr"]
 
 @dataclass
 class Settings:
@@ -97,6 +109,8 @@ class Settings:
     models: list[str] = field(default_factory=lambda: ["sim"])
     runs: int = Field(default=4, ge=1)
     archs: list[Arch] = Field(default_factory=lambda: list(_BOTH), min_length=1)
+    # route's τ on RtP's top-1 score; None: the median of the study's top-1 scores (study/archs/route.py)
+    route_tau: float | None = Field(default=None, allow_inf_nan=False, exclude_if=lambda v: v is None)
     cache_dir: str = "cache"
     out: str = ""
     # --budget: the most this invocation may spend (USD, online prices)
@@ -150,7 +164,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "embed": {"model": "embedder", "device": "device", "precision": "precision", "backend": "backend",
               "batch_size": "batch_size"},
     "retrieval": {"k": "k", "ks": "ks", "fallback_to_query": "fallback_to_query", "retriever": "retriever"},
-    "run": {"models": "models", "runs": "runs", "archs": "archs", "cache_dir": "cache_dir", "out": "out",
+    "run": {"models": "models", "runs": "runs", "archs": "archs", "route_tau": "route_tau", "cache_dir": "cache_dir", "out": "out",
             "budget_usd": "budget_usd", "rate_dir": "rate_dir", "batch_fallback": "batch_fallback",
             "stop_grace_s": "stop_grace_s"},
     "analysis": {"routing_train": "routing_train", "routing_test": "routing_test", "routing_folds": "routing_folds",

@@ -43,7 +43,8 @@ import json_repair
 from evaluator.results.plans import ParseAudit, Stub, stub_text
 from evaluator.study.prompts import DISCOVERY_EXAMPLES
 
-__all__ = ["Plan", "ParseAudit", "Selection", "Stub", "parse_plan", "parse_stubs", "stub_text"]
+__all__ = ["Plan", "ParseAudit", "Selection", "Stub", "parse_plan", "parse_stubs", "stub_text", "parse_documents",
+           "parse_query"]
 
 
 @dataclass
@@ -410,6 +411,73 @@ def parse_stubs(text: str | None, query: str | None = None) -> tuple[list[Stub],
         if out or not items:
             return out, None
     return [], _no_json_reason(text, found_json, "stubs")
+
+
+# ---------------------------------------------------------------------------------------------
+# hyde's documents and rewrite's query
+# ---------------------------------------------------------------------------------------------
+
+_DOC_LIST_KEYS = ("entries", "documents", "docs", "apis", *_STUB_LIST_KEYS)
+_DOC_TEXT_KEYS = ("description", "documentation", "doc", "text", *_REASON_KEYS)
+
+
+def _doc_shaped(item: Any) -> bool:
+    return isinstance(item, dict) and bool(_clean_name(_first(item, _NAME_KEYS))) and \
+        _first(item, _DOC_TEXT_KEYS) is not None
+
+
+def parse_documents(text: str | None) -> tuple[list[Stub], str | None]:
+    """Parse a hyde reply (hypothetical API documentation entries) into stubs: name + description as the
+    reasoning, so each is searched as `stub_text` (as PtR's stubs are). Values found in prose count only
+    as a list of name + description objects (the answer's own shape)."""
+    if text is None or not text.strip():
+        return [], "empty reply"
+    found_json = False
+    for found in _candidates(text):
+        found_json = True
+        value = found.value
+        container = "list"
+        if isinstance(value, dict):
+            k = _key(value, _DOC_LIST_KEYS)
+            if k is not None and isinstance(value[k], list):
+                value, container = value[k], f"key {k}"
+            elif _doc_shaped(value):
+                value, container = [value], "single object"
+        if not isinstance(value, list) or (found.where in _STRICT and not (value and all(map(_doc_shaped, value)))):
+            continue
+        out: list[Stub] = []
+        for item in value:
+            if not isinstance(item, dict):
+                continue
+            name = _clean_name(_first(item, _NAME_KEYS))
+            doc = _text(_first(item, _DOC_TEXT_KEYS))
+            if name and (name, doc) not in {(o.name, o.reasoning) for o in out}:
+                out.append(Stub(name, doc, rule=f"{found.source}:{container}:name+description"))
+        if out or not value:
+            return out, None
+    return [], _no_json_reason(text, found_json, "documentation entries")
+
+
+_QUERY_KEYS = ("query", "search_query", "rewritten_query", "rewrite", "q")
+
+
+def parse_query(text: str | None) -> tuple[str, str | None]:
+    """Parse a rewrite reply into its one search query: {"query": ...} (or a bare JSON string); a reply
+    with no JSON at all is read as the query itself when it is one short line. Returns (query, error)."""
+    if text is None or not text.strip():
+        return "", "empty reply"
+    for found in _candidates(text):
+        value = found.value
+        if isinstance(value, str) and value.strip() and found.where not in _STRICT:
+            return " ".join(value.split()), None
+        if isinstance(value, dict):
+            q = _first(value, _QUERY_KEYS)
+            if isinstance(q, str) and q.strip():
+                return " ".join(q.split()), None
+    bare = _THINK_RE.sub("", text).strip().strip("`\"'")
+    if bare and "\n" not in bare and "{" not in bare and len(bare) <= 300:
+        return " ".join(bare.split()), None
+    return "", "reply holds no query"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,17 +1,25 @@
-"""Pipeline stage: every (model, run, query) of the prepared study through RtP and PtR, concurrently.
+"""Pipeline stage: every (model, run, query) of the prepared study through each architecture, concurrently.
 
 Takes the prepared `Study` (typed settings inside) and the chat clients, returns typed `Record`s; it
 writes nothing and knows nothing of the command line. The chat client of each model and the stub
 search are passed in through small protocols, so tests and benchmarks can hand in their own.
+
+Each architecture (`study.archs`: rtp, ptr, hyde, rewrite, fusion, route, a plugin) retrieves its list for a
+query through a `Context`; the runner then makes the one planner call with its top k and writes its block
+into `Record.archs`. Per (model, run, query) every architecture's outcome is computed once, whoever asks
+(fusion and route reuse RtP's and PtR's), each in its own task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+import contextvars
+import copy
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from evaluator.core.aio import cancel_all, gather_all
 from evaluator.data import Query, Registry
@@ -21,9 +29,17 @@ from evaluator.retrieval import search as retrieve
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.retrievers import Dense, Retriever
 from evaluator.retrieval.search import Retrieved
+from evaluator.study import archs as arch_units
 from evaluator.study import prompts
-from evaluator.study.parse import Plan, parse_plan, parse_stubs, stub_text
+from evaluator.study.archs import ArchError, Architecture, Context, Discovery, Hits, Searched
+from evaluator.study.parse import Plan, parse_plan
 from evaluator.study.prepare import Study
+
+T = TypeVar("T")
+# The architecture whose task makes a call (the dry run counts calls per architecture by it).
+ARCH_OF_CALL: contextvars.ContextVar[str] = contextvars.ContextVar("arch_of_call", default="")
+# A collect pass's hook: (model, run, query index, architecture) whose planner waits on a deferred reply.
+OnDeferred = Callable[[str, int, int, str], None]
 
 _LINGER_S = 0.02
 
@@ -128,15 +144,6 @@ def retrieval_block(r: Retrieved, registry: Registry) -> ArchBlock:
     return ArchBlock(retrieved=[registry.ids[i] for i in r.rows], scores=[round6(s) for s in r.scores])
 
 
-def _ptr_retrieval(block: PtrBlock, r: Retrieved, registry: Registry) -> PtrBlock:
-    block.retrieved = [registry.ids[i] for i in r.rows]
-    block.scores = [round6(s) for s in r.scores]
-    block.stub_hits = [[registry.ids[i] for i in rows] for rows in r.stub_rows]
-    block.stub_scores = [[round6(s) for s in sc] for sc in r.stub_scores]
-    block.width = dict(r.width)
-    return block
-
-
 def plan_block(result: ChatResult | None, plan: Plan | None) -> PlanBlock:
     if result is None or plan is None:
         return PlanBlock(llm_error=result.error if result else None,
@@ -166,12 +173,45 @@ def retrieval_only_records(study: Study) -> list[Record]:
     return out
 
 
+def route_tau(study: Study) -> float:
+    """route's τ: the setting, else the median of RtP's top-1 scores over the study's queries (archs.route)."""
+    tau = getattr(study.settings, "route_tau", None)
+    return float(tau) if tau is not None else arch_units.default_tau([r.scores[0] for r in study.rtp if r.scores])
+
+
+def study_archs(study: Study) -> dict[str, tuple[str, Architecture]]:
+    """The run's architectures by name, in `--archs` order (plugins loaded and checked: `study.archs.plugins`)."""
+    s = study.settings
+    return arch_units.resolve(s.archs, route_tau(study), lambda p: s.resolve_path(p))
+
+
 # ---------------------------------------------------------------- the runner
+
+
+class _Query:
+    """One (model, run, query): each architecture's outcome and planned block, computed once, each in a task of
+    its own that starts from the query's context (a collect pass's per-branch state never leaks across)."""
+
+    def __init__(self, unit: Unit, qi: int) -> None:
+        self.unit, self.qi = unit, qi
+        self.base = contextvars.copy_context()
+        self.tasks: dict[tuple[str, str], asyncio.Task[Any]] = {}
+
+    def once(self, kind: str, name: str, make: Callable[[], Coroutine[Any, Any, T]]) -> Awaitable[T]:
+        key = (kind, name)
+        task = self.tasks.get(key)
+        if task is None:
+            async def tagged() -> T:
+                ARCH_OF_CALL.set(name)
+                return await make()
+            task = self.tasks[key] = asyncio.get_running_loop().create_task(tagged(), context=self.base.copy())
+        return task
 
 
 class StudyRunner:
     def __init__(self, study: Study, clients: Mapping[str, ChatClient], progress: Ticker | None = None,
-                 batcher: StubSearch | None = None) -> None:
+                 batcher: StubSearch | None = None, on_deferred: OnDeferred | None = None,
+                 archs: Mapping[str, tuple[str, Architecture]] | None = None) -> None:
         self.study = study
         self.clients = clients
         self.progress = progress or _NoProgress()
@@ -179,10 +219,24 @@ class StudyRunner:
         self.display = study.registry.lookup_display()
         self.reg = study.registry
         self.records: list[Record] = []
+        self.on_deferred = on_deferred
+        self.archs = dict(archs) if archs is not None else study_archs(study)
+        self._helpers: dict[str, tuple[str, Architecture]] = {}  # built-ins asked for by another, not in --archs
+        self.arch_calls: Counter[tuple[str, str]] = Counter()  # (model, architecture) -> chat calls it made
+
+    def _arch(self, name: str) -> tuple[str, Architecture]:
+        got = self.archs.get(name) or self._helpers.get(name)
+        if got is None:
+            if name not in arch_units.BUILTIN:
+                raise ArchError(f"an architecture asked for the outcome of {name!r}, which is neither built-in "
+                                f"({', '.join(arch_units.BUILTIN)}) nor in --archs")
+            got = self._helpers[name] = (name, arch_units.builtin(name, route_tau(self.study)))
+        return got
 
     async def _chat(self, model: str, messages: list[dict], run: int, version: str,
                     schema: dict | None = None) -> ChatResult:
         # `schema` (prompts.*_SCHEMA) becomes response_format as the profile's `structured` says.
+        self.arch_calls[(model, ARCH_OF_CALL.get())] += 1
         result = await self.clients[model].chat(messages, run=run, prompt_version=version, schema=schema)
         self.progress.advance(model)
         return result
@@ -196,49 +250,109 @@ class StudyRunner:
         plan = parse_plan(result.content, [(a.id, a.display) for a in apis], lambda n: self.display.get(n.casefold()))
         return result, plan
 
-    async def _rtp(self, unit: Unit, qi: int) -> ArchBlock:
-        q, r = self.study.queries[qi], self.study.rtp[qi]
-        result, plan = await self._plan(unit.model, unit.run, q.text, r.rows)
-        block = retrieval_block(r, self.reg)
-        block.plan, block.tokens = plan_block(result, plan), {"planner": _tokens(result)}
-        return block
-
-    async def _ptr(self, unit: Unit, qi: int) -> PtrBlock:
-        q = self.study.queries[qi]
-        disc = await self._chat(unit.model, prompts.discovery_messages(q.text), unit.run, prompts.DISCOVERY_VERSION,
-                                prompts.DISCOVERY_SCHEMA)
-        stubs, perr = parse_stubs(disc.content, query=q.text) if disc.error is None else ([], None)
-        texts = [stub_text(st) for st in stubs]
-        fallback = not texts and self.study.settings.fallback_to_query
-        if fallback:
-            texts = [q.text]
-        block = PtrBlock(stubs=list(stubs),
-                         discovery_parse_error=perr,
-                         discovery_llm_error=disc.error, discovery_finish_reason=disc.finish_reason,
-                         discovery_llm_error_kind=disc.error_kind, fallback=fallback, discovery_cut=_cut(disc))
-        if not texts:
-            # No stub, no retrieval, no planner call: counted in Gen%, scored as retrieving nothing.
-            self.progress.advance(unit.model)
-            empty = Retrieved([], [], width={k: 0 for k in self.study.settings.ks})
-            _ptr_retrieval(block, empty, self.reg)
-            block.plan, block.tokens = plan_block(None, None), {"discovery": _tokens(disc), "planner": _tokens(None)}
-            return block
+    async def _search(self, texts: list[str]) -> Searched:
         r = await self.batcher.retrieve(texts)
-        result, plan = await self._plan(unit.model, unit.run, q.text, r.rows)
-        _ptr_retrieval(block, r, self.reg)
-        block.plan, block.tokens = plan_block(result, plan), {"discovery": _tokens(disc), "planner": _tokens(result)}
+        ids = self.reg.ids
+        return Searched(Hits([ids[i] for i in r.rows], list(r.scores)),
+                        [Hits([ids[i] for i in rows], list(sc)) for rows, sc in zip(r.stub_rows, r.stub_scores,
+                                                                                    strict=True)],
+                        dict(r.width))
+
+    def _context(self, state: _Query) -> Context:
+        unit, qi, s = state.unit, state.qi, self.study.settings
+        q, r = self.study.queries[qi], self.study.rtp[qi]
+
+        async def chat(messages: list[dict], version: str, schema: dict | None) -> ChatResult:
+            return await self._chat(unit.model, messages, unit.run, version, schema)
+
+        def describe(api_id: str) -> tuple[str, str, str]:
+            a = self.reg.apis[self.reg.row[api_id]]
+            return a.tool_name, a.api_name, a.description or ""
+
+        return Context(text=q.text, subset=q.subset, query_id=q.query_id, model=unit.model, run=unit.run, k=s.k,
+                       k_max=s.k_max, ks=list(s.ks), fallback_to_query=s.fallback_to_query,
+                       query_hits=Hits([self.reg.ids[i] for i in r.rows], list(r.scores)),
+                       _search=self._search, _chat=chat, _outcome=lambda name: self._outcome(state, name),
+                       _describe=describe)
+
+    def _outcome(self, state: _Query, name: str) -> Awaitable[Discovery]:
+        spec, arch = self._arch(name)
+
+        async def make() -> Discovery:
+            try:
+                got = await arch.retrieve(self._context(state))
+            except (ArchError, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                if name in arch_units.BUILTIN:
+                    raise
+                raise ArchError(f"--archs {spec}: retrieve raised {type(e).__name__}: {e}") from None
+            return arch_units.check_discovery(got, spec)
+        return state.once("outcome", name, make)
+
+    def _planned(self, state: _Query, name: str) -> Awaitable[ArchBlock]:
+        return state.once("planned", name, lambda: self._plan_outcome(state, name))
+
+    async def _plan_outcome(self, state: _Query, name: str) -> ArchBlock:
+        unit, qi = state.unit, state.qi
+        d = await self._outcome(state, name)
+        if d.side is not None:  # route: the side's whole outcome, planner and tokens included
+            block = copy.deepcopy(await self._planned(state, d.side))
+            block.side, block.trace = d.side, d.trace
+            return block
+        spec, _ = self._arch(name)
+        block = d.block if d.block is not None else ArchBlock(trace=d.trace)
+        if d.block is not None and d.trace is not None:
+            block.trace = d.trace
+        kept = list(dict.fromkeys(d.ids))[: self.study.settings.k_max]
+        unknown = [i for i in kept if i not in self.reg.row]
+        if unknown:
+            raise ArchError(f"--archs {spec}: retrieve returned ids that are not in the registry, e.g. {unknown[0]!r}")
+        score_of = dict(zip(d.ids, d.scores, strict=True))
+        block.retrieved, block.scores = kept, [round6(score_of[i]) for i in kept]
+        tokens = {n: _tokens(r) for n, r in {**d.reused, **d.calls}.items()}
+        if not isinstance(block, PtrBlock):
+            failed = {n: r.error_kind or "error" for n, r in d.calls.items() if r.error is not None}
+            block.errors = failed or None
+        if d.deferred:  # a collect pass: the planner comes once the reply is in
+            if self.on_deferred is not None:
+                self.on_deferred(unit.model, unit.run, qi, name)
+            block.tokens = tokens
+            return block
+        if not d.plan:
+            # Nothing to plan with (no stub): no planner call, scored as retrieving nothing.
+            self.progress.advance(unit.model)
+            block.plan, block.tokens = plan_block(None, None), {**tokens, "planner": _tokens(None)}
+            return block
+        result, plan = await self._plan(unit.model, unit.run, self.study.queries[qi].text,
+                                        [self.reg.row[i] for i in kept])
+        block.plan, block.tokens = plan_block(result, plan), {**tokens, "planner": _tokens(result)}
         return block
 
     async def _query(self, unit: Unit, qi: int) -> None:
-        archs = self.study.settings.archs
-        rtp_t = asyncio.ensure_future(self._rtp(unit, qi) if "rtp" in archs else _none())
-        ptr_t = asyncio.ensure_future(self._ptr(unit, qi) if "ptr" in archs else _none())
-        await gather_all(rtp_t, ptr_t)  # a stop waits for both: each call on the wire keeps its grace
-        rtp, ptr = rtp_t.result(), ptr_t.result()
+        state = _Query(unit, qi)
+        names = list(self.archs)
+        try:
+            blocks = await gather_all(*(self._planned(state, n) for n in names))
+        finally:
+            await cancel_all(list(state.tasks.values()))  # done ones are left as they are
         rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.settings.retriever)
-        rec.rtp = rtp if rtp is not None else retrieval_block(self.study.rtp[qi], self.reg)
-        rec.ptr = ptr
+        if "rtp" not in names:  # RtP's retrieval is the study's baseline: every record keeps it
+            rec.rtp = retrieval_block(self.study.rtp[qi], self.reg)
+        for n, b in zip(names, blocks, strict=True):
+            rec.archs[n] = b
         self.records.append(rec)
+
+    async def run_one(self, unit: Unit, qi: int) -> Record:
+        """One (model, run, query) alone (the plugins' probe)."""
+        server = asyncio.create_task(self.batcher.serve())
+        try:
+            await self._query(unit, qi)
+        finally:
+            server.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
+        return self.records.pop()
 
     async def run(self, units: Sequence[Unit]) -> list[Record]:
         server = asyncio.create_task(self.batcher.serve())
@@ -262,11 +376,38 @@ class StudyRunner:
         return self.records
 
 
-async def _none() -> None:
-    return None
+class _Probe:
+    """A chat client that sends nothing: every call comes back failed (the plugins' probe)."""
+
+    async def chat(self, messages: list[dict], *, run: int, prompt_version: str,
+                   schema: dict | None = None) -> ChatResult:
+        return ChatResult(None, None, error="probe: not sent", error_kind="probe")
 
 
-def calls_per_unit(study: Study) -> int:
-    """LLM calls one (model, run) makes at most: the progress bar's total."""
-    archs = study.settings.archs
-    return (("rtp" in archs) + 2 * ("ptr" in archs)) * len(study.queries)
+async def probe_archs(study: Study, archs: Mapping[str, tuple[str, Architecture]]) -> None:
+    """Every plugin run once on the first query with a client that sends nothing (its calls fail) and the real
+    search: a plugin that raises or returns something else than a `Discovery` is one line before any paid work."""
+    plugins = {n: a for n, a in archs.items() if n not in arch_units.BUILTIN}
+    if not plugins or not study.queries:
+        return
+    runner = StudyRunner(study, {"probe": _Probe()}, archs=plugins)
+    await runner.run_one(Unit("probe", 0), 0)
+
+
+def calls_per_unit(study: Study, archs: Mapping[str, tuple[str, Architecture]] | None = None) -> int:
+    """LLM calls one (model, run) makes at most: the progress bar's total. Each built-in's own calls counted
+    once however many reuse them; route counts its side's; a plugin counts one call before its planner."""
+    names = list(archs) if archs is not None else list(study.settings.archs)
+    slots: set[tuple[str, int]] = set()
+    own = {"rtp": [], "ptr": ["discovery"], "hyde": ["hyde"], "rewrite": ["rewrite"], "fusion": ["ptr:discovery"]}
+    tau = route_tau(study) if "route" in names else 0.0
+    for qi, r in enumerate(study.rtp):
+        for n in names:
+            if n == "route":
+                side = "rtp" if (r.scores and r.scores[0] >= tau) else "ptr"
+                slots.update({(f"{side}:planner", qi), *((("ptr:discovery", qi),) if side == "ptr" else ())})
+                continue
+            for c in own.get(n, ["own"]):
+                slots.add((c if ":" in c else f"{n}:{c}", qi))
+            slots.add((f"{n}:planner", qi))
+    return len(slots)
