@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 import pytest
+from records_fixtures import flat
 
 from evaluator.llamacpp.weights import WEIGHTS
 
@@ -95,7 +96,7 @@ def _meta(out: Path) -> dict[str, Any]:
 
 
 def _records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (out / "queries.jsonl").read_text().splitlines() if x.strip()]
+    return [flat(json.loads(x)) for x in (out / "queries.jsonl").read_text().splitlines() if x.strip()]
 
 
 def _stats(out: Path) -> dict[str, Any]:

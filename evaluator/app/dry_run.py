@@ -34,7 +34,7 @@ from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
 from evaluator.study import prompts
 from evaluator.study.prepare import Study
-from evaluator.study.runner import ARCH_OF_CALL
+from evaluator.study.runner import ARCH_OF_CALL, study_archs
 
 PLAN_FILE = "plan.json"
 TOKEN_RULE = (f"prompt tokens = characters of message text / the profile's chars_per_token + {MESSAGE_TOKENS} per "
@@ -190,7 +190,8 @@ class _Planner:
         self.study = study
         self.calls: dict[str, list[_Call]] = {n: [] for n in profiles}
         self.planners: dict[str, list[tuple[Any, dict[str, Any]]]] = {n: [] for n in profiles}
-        self.by_arch: dict[str, dict[str, int]] = {n: {a: 0 for a in study.settings.archs} for n in profiles}
+        names = list(study_archs(study))  # in --archs order, by name (a plugin by its `name`)
+        self.by_arch: dict[str, dict[str, int]] = {n: dict.fromkeys(names, 0) for n in profiles}
         self._engines = {n: LLMEngine(offline(p), api_key="") for n, p in profiles.items()}  # prepare only, no HTTP
 
     def _count(self, model: str, arch: str) -> None:

@@ -384,13 +384,14 @@ class _Probe:
         return ChatResult(None, None, error="probe: not sent", error_kind="probe")
 
 
-async def probe_archs(study: Study, archs: Mapping[str, tuple[str, Architecture]]) -> None:
+async def probe_archs(study: Study, archs: Mapping[str, tuple[str, Architecture]],
+                      batcher: StubSearch | None = None) -> None:
     """Every plugin run once on the first query with a client that sends nothing (its calls fail) and the real
     search: a plugin that raises or returns something else than a `Discovery` is one line before any paid work."""
     plugins = {n: a for n, a in archs.items() if n not in arch_units.BUILTIN}
     if not plugins or not study.queries:
         return
-    runner = StudyRunner(study, {"probe": _Probe()}, archs=plugins)
+    runner = StudyRunner(study, {"probe": _Probe()}, batcher=batcher, archs=plugins)
     await runner.run_one(Unit("probe", 0), 0)
 
 
