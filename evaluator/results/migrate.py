@@ -91,6 +91,9 @@ def archs_mapping(d: Mapping[str, Any]) -> Mapping[str, Any]:
     for a in _OLD_ARCHS:
         if d.get(a) is not None:
             archs.setdefault(a, d[a])
+    ptr = archs.get("ptr")
+    if isinstance(ptr, Mapping) and "stubs" not in ptr:  # a PtR block is typed by its stubs (schema.Block)
+        archs["ptr"] = {**ptr, "stubs": []}
     out["archs"] = archs
     return out
 
