@@ -272,3 +272,16 @@ def test_a_format_2_folder_reads_through_the_migration(tmp_path: Path) -> None:
     for r, line in zip(recs, lines, strict=True):
         assert r.arch_names == ["rtp", "ptr"] and r.rtp is not None and r.rtp.retrieved == line["rtp"]["retrieved"]
         assert r.ptr is not None and [s.name for s in r.ptr.stubs] == [s["name"] for s in line["ptr"]["stubs"]]
+
+
+def test_the_simulator_answers_hyde_and_rewrite_in_both_reply_forms() -> None:
+    from evaluator.study.parse import parse_documents, parse_query
+    q = "I'm planning a trip to Paris. Find flights from Berlin and also get the weather forecast for next week."
+    fmt = {"type": "json_schema", "json_schema": {}}
+    for structured in (None, fmt):
+        docs, err = parse_documents(reply(prompts.hyde_messages(q), seed=1, temperature=0.0, response_format=structured)[0])
+        assert err is None and len(docs) >= 2 and all(d.name and len(d.reasoning.split()) >= 6 for d in docs)
+        said = [(d.name + " " + d.reasoning).lower() for d in docs]  # one entry per need, in documentation words
+        assert any("flight" in s for s in said) and any("weather" in s for s in said)
+        text, err = parse_query(reply(prompts.rewrite_messages(q), seed=1, temperature=0.0, response_format=structured)[0])
+        assert err is None and "flights" in text and "weather" in text and "paris" not in text.lower()

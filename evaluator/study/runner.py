@@ -308,7 +308,9 @@ class StudyRunner:
         unknown = [i for i in kept if i not in self.reg.row]
         if unknown:
             raise ArchError(f"--archs {spec}: retrieve returned ids that are not in the registry, e.g. {unknown[0]!r}")
-        score_of = dict(zip(d.ids, d.scores, strict=True))
+        score_of: dict[str, float] = {}
+        for i, sc in zip(d.ids, d.scores, strict=True):
+            score_of.setdefault(i, sc)  # an id listed twice keeps its first (best-placed) score
         block.retrieved, block.scores = kept, [round6(score_of[i]) for i in kept]
         tokens = {n: _tokens(r) for n, r in {**d.reused, **d.calls}.items()}
         if not isinstance(block, PtrBlock):
