@@ -285,3 +285,14 @@ def test_the_simulator_answers_hyde_and_rewrite_in_both_reply_forms() -> None:
         assert any("flight" in s for s in said) and any("weather" in s for s in said)
         text, err = parse_query(reply(prompts.rewrite_messages(q), seed=1, temperature=0.0, response_format=structured)[0])
         assert err is None and "flights" in text and "weather" in text and "paris" not in text.lower()
+
+
+def test_a_reply_that_copies_the_prompts_example_is_flagged() -> None:
+    from evaluator.study.parse import parse_documents, parse_query
+    copied = json.dumps({"query": prompts.REWRITE_EXAMPLE})
+    assert parse_query(copied, "What time is it in Tokyo?") == ("", "copied the prompt's example")
+    assert parse_query(copied, "Will it rain in Oslo tomorrow?") == (prompts.REWRITE_EXAMPLE, None)  # its own need
+    docs, _ = parse_documents(json.dumps([{"name": prompts.HYDE_EXAMPLE, "description": "Forecast."},
+                                          {"name": "Time/current time", "description": "Time in a zone."}]),
+                              "What time is it in Tokyo?")
+    assert [d.example_copy for d in docs] == [True, False]

@@ -31,6 +31,12 @@ Answer with JSON only, no prose: a list of objects, each with
 Return between 1 and 5 stubs. Example:
 [{{"name": "search_flights", "reasoning": "Find flights between two cities on a date."}}]"""
 
+# The examples the hyde and rewrite prompts show: a reply that repeats one for a request that has nothing to do
+# with it copies the prompt (parse.py flags it, as it flags PtR's copied example stubs).
+HYDE_EXAMPLE = "Weather/forecast by city"
+REWRITE_EXAMPLE = "get weather forecast for a city and date"
+EXAMPLE_TOPIC = ("weather", "forecast", "rain")  # a request with one of these words may mean the example
+
 # hyde (hypothetical documents, the HyDE idea for tools as in ToolDreamer): per sub-need, the documentation
 # entry an API serving it would have; each entry's "name: description" is searched as a PtR stub is.
 HYDE_SYSTEM = f"""{HYDE_MARKER}
@@ -38,7 +44,7 @@ You do not know which APIs exist. Read the user's request and, for each distinct
 documentation entry of an API that would serve it, as it would appear in an API registry.
 
 Answer with JSON only, no prose: a list of objects, each with
-  "name": the API's name as a registry lists it (for example "Weather/forecast by city"),
+  "name": the API's name as a registry lists it (for example "{HYDE_EXAMPLE}"),
   "description": one short paragraph of documentation: what the API returns and from which inputs.
 Write between 1 and 5 entries."""
 
@@ -49,7 +55,8 @@ Rewrite the user's request into one search query for a registry of API documenta
 functionality the APIs must offer in the words API descriptions use (nouns and verbs such as "get",
 "search", "convert"), leave out names, numbers and courtesy.
 
-Answer with JSON only, no prose: {{"query": "the search query"}}"""
+Answer with JSON only, no prose, e.g. for "Will it rain in Lyon on Saturday?":
+{{"query": "{REWRITE_EXAMPLE}"}}"""
 
 PLANNER_SYSTEM = f"""{PLANNER_MARKER}
 You are given the user's request and a list of available APIs retrieved from a large registry.

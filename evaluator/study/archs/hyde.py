@@ -13,8 +13,7 @@ from evaluator.study.parse import parse_documents
 
 
 def _documents(text: str | None, query: str) -> tuple[list[Stub], str | None]:
-    del query
-    return parse_documents(text)
+    return parse_documents(text, query)
 
 
 class HyDE:

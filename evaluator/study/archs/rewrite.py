@@ -16,7 +16,7 @@ class Rewrite:
     async def retrieve(self, ctx: Context) -> Discovery:
         reply = await ctx.chat(prompts.rewrite_messages(ctx.text), prompt_version=prompts.REWRITE_VERSION,
                                schema=prompts.REWRITE_SCHEMA)
-        query, perr = parse_query(reply.content) if reply.error is None else ("", None)
+        query, perr = parse_query(reply.content, ctx.text) if reply.error is None else ("", None)
         trace: dict = {"query": query or None, "parse_error": perr, "fallback": False}
         if not query and ctx.fallback_to_query and reply.error_kind != DEFERRED_KIND:
             query, trace["fallback"] = ctx.text, True
