@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from evaluator.analysis import compare
 from evaluator.analysis import routing as routing_analysis
 from evaluator.analysis import scaling as scaling_analysis
 from evaluator.analysis.main import main_study
@@ -62,7 +63,8 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     if saved:
         od.check_agree(meta, records)
     result = main_study(records, meta)
-    od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view()), indent=1)
+    comparisons = compare.comparison_dict(result.comparison) if result.comparison is not None else None
+    od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view(), comparisons), indent=1)
     scaling = od.read_json(SCALING_FILE)
     routing = od.read_json(ROUTING_FILE)
     sections: list[str] = []
