@@ -222,6 +222,15 @@ def metric_deltas(a: Mapping[SideKey, Mapping[int, Fraction]], b: Mapping[SideKe
     return out
 
 
-def comparison_dict(c: Comparison) -> dict[str, Any]:
-    """summary.json's `comparisons` (the JSON shape of `Comparison`)."""
-    return asdict(c)
+def comparison_dict(c: Comparison) -> dict[str, Any] | None:
+    """summary.json's `comparisons` (the JSON shape of `Comparison`); None with two architectures, whose one
+    pair is the paper's Wilcoxon test, already in `tests` (so a two-architecture summary.json is as before)."""
+    return asdict(c) if len(c.archs) >= 3 else None
+
+
+def from_paper_tests(tests: Iterable[stats.Test], k: int) -> Comparison | None:
+    """The paper's RtP-vs-PtR Wilcoxon tests at k as the one pair of a two-architecture comparison (Holm over a
+    family of one leaves p as it is); means and wins are in the summary's rows, not repeated here."""
+    pairs = [PairTest(t.model, t.subset, t.metric, k, t.gold, "rtp", "ptr", t.n, None, None, 0, 0, t.statistic,
+                      t.pvalue, t.pvalue, t.stars) for t in tests if t.test == "wilcoxon" and t.k == k]
+    return Comparison(["rtp", "ptr"], k, pairs) if pairs else None
