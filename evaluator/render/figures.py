@@ -22,7 +22,28 @@ if TYPE_CHECKING:
 
 COLORS = {"rtp": "#1f77b4", "ptr": "#d62728", "both": "#555555"}
 LABELS = {"rtp": "RtP", "ptr": "PtR", "both": "both"}
+# Further architectures, in the order the run holds them (tab10 without RtP's blue and PtR's red).
+MORE_COLORS = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 DPI = 100
+
+
+def color(s: Summary, arch: str) -> str:
+    if arch in COLORS:
+        return COLORS[arch]
+    more = [a for a in s.archs if a not in COLORS]
+    return MORE_COLORS[more.index(arch) % len(MORE_COLORS)] if arch in more else "#000000"
+
+
+def label(arch: str) -> str:
+    return LABELS.get(arch, arch)
+
+
+def _archs(s: Summary, model: str | None) -> list[str]:
+    """RtP, then the other architectures this model ran, in the run's order (retrieval only: RtP)."""
+    if model is None:
+        return ["rtp"]
+    ran = {r.arch for r in s.rows if r.model == model}
+    return ["rtp"] + [a for a in (s.archs or ["rtp", "ptr"]) if a != "rtp" and a in ran]
 
 
 def pyplot() -> Any:
@@ -68,12 +89,12 @@ def crossover(s: Summary, model: str, k: int, title: str) -> bytes:
     x = list(range(len(subs)))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for ax, gold in zip(axes, ("api_list", "relevant"), strict=True):
-        for arch in ("rtp", "ptr"):
+        for arch in _archs(s, model):
             m = None if arch == "rtp" else model
             for metric, ls, mk in (("recall", "-", "o"), ("precision", "--", "s")):
                 vals = [_ms(s.row(m, sub, arch, metric, k, gold)) for sub in subs]
                 ax.errorbar(x, [v[0] for v in vals], yerr=[v[1] for v in vals], ls=ls, marker=mk, capsize=3,
-                            color=COLORS[arch], label=f"{LABELS[arch]} {metric}")
+                            color=color(s, arch), label=f"{label(arch)} {metric}")
         ax.set_xticks(x, subs)
         ax.set_title(f"gold {gold}, k={k}")
         ax.grid(alpha=0.3)
@@ -108,12 +129,11 @@ def recall_vs_k(s: Summary, model: str | None, ks: Sequence[int], title: str) ->
     fig, axes = plt.subplots(1, max(1, len(subs)), figsize=(4 * max(1, len(subs)), 3.6), squeeze=False)
     for ax, sub in zip(axes[0], subs, strict=False):
         for gold, ls in (("api_list", "-"), ("relevant", ":")):
-            archs = ("rtp", "ptr") if model is not None else ("rtp",)
-            for arch in archs:
+            for arch in _archs(s, model):
                 m = None if arch == "rtp" else model
                 vals = [_ms(s.row(m, sub, arch, "recall", kk, gold)) for kk in ks]
                 ax.errorbar(list(ks), [v[0] for v in vals], yerr=[v[1] for v in vals], ls=ls, marker="o",
-                            ms=3, capsize=2, color=COLORS[arch], label=f"{LABELS[arch]} [{gold}]")
+                            ms=3, capsize=2, color=color(s, arch), label=f"{label(arch)} [{gold}]")
         ax.set_xscale("log")
         ax.set_xticks(list(ks), [str(kk) for kk in ks])
         ax.set_xlabel("k")
@@ -180,4 +200,28 @@ def summary_figures(s: Summary, *, k: int, ks: Sequence[int], simulated: Collect
             out[f"winloss_{slug}.png"] = winloss(s, m, k, title)
         out[f"recall_vs_k_{slug}.png"] = recall_vs_k(s, m if has_ptr else None, ks, title)
         out[f"trajectories_{slug}.png"] = trajectories(s, m, k, title)
+        if len(_archs(s, m)) >= 3:
+            out[f"architectures_{slug}.png"] = architectures(s, m, k, title)
     return dict(sorted(out.items()))
+
+
+def architectures(s: Summary, model: str, k: int, title: str) -> bytes:
+    """Every architecture side by side per subset: recall, NDCG, COMP (gold api_list) and pass rate at k."""
+    plt = pyplot()
+    subs = s.subsets
+    archs = _archs(s, model)
+    panels = (("recall", "api_list"), ("ndcg", "api_list"), ("comp", "api_list"), ("pass", None))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4))
+    w = 0.8 / len(archs)
+    for ax, (metric, gold) in zip(axes, panels, strict=True):
+        for i, arch in enumerate(archs):
+            m = None if arch == "rtp" and metric != "pass" else model
+            vals = [_ms(s.row(m, sub, arch, metric, k, gold)) for sub in subs]
+            ax.bar([j + (i - (len(archs) - 1) / 2) * w for j in range(len(subs))], [v[0] for v in vals], w,
+                   yerr=[v[1] for v in vals], capsize=2, color=color(s, arch), label=label(arch))
+        ax.set_xticks(range(len(subs)), subs, fontsize=8)
+        ax.set_title(f"{metric}@{k}" + (f" (gold {gold})" if gold else ""))
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Architectures compared: {title}")
+    return png(fig)
