@@ -151,3 +151,37 @@ def test_extra_architectures_leave_the_papers_rows_and_tests_alone(recs, summary
     assert res.comparison is not None
     d = stats.summary_dict(res.summary, {}, compare.comparison_dict(res.comparison))
     assert d["comparisons"]["archs"] == summary.archs and len(d["comparisons"]["pairs"]) == len(res.comparison.pairs)
+
+
+def test_a_four_architecture_folder_renders_every_architecture(recs, tmp_path) -> None:
+    """report.md, summary.json, the figures and the viewer's data of a folder whose records hold four
+    architectures: each shows all four; the pairs and Friedman come from analysis.compare."""
+    import json
+    import re
+
+    from evaluator.app.report import render_outputs
+    from evaluator.results.schema import OutputDir
+
+    out = F.write_out(tmp_path / "out", recs, F.meta(("sim",), runs=3))
+    render_outputs(OutputDir(out))
+    report = (out / "report.md").read_text(encoding="utf-8")
+    for title in ("Table N1: Architectures compared", "Table N2: Every pair of architectures",
+                  "Table N3: All architectures at once"):
+        assert report.count(title) == 2  # once per gold set
+    n1 = report[report.index("Table N1"):report.index("Table N2")]
+    assert all(f"| {a} |" in n1 for a in ("RtP", "PtR", "hyde", "fusion"))
+    n2 = report[report.index("Table N2"):report.index("Table N3")]
+    assert "| hyde | fusion |" in n2 and "| RtP | PtR |" in n2
+    assert "Recall hyde" not in report and "G1_instruction hyde" in report  # Table 1's columns take every arch
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["comparisons"]["archs"] == ["rtp", "ptr", "hyde", "fusion"]
+    assert {(p["a"], p["b"]) for p in summary["comparisons"]["pairs"]} == set(
+        itertools.combinations(["rtp", "ptr", "hyde", "fusion"], 2))
+    assert (out / "figures" / "architectures_sim.png").read_bytes().startswith(b"\x89PNG")
+    page = (out / "view.html").read_text(encoding="utf-8")
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S).group(1))
+    assert data["datasets"][0]["archs"] == ["rtp", "ptr", "hyde", "fusion"]
+    assert all(set(r["blocks"]) == {"hyde", "fusion"} and r["archs"] == ["rtp", "ptr", "hyde", "fusion"]
+               for r in data["records"])
+    tests = data["datasets"][0]["arch_tests"]
+    assert {(t["a"], t["b"]) for t in tests} == {(p["a"], p["b"]) for p in summary["comparisons"]["pairs"]}
