@@ -308,6 +308,9 @@ RENDER_NO_MODULES = {"scipy", "os", "shutil", "tempfile", "glob", "http", "socke
 RENDER_NO_NAMES = {"atomic_write", "atomic_folder", "OutputDir", "resources"}  # the writers, the folder, package files
 RENDER_NO_CALLS = {"read_text", "read_bytes", "write_text", "write_bytes", "open", "unlink", "mkdir", "rmdir",
                    "glob", "rglob", "iterdir", "touch", "rename", "is_file", "is_dir", "exists", "stat"}
+# the analyses' statistics: render is handed their results (analysis.compare, analysis.stats)
+RENDER_NO_STATISTICS = {"wilcoxon_paired", "ttest_one_sample", "ttest_two_sample", "friedman", "holm", "summarize",
+                        "architectures", "runs", "metric_deltas", "side_values", "query_means", "paired_values"}
 
 
 def render_offences(source: str, where: str = "") -> list[str]:
@@ -327,6 +330,9 @@ def render_offences(source: str, where: str = "") -> list[str]:
                 bad.append(f"{line}: open()")
             elif isinstance(f, ast.Attribute) and f.attr in RENDER_NO_CALLS:
                 bad.append(f"{line}: .{f.attr}()")
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name in RENDER_NO_STATISTICS:
+                bad.append(f"{line}: computes {name}()")
     return bad
 
 
@@ -341,11 +347,11 @@ def test_the_render_check_finds_planted_offences() -> None:
     planted = ("import os\nimport scipy.stats\nfrom http.server import ThreadingHTTPServer\n"
                "from evaluator.results.schema import OutputDir, atomic_write\nfrom importlib import resources\n"
                "def f(p):\n    open(p).read()\n    p.write_text('x')\n    p.read_bytes()\n    p.unlink()\n"
-               "    return 'a'.replace('a', 'b')\n")
+               "    stats.wilcoxon_paired([1], [2])\n    return 'a'.replace('a', 'b')\n")
     found = render_offences(planted, "planted.py")
     assert found == ["planted.py:1: imports os", "planted.py:2: imports scipy.stats",
                      "planted.py:3: imports http.server", "planted.py:4: imports OutputDir",
                      "planted.py:4: imports atomic_write", "planted.py:5: imports resources",
                      "planted.py:7: open()", "planted.py:8: .write_text()", "planted.py:9: .read_bytes()",
-                     "planted.py:10: .unlink()"], found
+                     "planted.py:10: .unlink()", "planted.py:11: computes wilcoxon_paired()"], found
     assert render_offences("def f(rows):\n    return sorted(rows)\n") == []

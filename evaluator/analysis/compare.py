@@ -20,14 +20,16 @@ import itertools
 import math
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 from evaluator.analysis import stats
-from evaluator.analysis.metrics import NWAY_METRICS, RETRIEVAL_METRICS, Obs
-from evaluator.results.schema import GOLDS, qid_key
+from evaluator.analysis.metrics import NWAY_METRICS, RETRIEVAL_METRICS, Obs, record_obs
+from evaluator.results.schema import GOLDS, Record, qid_key
+
+Q = TypeVar("Q", bound=Hashable)  # a query's key
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ COMPARED = (("ptr", "recall", "api_list"), ("ptr", "recall", "relevant"), ("rtp"
             ("ptr", "pass", None), ("rtp", "pass", None))
 
 SideKey = tuple[str, str, str | None]  # arch, metric, gold
+QueryKey = tuple[str, tuple[int, int | str]]  # subset, the query id's sort key (schema.qid_key)
 
 
 @dataclass(frozen=True)
@@ -189,11 +192,11 @@ class MetricDelta:
     stars: str
 
 
-def side_values(recs: Iterable[tuple[Obs, int]], k: int,
-                compared: Sequence[SideKey] = COMPARED) -> dict[SideKey, dict[int, Fraction]]:
+def side_values(recs: Iterable[tuple[Obs, Q]], k: int,
+                compared: Sequence[SideKey] = COMPARED) -> dict[SideKey, dict[Q, Fraction]]:
     """Run-averaged per-query value (exact) of each compared metric of one side: `recs` = (observations of a
-    record at k, the index of its query)."""
-    vals: dict[SideKey, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    record at k, its query's key)."""
+    vals: dict[SideKey, dict[Q, list[float]]] = defaultdict(lambda: defaultdict(list))
     for obs, qi in recs:
         for arch, metric, gold in compared:
             if (o := obs.get((arch, metric, k, gold))) is not None:
@@ -201,8 +204,8 @@ def side_values(recs: Iterable[tuple[Obs, int]], k: int,
     return {key: stats.query_means(v) for key, v in vals.items()}
 
 
-def metric_deltas(a: Mapping[SideKey, Mapping[int, Fraction]], b: Mapping[SideKey, Mapping[int, Fraction]],
-                  shared: Sequence[int], subset_of: Callable[[int], str],
+def metric_deltas(a: Mapping[SideKey, Mapping[Q, Fraction]], b: Mapping[SideKey, Mapping[Q, Fraction]],
+                  shared: Sequence[Q], subset_of: Callable[[Q], str],
                   compared: Sequence[SideKey] = COMPARED) -> list[MetricDelta]:
     """Per subset ("all" first) and compared metric: both sides' means on the shared queries, B − A, and the
     paired Wilcoxon p (six decimals, as the page shows them)."""
@@ -220,6 +223,45 @@ def metric_deltas(a: Mapping[SideKey, Mapping[int, Fraction]], b: Mapping[SideKe
             out.append(MetricDelta(subset or "all", key[0], key[1], key[2], len(common), round(ma, 6), round(mb, 6),
                                    round(mb - ma, 6), p, stats.stars(p)))
     return out
+
+
+@dataclass
+class RunPair:
+    """Side `b` against side `a` (the first): the queries both have, and each compared metric's delta."""
+
+    a: int
+    b: int
+    k: tuple[int, int]  # each side's main k
+    shared: list[QueryKey]  # sorted
+    only_a: int
+    only_b: int
+    metrics: list[MetricDelta]
+
+
+@dataclass
+class RunsComparison:
+    """Every other side against the first (the viewer's comparison of runs)."""
+
+    values: list[dict[SideKey, dict[QueryKey, Fraction]]]  # per side: run-averaged per-query values
+    pairs: list[RunPair]
+
+
+def query_key(r: Record) -> QueryKey:
+    return (r.subset, qid_key(r.query_id))
+
+
+def runs(sides: Sequence[tuple[Sequence[Record], int]]) -> RunsComparison | None:
+    """Sides (each: its records and its main k) compared with the first; None with fewer than two."""
+    if len(sides) < 2:
+        return None
+    values = [side_values(((record_obs(r, ks=[k], k=k), query_key(r)) for r in recs), k) for recs, k in sides]
+    qsets = [{query_key(r) for r in recs} for recs, _ in sides]
+    pairs = []
+    for j in range(1, len(sides)):
+        shared = sorted(qsets[0] & qsets[j])
+        pairs.append(RunPair(0, j, (sides[0][1], sides[j][1]), shared, len(qsets[0] - qsets[j]),
+                             len(qsets[j] - qsets[0]), metric_deltas(values[0], values[j], shared, lambda q: q[0])))
+    return RunsComparison(values, pairs)
 
 
 def comparison_dict(c: Comparison) -> dict[str, Any] | None:

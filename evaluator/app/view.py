@@ -15,8 +15,8 @@ from pydantic import TypeAdapter
 from evaluator.analysis import compare
 from evaluator.analysis.stats import Test
 from evaluator.core.files import atomic_write
-from evaluator.render.view import PART_RECORDS, VIEW_FILE, Assets, Source, html, paged, parts_folder
-from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, Record
+from evaluator.render.view import PART_RECORDS, VIEW_FILE, Assets, Source, html, paged, parts_folder, sides
+from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, OutputError, Record
 
 _COMPARISON = TypeAdapter(compare.Comparison)
 _TESTS = TypeAdapter(list[Test])
@@ -76,6 +76,19 @@ def write_page(folders: Sequence[OutputDir], out: Path | None = None,
                              part_records=part_records)
 
 
+def runs_compared(sources: Sequence[Source]) -> compare.RunsComparison | None:
+    """Every side of the page (output folder x model) against the first (`analysis.compare.runs`); a page of
+    sides with no query in common is one line, before anything is written."""
+    page_sides = sides(sources)
+    runs = compare.runs([([r for r in sources[s["ds"]].records if r.model == s["model"]], sources[s["ds"]].meta.k)
+                         for s in page_sides])
+    if runs is not None and not any(p.shared for p in runs.pairs):
+        names = " and ".join(s["label"] for s in page_sides)
+        raise OutputError(f"{names} have no query in common (same subset and query id); "
+                          "compare runs of the same query files.")
+    return runs
+
+
 def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,
                 part_records: int = PART_RECORDS) -> str:
     """A page and its parts, each file atomic and each part written as soon as it is made; the parts come
@@ -88,7 +101,7 @@ def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,
         atomic_write(folder / name, body)
         written.add(name)
 
-    text = html(sources, paged(sources, page.name, emit, part_records), assets(), title)
+    text = html(sources, paged(sources, page.name, emit, runs_compared(sources), part_records), assets(), title)
     if folder.is_dir():
         for old in folder.glob("part-*.js"):
             if old.name not in written:

@@ -201,11 +201,11 @@ def summary_figures(s: Summary, *, k: int, ks: Sequence[int], simulated: Collect
         out[f"recall_vs_k_{slug}.png"] = recall_vs_k(s, m if has_ptr else None, ks, title)
         out[f"trajectories_{slug}.png"] = trajectories(s, m, k, title)
         if len(_archs(s, m)) >= 3:
-            out[f"architectures_{slug}.png"] = architectures(s, m, k, title)
+            out[f"architectures_{slug}.png"] = every_architecture(s, m, k, title)
     return dict(sorted(out.items()))
 
 
-def architectures(s: Summary, model: str, k: int, title: str) -> bytes:
+def every_architecture(s: Summary, model: str, k: int, title: str) -> bytes:
     """Every architecture side by side per subset: recall, NDCG, COMP (gold api_list) and pass rate at k."""
     plt = pyplot()
     subs = s.subsets

@@ -318,44 +318,37 @@ def _side_settings(src: Source, model: str | None) -> dict[str, str]:
     return _flat(view)
 
 
-def _avg_outcome(pq: Mapping[tuple, Mapping[int, Fraction]], qi: int, gold: str) -> str:
+def _avg_outcome(pq: Mapping[compare.SideKey, Mapping[compare.QueryKey, Fraction]], qi: compare.QueryKey,
+                 gold: str) -> str:
     rtp, ptr = pq.get(("rtp", "recall", gold), {}).get(qi), pq.get(("ptr", "recall", gold), {}).get(qi)
     return _outcome(None if rtp is None else float(rtp), None if ptr is None else float(ptr))
 
 
-def _compare(sides: list[dict[str, Any]], side_recs: list[list[tuple[Obs, int]]], sources: Sequence[Source],
-             queries: list[dict[str, Any]], *, whole: bool = True) -> dict[str, Any] | None:
-    """Every other side against the first: settings that differ, shared queries, metric deltas with a paired
-    Wilcoxon test, and per-query deltas (flipped = the run-averaged outcome at the main k changed)."""
-    if len(sides) < 2:
+def _compare(sides: list[dict[str, Any]], runs: compare.RunsComparison | None, sources: Sequence[Source],
+             qindex: Mapping[compare.QueryKey, int]) -> dict[str, Any] | None:
+    """Every other side against the first (`analysis.compare.runs`): settings that differ, shared queries, metric
+    deltas with their paired Wilcoxon test, and per-query values of the queries shown here (`qindex`: a query's
+    key -> its index on the page or part; flipped = the run-averaged outcome at the main k changed)."""
+    if runs is None:
         return None
     settings = [_side_settings(sources[s["ds"]], s["model"]) for s in sides]
     keys = sorted(set().union(*settings))
     differ = [[key] + [settings[i].get(key, DASH) for i in range(len(sides))]
               for key in keys if len({st.get(key) for st in settings}) > 1]
-    ks = [sources[s["ds"]].meta.k for s in sides]
-    pq = [compare.side_values(recs, k) for recs, k in zip(side_recs, ks, strict=True)]
-    qsets = [{qi for _, qi in recs} for recs in side_recs]
     pairs = []
-    for j in range(1, len(sides)):
-        shared = sorted(qsets[0] & qsets[j], key=lambda q: (queries[q]["subset"], qid_key(queries[q]["id"])))
-        only_a, only_b = len(qsets[0] - qsets[j]), len(qsets[j] - qsets[0])
-        metrics = [dataclasses.asdict(m) for m in
-                   compare.metric_deltas(pq[0], pq[j], shared, lambda q: str(queries[q]["subset"]))]
+    for p in runs.pairs:
         per_query = []
-        for q in shared:
+        for key in p.shared:
+            if (q := qindex.get(key)) is None:
+                continue
             row: dict[str, Any] = {"q": q}
-            for name, i in (("a", 0), ("b", j)):
-                row[name] = {"rtp": [_f(pq[i].get(("rtp", "recall", g), {}).get(q)) for g in GOLDS],
-                             "ptr": [_f(pq[i].get(("ptr", "recall", g), {}).get(q)) for g in GOLDS],
-                             "outcome": [_avg_outcome(pq[i], q, g) for g in GOLDS]}
+            for name, vals in (("a", runs.values[p.a]), ("b", runs.values[p.b])):
+                row[name] = {"rtp": [_f(vals.get(("rtp", "recall", g), {}).get(key)) for g in GOLDS],
+                             "ptr": [_f(vals.get(("ptr", "recall", g), {}).get(key)) for g in GOLDS],
+                             "outcome": [_avg_outcome(vals, key, g) for g in GOLDS]}
             per_query.append(row)
-        pairs.append({"a": 0, "b": j, "k": [ks[0], ks[j]], "shared": len(shared), "only_a": only_a, "only_b": only_b,
-                      "metrics": metrics, "queries": per_query})
-    if whole and not any(p["shared"] for p in pairs):
-        names = " and ".join(s["label"] for s in sides)
-        raise OutputError(f"{names} have no query in common (same subset and query id); "
-                          "compare runs of the same query files.")
+        pairs.append({"a": p.a, "b": p.b, "k": list(p.k), "shared": len(p.shared), "only_a": p.only_a,
+                      "only_b": p.only_b, "metrics": [dataclasses.asdict(m) for m in p.metrics], "queries": per_query})
     return {"differ": differ, "pairs": pairs}
 
 
@@ -363,7 +356,7 @@ def _f(x: Fraction | float | None) -> float | None:
     return None if x is None else round(float(x), 6)
 
 
-def _sides(sources: Sequence[Source]) -> list[dict[str, Any]]:
+def sides(sources: Sequence[Source]) -> list[dict[str, Any]]:
     """One side per (output folder, model), in the order the records sort them: every part of a paged page
     indexes the same list."""
     sides: list[dict[str, Any]] = []
@@ -398,46 +391,36 @@ def _arch_tests(c: compare.Comparison | None) -> dict[str, Any]:
                          for f in c.friedman]}
 
 
-def _shape_records(sources: Sequence[Source], sides: list[dict[str, Any]], *, views: bool = True,
-                   whole: bool = True) -> dict[str, Any]:
-    """Id tables, queries, records (`views`: each record's page data too) and the comparison of these records.
-    `whole`: they are all the records (a part of a paged page may share no query between two runs)."""
+def _shape_records(sources: Sequence[Source], sides: list[dict[str, Any]],
+                   runs: compare.RunsComparison | None) -> dict[str, Any]:
+    """Id tables, queries, records (each record's page data) and the comparison of runs over these queries."""
     api, lists = _Interner(), _Interner()
     queries: list[dict[str, Any]] = []
-    qindex: dict[tuple, int] = {}
+    qindex: dict[compare.QueryKey, int] = {}
     side_index = {(s["ds"], s["model"]): i for i, s in enumerate(sides)}
     records: list[dict[str, Any]] = []
-    side_recs: list[list[tuple[Obs, int]]] = [[] for _ in sides]
     for ds, src in enumerate(sources):
         k = src.meta.k
         for r in sorted(src.records, key=lambda r: (r.subset, qid_key(r.query_id), r.model or "", r.run)):
-            key = (r.subset, qid_key(r.query_id))
+            key = compare.query_key(r)
             if (qi := qindex.get(key)) is None:
                 qi = qindex[key] = len(queries)
-                if views:
-                    queries.append({"subset": r.subset, "id": r.query_id, "text": r.query,
-                                    "gold": [[api(x) for x in r.gold_set(g)] for g in GOLDS]})
-                else:
-                    queries.append({"subset": r.subset, "id": r.query_id})
-            si = side_index[(ds, r.model)]
-            obs = record_obs(r, ks=[k], k=k)
-            if len(sides) > 1:
-                side_recs[si].append((obs, qi))
-            if views:
-                records.append(_record_view(r, obs, k, qi, si, api, lists))
+                queries.append({"subset": r.subset, "id": r.query_id, "text": r.query,
+                                "gold": [[api(x) for x in r.gold_set(g)] for g in GOLDS]})
+            records.append(_record_view(r, record_obs(r, ks=[k], k=k), k, qi, side_index[(ds, r.model)], api, lists))
     return {"apis": api.items, "lists": lists.items, "queries": queries, "records": records,
-            "compare": _compare(sides, side_recs, sources, queries, whole=whole)}
+            "compare": _compare(sides, runs, sources, qindex)}
 
 
-def shape(sources: Sequence[Source]) -> dict[str, Any]:
-    """The page's data: id tables, queries, records and the comparison (pure: handed values, reads nothing)."""
-    sides = _sides(sources)
-    data = _shape_records(sources, sides)
+def shape(sources: Sequence[Source], runs: compare.RunsComparison | None = None) -> dict[str, Any]:
+    """The page's data: id tables, queries, records and the comparison of runs (`runs`, from
+    `analysis.compare.runs` over `sides(sources)`; none with one side)."""
+    sides_ = sides(sources)
+    data = _shape_records(sources, sides_, runs)
     if not data["records"]:
         raise OutputError(f"{sources[0].name if sources else 'view'}: queries.jsonl holds no record; "
                           "rerun the study.")
-    return {"golds": list(GOLDS), "sides": sides, "datasets": [_dataset(s) for s in sources], **data}
-
+    return {"golds": list(GOLDS), "sides": sides_, "datasets": [_dataset(s) for s in sources], **data}
 
 
 def parts_folder(html_name: str) -> str:
@@ -468,23 +451,19 @@ def _split(sources: Sequence[Source], part_records: int) -> list[list[Source]]:
 
 
 def paged(sources: Sequence[Source], html_name: str, emit: Callable[[str, str], None],
-          part_records: int = PART_RECORDS) -> dict[str, Any]:
+          runs: compare.RunsComparison | None = None, part_records: int = PART_RECORDS) -> dict[str, Any]:
     """The page's data; its side files go to `emit(name under the parts folder, text)` one by one, so only one
     part's page data is in memory at a time. Everything inline when the records fit one part, else the
     overview, the comparison's metrics and a list of parts inline and each part's records in `part-NNNN.js`."""
     total = sum(len(s.records) for s in sources)
     if total <= part_records:
-        return shape(sources)
-    sides = _sides(sources)
-    whole = _shape_records(sources, sides, views=False)  # the comparison's metrics over every query
-    compare = whole["compare"]
-    if compare is not None:
-        for pair in compare["pairs"]:
-            pair["queries"] = []  # per-query deltas come with each part
+        return shape(sources, runs)
+    sides_ = sides(sources)
+    cmp = _compare(sides_, runs, sources, {})  # the metrics over every query; per-query deltas come with each part
     folder = parts_folder(html_name)
     index = []
     for n, part in enumerate(_split(sources, part_records)):
-        data = _shape_records(part, sides, whole=False)
+        data = _shape_records(part, sides_, runs)
         part_cmp = data.pop("compare")
         data["compare_queries"] = [p["queries"] for p in part_cmp["pairs"]] if part_cmp else []
         name = f"part-{n + 1:04d}.js"
@@ -493,9 +472,10 @@ def paged(sources: Sequence[Source], html_name: str, emit: Callable[[str, str], 
         first, last = data["queries"][0], data["queries"][-1]
         index.append({"file": f"{folder}/{name}", "records": len(data["records"]), "queries": len(data["queries"]),
                       "first": [first["subset"], first["id"]], "last": [last["subset"], last["id"]]})
-    return ({"golds": list(GOLDS), "sides": sides, "datasets": [_dataset(s) for s in sources], "apis": [],
-             "lists": [], "queries": [], "records": [], "compare": compare, "parts": index,
-             "total_records": total, "total_queries": len(whole["queries"])})
+    n_queries = len({compare.query_key(r) for src in sources for r in src.records})
+    return ({"golds": list(GOLDS), "sides": sides_, "datasets": [_dataset(s) for s in sources], "apis": [],
+             "lists": [], "queries": [], "records": [], "compare": cmp, "parts": index,
+             "total_records": total, "total_queries": n_queries})
 
 
 # ---------------------------------------------------------------- the page
@@ -507,16 +487,17 @@ def _script_json(data: Any) -> str:
     return orjson.dumps(data).decode("utf-8").replace("<", "\\u003c")
 
 
-def page(sources: Sequence[Source], assets: Assets, title: str | None = None) -> str:
+def page(sources: Sequence[Source], assets: Assets, runs: compare.RunsComparison | None = None,
+         title: str | None = None) -> str:
     """The whole `view.html` text, everything inline."""
-    return html(sources, shape(sources), assets, title)
+    return html(sources, shape(sources, runs), assets, title)
 
 
-def pages(sources: Sequence[Source], html_name: str, assets: Assets, title: str | None = None,
-          part_records: int = PART_RECORDS) -> tuple[str, dict[str, str]]:
+def pages(sources: Sequence[Source], html_name: str, assets: Assets, runs: compare.RunsComparison | None = None,
+          title: str | None = None, part_records: int = PART_RECORDS) -> tuple[str, dict[str, str]]:
     """The page's text and its side files (`paged`), named under `parts_folder(html_name)`, in memory."""
     files: dict[str, str] = {}
-    data = paged(sources, html_name, files.__setitem__, part_records)
+    data = paged(sources, html_name, files.__setitem__, runs, part_records)
     return html(sources, data, assets, title), files
 
 
