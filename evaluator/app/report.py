@@ -104,7 +104,7 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     od.write_text(REPORT_FILE, report.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
     # view.html: every query browsable (app.view)
-    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None, result.comparison)
+    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None)
 
 
 def _one_figure(name: str, draw: Callable[[Any], bytes], result: Any) -> dict[str, bytes]:

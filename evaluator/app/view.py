@@ -13,13 +13,15 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from evaluator.analysis import compare
-from evaluator.analysis.stats import Test
+from evaluator.analysis.stats import Checks, Row, Summary, Test
 from evaluator.core.files import atomic_write
 from evaluator.render.view import PART_RECORDS, VIEW_FILE, Assets, Source, html, paged, parts_folder, sides
 from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, OutputError, Record
 
 _COMPARISON = TypeAdapter(compare.Comparison)
 _TESTS = TypeAdapter(list[Test])
+_ROWS = TypeAdapter(list[Row])
+_CHECKS = TypeAdapter(Checks)
 
 
 @functools.cache
@@ -28,6 +30,14 @@ def assets() -> Assets:
     folder = resources.files("evaluator.render").joinpath("view_assets")
     return Assets(js=folder.joinpath("view.js").read_text(encoding="utf-8"),
                   css=folder.joinpath("view.css").read_text(encoding="utf-8"))
+
+
+def saved_summary(summary: Mapping[str, Any] | None) -> Summary | None:
+    """summary.json's rows, tests and checks, typed (as `migrate.summary` returns the file)."""
+    if not summary:
+        return None
+    return Summary(_ROWS.validate_python(summary.get("rows") or []), _TESTS.validate_python(summary.get("tests") or []),
+                   _CHECKS.validate_python(summary.get("checks") or {}))
 
 
 def saved_comparison(summary: Mapping[str, Any] | None, k: int) -> compare.Comparison | None:
@@ -41,27 +51,24 @@ def saved_comparison(summary: Mapping[str, Any] | None, k: int) -> compare.Compa
 
 
 def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
-           records: list[Record] | None = None, summary: Mapping[str, Any] | None = None,
-           figures: Sequence[str] | None = None, comparison: compare.Comparison | None = None) -> Source:
-    """One output folder's values (the ones already read or just drawn may be passed in; `figures`: the
-    names a render drew, so a stale PNG left in the folder is not shown)."""
+           records: list[Record] | None = None, figures: Sequence[str] | None = None) -> Source:
+    """One output folder's values (the ones already read may be passed in; `figures`: the names a render drew,
+    so a stale PNG left in the folder is not shown); its summary.json read back, as the report's tables."""
     od.require()
     saved = meta is None or records is None
     meta = meta if meta is not None else od.read_meta()
     records = records if records is not None else od.read_records()
     if saved:
         od.check_agree(meta, records)  # another run's meta.json is not shown over these records
-    summary = summary if summary is not None else od.read_json(SUMMARY_FILE)
-    if comparison is None:
-        comparison = saved_comparison(summary, meta.k)
-    return Source(name or od.path.name or str(od.path), meta, records, summary, od.read_figures(figures),
-                  comparison)
+    summary = od.read_json(SUMMARY_FILE)
+    return Source(name or od.path.name or str(od.path), meta, records, saved_summary(summary),
+                  dict((summary or {}).get("meta") or {}), od.read_figures(figures), saved_comparison(summary, meta.k))
 
 
 def write(od: OutputDir, meta: Meta, records: list[Record], figures: Sequence[str] | None,
-          comparison: compare.Comparison | None = None, part_records: int = PART_RECORDS) -> None:
+          part_records: int = PART_RECORDS) -> None:
     """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run), with its parts."""
-    write_paged(od.path / VIEW_FILE, [source(od, meta=meta, records=records, figures=figures, comparison=comparison)],
+    write_paged(od.path / VIEW_FILE, [source(od, meta=meta, records=records, figures=figures)],
                 part_records=part_records)
 
 

@@ -29,6 +29,7 @@ import orjson
 
 from evaluator.analysis import compare
 from evaluator.analysis.metrics import RANK_METRICS, Obs, record_obs
+from evaluator.analysis.stats import Row, Summary, Test
 from evaluator.render.fmt import DASH, fnum, format_p, mean_pm
 from evaluator.results.cost import usd
 from evaluator.results.schema import (
@@ -64,7 +65,8 @@ class Source:
     name: str
     meta: Meta
     records: list[Record]
-    summary: Mapping[str, Any] | None = None  # summary.json as `migrate.summary` returns it (the page reads it as JSON)
+    summary: Summary | None = None  # summary.json's rows and tests (None: not written yet)
+    study_view: Mapping[str, Any] = field(default_factory=dict)  # summary.json's `meta`: what the numbers depend on
     figures: dict[str, bytes] = field(default_factory=dict)  # file name -> PNG bytes
     # The run's architectures compared (analysis.compare): what the page's A-vs-B panel shows beside the records.
     comparison: compare.Comparison | None = None
@@ -196,44 +198,37 @@ def _settings(src: Source) -> list[list[str]]:
     return rows
 
 
-def _rows_by(summary: Mapping[str, Any]) -> tuple[dict[tuple, dict], dict[tuple, dict]]:
-    rows = {(r.get("model"), r["subset"], r["arch"], r["metric"], r.get("k"), r.get("gold")): r
-            for r in summary.get("rows") or []}
-    tests = {(t.get("model"), t["subset"], t["metric"], t.get("k"), t.get("gold"), t["test"]): t
-             for t in summary.get("tests") or []}
-    return rows, tests
+def _ms(row: Row | None) -> str:
+    return DASH if row is None else mean_pm(row.mean, row.std)
 
 
-def _ms(row: Mapping[str, Any] | None) -> str:
-    return DASH if row is None else mean_pm(row.get("mean"), row.get("std"))
-
-
-def _p(t: Mapping[str, Any] | None) -> str:
-    if t is None or t.get("pvalue") is None:
+def _p(t: Test | None) -> str:
+    if t is None or t.pvalue is None:
         return DASH
-    return f"{format_p(t['pvalue'])} {t.get('stars') or ''}".strip()
+    return f"{format_p(t.pvalue)} {t.stars or ''}".strip()
 
 
 def _tables(src: Source) -> list[dict[str, Any]]:
     """Table 1 (recall at k) and Table 3 (main results, with the report's significance marks) from summary.json."""
-    if not src.summary:
+    summary = src.summary
+    if not summary:
         return []
-    rows, tests = _rows_by(src.summary)
     meta, k = src.meta, src.meta.k
-    subsets = sorted({key[1] for key in rows})
-    models = sorted({key[0] for key in rows if key[0] is not None}) or [None]
+    subsets = summary.subsets
+    models: list[str | None] = [*summary.models] or [None]
+    more = [a for a in dict.fromkeys(a for r in src.records for a in r.arch_names) if a not in ("rtp", "ptr")]
     out = []
     for model in models:
         for gold in GOLDS:
-            head = ["k"] + [f"{s} {a}" for s in subsets for a in ("RtP", "PtR")]
-            body = [[str(kk)] + [_ms(rows.get((m_, s, a, "recall", kk, gold)))
-                                 for s in subsets for a, m_ in (("rtp", None), ("ptr", model))]
+            # RtP (its retrieval: one deterministic row, model null), PtR, then any other architecture of the run
+            archs = [("rtp", None, "RtP")] + ([("ptr", model, "PtR")] + [(a, model, a) for a in more] if model else [])
+            head = ["k"] + [f"{s} {name}" for s in subsets for _, _, name in archs]
+            body = [[str(kk)] + [_ms(summary.row(m_, s, a, "recall", kk, gold)) for s in subsets for a, m_, _ in archs]
                     for kk in meta.ks]
             out.append({"title": f"Table 1: recall at retrieval budget k — model {model or 'none'}, gold {gold}",
                         "head": head, "rows": body})
-            archs = (("rtp", None, "RtP"), ("ptr", model, "PtR")) if model else (("rtp", None, "RtP"),)
             head = ["Subset", "k"] + [f"{m.upper()} {name}" for m in RANK_METRICS for _, _, name in archs]
-            body = [[s, str(kk)] + [_ms(rows.get((m_, s, a, metric, kk, gold))) for metric in RANK_METRICS
+            body = [[s, str(kk)] + [_ms(summary.row(m_, s, a, metric, kk, gold)) for metric in RANK_METRICS
                                     for a, m_, _ in archs]
                     for s in subsets for kk in meta.ks]
             out.append({"title": f"Table 1c: NDCG, MRR, COMP at retrieval budget k — model {model or 'none'}, "
@@ -247,16 +242,16 @@ def _tables(src: Source) -> list[dict[str, Any]]:
                 n = meta.subsets.get(s)
                 for metric, g, ttest in (("pass", None, "ttest_ind"), ("precision", gold, "ttest_1samp"),
                                          ("recall", gold, "ttest_1samp")):
-                    rtp = rows.get((model if metric == "pass" else None, s, "rtp", metric, k, g))
-                    ptr = rows.get((model, s, "ptr", metric, k, g))
+                    rtp = summary.row(model if metric == "pass" else None, s, "rtp", metric, k, g)
+                    ptr = summary.row(model, s, "ptr", metric, k, g)
                     wins = ""
                     if metric == "recall":
-                        w = [rows.get((model, s, a, m_, k, gold)) for a, m_ in
+                        w = [summary.row(model, s, a, m_, k, gold) for a, m_ in
                              (("rtp", "wins"), ("ptr", "wins"), ("both", "ties"))]
-                        wins = " / ".join(DASH if x is None else f"{x.get('mean', 0):.0f}" for x in w)
+                        wins = " / ".join(DASH if x is None else f"{x.mean or 0:.0f}" for x in w)
                     body.append([f"{s} (n={n})" if n else s, metric, _ms(rtp), _ms(ptr),
-                                 _p(tests.get((model, s, metric, k, g, ttest))),
-                                 _p(tests.get((model, s, metric, k, g, "wilcoxon"))), wins or DASH])
+                                 _p(summary.test(model, s, metric, k, g, ttest)),
+                                 _p(summary.test(model, s, metric, k, g, "wilcoxon")), wins or DASH])
             out.append({"title": f"Table 3: main results at k = {k} — model {model}, gold {gold}",
                         "head": ["Subset", "Metric", "RtP", "PtR", "p (t-test)", "p (Wilcoxon)",
                                  "wins RtP / PtR / ties"], "rows": body,
@@ -308,7 +303,7 @@ def _flat(d: Any, prefix: str = "") -> dict[str, str]:
 
 def _side_settings(src: Source, model: str | None) -> dict[str, str]:
     """What a side's numbers depend on: summary.json's study view of its run and its model's profile."""
-    view = dict((src.summary or {}).get("meta") or {})
+    view = dict(src.study_view)
     view.pop("models", None)
     view.pop("simulated", None)
     prof = next((x for x in src.meta.models if x.name == model), None)
