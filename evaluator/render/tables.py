@@ -74,6 +74,9 @@ class Ctx:
             parts.append(f"RtP planner {rtp.planner}")
         if model is not None and ptr is not None:
             parts += [f"PtR retrieval {ptr.retrieval}", f"PtR planner {ptr.planner}"]
+        for arch in extra_archs(self, model):  # any architecture beyond the paper's two, by its name
+            if (ex := sc.get((model, arch))) is not None:
+                parts += [f"{arch} retrieval {ex.retrieval}", f"{arch} planner {ex.planner}"]
         text = "; n scored (summed over runs): " + ", ".join(parts) if parts else ""
         if model is not None:
             text += f"; truncated replies (finish_reason length): {(rtp.truncated if rtp else 0) + (ptr.truncated if ptr else 0)}"
