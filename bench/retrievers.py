@@ -40,9 +40,8 @@ def _time(fn) -> float:
 def run(cache_dir: Path = PROJECT_CACHE, rounds: int = 5) -> Result:
     load0 = os.getloadavg()[0]
     s = load_settings()
-    s.cache_dir = str(cache_dir)
-    inputs = load_inputs(s)
-    study = prepare(s, progress=False, inputs=inputs)
+    inputs = load_inputs(s.data)
+    study = prepare(inputs, embed=s.embed, retrieval=s.retrieval, run=s.run, cache_root=cache_dir, progress=False)
     texts = study.registry.texts()
     queries = [q.text for q in study.queries]
     builds = [_time(lambda: L.BM25Index.build(texts)) for _ in range(max(2, rounds // 2))]
