@@ -3,6 +3,7 @@ before any work (nothing embedded, no LLM call, no output folder)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,8 +12,6 @@ from data_fixtures import make_data_dir
 
 from evaluator.app.study import load_profiles
 from evaluator.cli.main import main
-import dataclasses
-
 from evaluator.settings.invocation import Invocation, ProfileOverrides
 from evaluator.settings.load import ConfigError, load, load_settings
 from evaluator.settings.sections import AnalysisSettings, RunSettings, Settings

@@ -81,7 +81,7 @@ def test_summary_deterministic(out: Path, tmp_path: Path) -> None:
     # records in another order and different LLM accounting, as a cached rerun would write them
     meta["llm_stats"] = {m: {"requests": 0, "cache_hits": 99} for m in ("sim", "gemini")}
     meta["runtime"] = {"created": "2027-01-01T00:00:00"}
-    meta["settings"]["run"]["out"] = "results/elsewhere"
+    meta["settings"]["out"] = "results/elsewhere"
     again = F.write_out(tmp_path / "again", _records(out), meta, shuffle_seed=7)
     render_outputs(OutputDir(again), with_figures=False)
     assert (again / "summary.json").read_bytes() == first

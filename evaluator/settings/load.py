@@ -68,16 +68,6 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
     return raw
 
 
-def _checked(cls: type, given: list[tuple[Mapping[str, Any], str, Callable[[str], str]]]) -> Any:
-    """`cls` from each source's values over the last (file, then flags), each source checked with its own
-    way of naming a key (`[data] limit =` in the file, `--limit` on the command line)."""
-    values: dict[str, Any] = {}
-    for source, where, label in given:
-        check_values(cls, source, where, label)
-        values.update(source)
-    return cls(**values)
-
-
 def _in_table(table: str) -> Callable[[str], str]:
     """How the file names a key of `table`: `[data] limit =`."""
     return lambda key: f"[{table}] {key} ="
@@ -97,24 +87,31 @@ def load(path: Path | None = None, flags: Mapping[str, Any] | None = None,
     path = path or DEFAULT_CONFIG
     raw = _read(path)
     flags = dict(flags or {})
-    sections: dict[str, Any] = {}
+    unknown = sorted(k for k in flags if k.split(".", 1)[0] not in SECTIONS)
+    if unknown:
+        raise ValueError(f"no such settings: {unknown}")  # a programming error of the caller, not the user's
+    opts = dict(options or {})
+    # (type, the file's values, the flags' values, how each names a key): settings by section, then options
+    parts: list[tuple[type, dict[str, Any], dict[str, Any], Callable[[str], str], Callable[[str], str]]] = []
     file_options: dict[str, Any] = {}
     for name, cls in SECTIONS.items():
         table = dict(raw.get(name, {}))
         file_options |= {k: table.pop(k) for k in INVOCATION_KEYS.get(name, ()) if k in table}
         typed = {k.split(".", 1)[1]: v for k, v in flags.items() if k.split(".", 1)[0] == name}
-        sections[name] = _checked(cls, [(table, f"{path}: ", _in_table(name)), (typed, "", _as_flag(name))])
-    unknown = sorted(k for k in flags if k.split(".", 1)[0] not in SECTIONS)
-    if unknown:
-        raise ValueError(f"no such settings: {unknown}")  # a programming error of the caller, not the user's
-    opts = dict(options or {})
+        parts.append((cls, table, typed, _in_table(name), _as_flag(name)))
+    given = {k: v for k, v in opts.items() if k in INVOCATION_KEYS["run"]}
+    parts.append((Invocation, file_options, given, _in_table("run"), flag))
+    # the whole file first, then every flag: the first mistake in the file is the one reported, as it is read
+    for cls, in_file, _, label, _ in parts:
+        check_values(cls, in_file, f"{path}: ", label)
+    for cls, _, typed, _, label in parts:
+        check_values(cls, typed, "", label)
     overrides = opts.get("overrides", ProfileOverrides())
     check_values(ModelProfile, overrides.as_kwargs(), "", flag)  # the profile's types and ranges
-    given = {k: v for k, v in opts.items() if k in INVOCATION_KEYS["run"]}
+    built = [cls(**(in_file | typed)) for cls, in_file, typed, _, _ in parts]
     rest = {k: v for k, v in opts.items() if k not in given}
-    invocation = _checked(Invocation, [(file_options, f"{path}: ", _in_table("run")), (given, "", flag)])
-    invocation = dataclasses.replace(invocation, cli_keys=frozenset(flags), **rest)
-    return Settings(**sections), invocation
+    invocation = dataclasses.replace(built.pop(), cli_keys=frozenset(flags), **rest)
+    return Settings(*built), invocation
 
 
 def load_settings(path: Path | None = None) -> Settings:
