@@ -222,6 +222,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
         model, run, subset, qid = rec.model, rec.run, rec.subset, rec.query_id
         queries[subset].add(qid)
         obs = metrics.record_obs(rec, ks, k)
+        nway = len(rec.arch_names) >= 3
         first_rtp = True
         if rec.rtp is not None:
             ret = tuple(rec.rtp.retrieved)
@@ -242,7 +243,8 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
             nums, dens = acc[key].setdefault(r, (array("d"), array("d")))
             nums.append(num)
             dens.append(den)
-            if metric in metrics.PAIRED_METRICS or (kk == k and metric in metrics.NWAY_METRICS):
+            # the N-way comparison's further metrics only where it is made: a record of three architectures or more
+            if metric in metrics.PAIRED_METRICS or (nway and kk == k and metric in metrics.NWAY_METRICS):
                 per_query[key][qid].append(num / den)
             if arch not in arch_order and arch != "both":
                 arch_order[arch] = None
