@@ -41,7 +41,8 @@ def test_a_query_page_shows_every_architecture_side_by_side(out, browser) -> Non
         shown = browser.find_elements("css selector", f"#arch-{name} table.top tbody tr")
         assert len(shown) == len(data["lists"][rec["blocks"][name]["top"]][0])
         assert "Selected APIs" in browser.find_element("id", f"arch-{name}").text
-    assert "hyde api_list" in browser.find_element("css selector", "main p.status").text
+    status = [p.text for p in browser.find_elements("css selector", "main p.status")]
+    assert "hyde api_list" in status[0] and "; fusion NDCG@5" in status[1]  # recall, then NDCG/MRR/COMP of each
     assert console_errors(browser) == []
 
 

@@ -417,11 +417,12 @@ route();
 window.viewReadyMs = performance.now();  // read by bench/view.py: script start to first view in the DOM
 document.body.dataset.ready = "1";
 
-// NDCG@k, MRR@k and COMP@k of both architectures, first gold set (the report's Table 1c definitions).
+// NDCG@k, MRR@k and COMP@k of every architecture, first gold set (the report's Table 1c definitions).
 function rankLine(r, k) {
   if (!r.rank) return "";
-  const part = (a, name) => ["ndcg", "mrr", "comp"].map((m) => `${m.toUpperCase()}@${k} ${num(r.rank[a][m][0])}`).join(", ");
-  return `${GOLDS[0]}: RtP ${part("rtp")}; PtR ${part("ptr")}`;
+  const part = (a) => ["ndcg", "mrr", "comp"].map((m) => `${m.toUpperCase()}@${k} ${num(r.rank[a][m][0])}`).join(", ");
+  return `${GOLDS[0]}: RtP ${part("rtp")}; PtR ${part("ptr")}` +
+    (r.archs || []).filter((a) => a !== "rtp" && a !== "ptr" && r.rank[a]).map((a) => `; ${esc(archName(a))} ${part(a)}`).join("");
 }
 
 // ------------------------------------------------------------------ architectures: every one of a query, any two compared
