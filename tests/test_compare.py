@@ -144,9 +144,11 @@ def test_extra_architectures_leave_the_papers_rows_and_tests_alone(recs, summary
             assert summary.row("sim", "G1_instruction", arch, metric, 5, None if metric == "pass" else "api_list")
     # summary.json gains `comparisons` only with three architectures or more
     meta = Meta(k=5, ks=[1, 3, 5, 10, 20], runs=3)
-    two = main_study(as_records([{k: v for k, v in r.items() if k != "archs"} for r in recs]), meta).comparison
+    assert main_study(as_records([{k: v for k, v in r.items() if k != "archs"} for r in recs]), meta).comparison is None
+    # the viewer's one pair of a two-architecture run: the paper's Wilcoxon tests at k, as summary.json keeps them
+    two = compare.from_paper_tests(plain.tests, 5)
     assert two is not None and {(p.a, p.b) for p in two.pairs} == {("rtp", "ptr")} and not two.friedman
-    assert compare.comparison_dict(two) is None
+    assert all(p.p_holm == p.pvalue for p in two.pairs) and compare.comparison_dict(two) is None
     res = main_study(as_records(recs), meta)
     assert res.comparison is not None
     d = stats.summary_dict(res.summary, {}, compare.comparison_dict(res.comparison))

@@ -35,8 +35,8 @@ class MainResult:
     contrasts: dict[str, examples.Contrasts] = field(default_factory=dict)
     trajectories: dict[str, examples.Trajectory | None] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)  # one line each: table or analysis, and why
-    # Every pair of architectures (Holm) and Friedman across them (three or more); None with one architecture
-    # or no model. With two, its one pair is the paper's RtP-vs-PtR Wilcoxon test (summary.tests).
+    # Every pair of architectures (Holm) and Friedman across them, with three or more; None with fewer (or no
+    # model), where the paper's RtP-vs-PtR tests (summary.tests) are the comparison.
     comparison: compare.Comparison | None = None
 
 
@@ -82,7 +82,7 @@ def main_study(records: Sequence[Record], meta: Meta) -> MainResult:
         skipped += [f"Tables for gold `{g}`: identical to `{golds[0]}` for every query." for g in golds[1:]]
         golds = golds[:1]
     res = MainResult(summary, k, ks, golds, scored_counts(records), skipped=skipped)
-    if len(summary.archs) >= 2 and summary.models:
+    if len(summary.archs) >= 3 and summary.models:
         res.comparison = compare.architectures(summary, k)
     models = summary.models
     if not models:

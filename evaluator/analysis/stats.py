@@ -86,7 +86,8 @@ class Summary:
     tests: list[Test]
     checks: Checks = field(default_factory=Checks)
     archs: list[str] = field(default_factory=list)  # architectures present, in the records' order (not saved)
-    # Per group key: each query's per-run values of the paired metrics (the paired tests' input; not saved).
+    # Per group key: each query's per-run values of the paired metrics (the N-way tests' input, kept with three
+    # architectures or more; not saved).
     per_query: Mapping[GroupKey, Mapping[Any, list[float]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -280,7 +281,10 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
     tests.sort(key=lambda t: (t.model or "", t.subset, t.metric, t.k if t.k is not None else -1, t.gold or "", t.test))
     checks = Checks(records=len(recs), queries_per_subset={s: len(q) for s, q in sorted(queries.items())},
                     rtp_inconsistent_queries=inconsistent)
-    return Summary(rows=rows, tests=tests, checks=checks, archs=list(arch_order), per_query=per_query)
+    # the per-query values stay for the N-way comparison only (three architectures or more): a report of two
+    # architectures holds no more than it did
+    return Summary(rows=rows, tests=tests, checks=checks, archs=list(arch_order),
+                   per_query=per_query if len(arch_order) >= 3 else {})
 
 
 def _row_sort_key(r: Row) -> tuple[Any, ...]:

@@ -413,17 +413,18 @@ def errors_table(c: Ctx, model: str | None) -> str:
               "discovery LLM errors", "fallbacks (raw query)"]
     body = []
     for sub in c.s.subsets:
-        for arch in ("rtp", "ptr"):
+        for arch in ("rtp", "ptr", *extra_archs(c, model)):
             if c.s.row(model, sub, arch, "n_queries") is None:
                 continue
             cells = [c.count(model, sub, arch, m) for m in
                      ("n_queries", "planner_parse_error", "planner_llm_error")]
-            if arch == "ptr":
+            # PtR and any architecture with a discovery call (a block of PtR's shape) count its errors too
+            if arch == "ptr" or c.s.row(model, sub, arch, "discovery_llm_error") is not None:
                 cells += [c.count(model, sub, arch, m) for m in
                           ("discovery_parse_error", "discovery_llm_error", "fallback")]
             else:
                 cells += [DASH, DASH, DASH]
-            body.append([sub, arch.replace("rtp", "RtP").replace("ptr", "PtR")] + cells)
+            body.append([sub, arch_label(arch)] + cells)
     return section("Errors", f"{c.label(model)}. Counts summed over runs.", table(header, body))
 
 
