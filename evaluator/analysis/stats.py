@@ -223,7 +223,10 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
         model, run, subset, qid = rec.model, rec.run, rec.subset, rec.query_id
         queries[subset].add(qid)
         obs = metrics.record_obs(rec, ks, k)
-        nway = len(rec.arch_names) >= 3
+        arch_names = rec.arch_names
+        nway = len(arch_names) >= 3
+        for a in arch_names:
+            arch_order.setdefault(a)
         first_rtp = True
         if rec.rtp is not None:
             ret = tuple(rec.rtp.retrieved)
@@ -247,8 +250,6 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
             # the N-way comparison's further metrics only where it is made: a record of three architectures or more
             if metric in metrics.PAIRED_METRICS or (nway and kk == k and metric in metrics.NWAY_METRICS):
                 per_query[key][qid].append(num / den)
-            if arch not in arch_order and arch != "both":
-                arch_order[arch] = None
         if rec.ptr is not None:
             names[(model, subset, run)].extend(rec.ptr.stub_names)
 
