@@ -8,6 +8,7 @@ every call is counted here, not by the code under test.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import shutil
@@ -25,7 +26,7 @@ from evaluator.results import migrate
 from evaluator.results.schema import FORMAT_VERSION, OutputDir, PtrBlock, Record, record_line
 from evaluator.retrieval import search as retrieve
 from evaluator.retrieval.search import Retrieved
-from evaluator.settings.load import Settings
+from evaluator.settings.sections import RetrievalSettings, RunSettings
 from evaluator.study import archs, prompts
 from evaluator.study.archs.fusion import rrf
 from evaluator.study.prepare import Study
@@ -72,15 +73,20 @@ class WordSearch:
         await asyncio.Event().wait()
 
 
-def make_study(tmp_path: Path, arch_specs: list[str], **settings: object) -> tuple[Study, WordSearch]:
+def make_study(tmp_path: Path, arch_specs: list[str], route_tau: float | None = None) -> tuple[Study, WordSearch]:
     data = make_data_dir(tmp_path / "data")
     w = Warnings()
     reg = load_registry(data / "registry" / "apis.jsonl.gz", "full", w)
     queries = load_query_files(find_query_files(data), reg, w)
-    s = Settings(ks=[1, 5], models=["sim"], runs=1, archs=arch_specs, **settings)  # type: ignore[arg-type]
-    search = WordSearch(reg.texts(), s.k_max, sorted(set(s.ks)))
+    retrieval = RetrievalSettings(ks=(1, 5))
+    run_ = RunSettings(models=("sim",), runs=1, archs=tuple(arch_specs), route_tau=route_tau)
+    search = WordSearch(reg.texts(), retrieval.k_max, sorted(set(retrieval.ks)))
     rtp = [Retrieved(*search.hits(q.text)) for q in queries]
-    return Study(s, data, reg, queries, None, None, None, None, rtp, w), search  # type: ignore[arg-type]
+    return Study(retrieval, run_, data, reg, queries, None, None, None, None, rtp, w), search  # type: ignore[arg-type]
+
+
+def with_archs(study: Study, *names: str) -> Study:
+    return dataclasses.replace(study, run=dataclasses.replace(study.run, archs=names))
 
 
 def run(study: Study, search: WordSearch) -> tuple[list[Record], SimClient, StudyRunner]:
@@ -93,7 +99,7 @@ def run(study: Study, search: WordSearch) -> tuple[list[Record], SimClient, Stud
 def test_fusion_makes_no_call_of_its_own_but_its_planner(tmp_path: Path) -> None:
     study, search = make_study(tmp_path, ["rtp", "ptr"])
     base, base_client, _ = run(study, search)
-    study.settings.archs = ["rtp", "ptr", "fusion"]
+    study = with_archs(study, "rtp", "ptr", "fusion")
     recs, client, _ = run(study, search)
     n = len(study.queries)
     disc = [c for c in client.calls if c[0] == prompts.DISCOVERY_VERSION]
@@ -103,11 +109,11 @@ def test_fusion_makes_no_call_of_its_own_but_its_planner(tmp_path: Path) -> None
         assert r.arch_names == ["rtp", "ptr", "fusion"]
         assert r.rtp == b.rtp and r.ptr == b.ptr  # the others' blocks are what they were without fusion
         fused = r.arch("fusion")
-        assert fused is not None and fused.retrieved == rrf([r.rtp.retrieved, r.ptr.retrieved], study.settings.k_max)[0]
+        assert fused is not None and fused.retrieved == rrf([r.rtp.retrieved, r.ptr.retrieved], study.retrieval.k_max)[0]
         assert fused.tokens["discovery"] == r.ptr.tokens["discovery"]  # the reused call counts in its cost
         assert fused.plan is not None and fused.plan.usable
     # asked alone, fusion still makes PtR's discovery once per query, and keeps RtP's retrieval as every run does
-    study.settings.archs = ["fusion"]
+    study = with_archs(study, "fusion")
     alone, client, _ = run(study, search)
     assert len([c for c in client.calls if c[0] == prompts.DISCOVERY_VERSION]) == n
     assert all(r.arch_names == ["rtp", "fusion"] and r.rtp is not None and r.rtp.plan is None for r in alone)
@@ -221,7 +227,7 @@ def test_a_plugin_that_returns_the_wrong_type_stops_at_the_probe(tmp_path: Path)
     spec = f"{tmp_path / 'wrong.py'}:Bad"
     study, search = make_study(tmp_path, ["rtp", spec])
     with pytest.raises(archs.ArchError, match=re.escape(f"--archs {spec}: retrieve returned list, not ")):
-        asyncio.run(probe_archs(study, archs.resolve(study.settings.archs), batcher=search))
+        asyncio.run(probe_archs(study, archs.resolve(study.run.archs), batcher=search))
     (tmp_path / "raises.py").write_text("class Bad:\n    name = 'bad'\n    async def retrieve(self, ctx):\n"
                                         "        raise KeyError('oops')\n", encoding="utf-8")
     spec = f"{tmp_path / 'raises.py'}:Bad"
@@ -235,7 +241,7 @@ def test_unknown_and_duplicate_architectures_are_one_line() -> None:
     with pytest.raises(archs.ArchError, match="a second architecture named 'rtp'"):
         archs.resolve(["rtp", "rtp"])
     with pytest.raises(ValueError, match="plugin path/to/file.py:ClassName"):
-        Settings(archs=["rtp", "ptr2"])
+        RunSettings(archs=("rtp", "ptr2"))
 
 
 def test_format_4_holds_the_archs_mapping_in_archs_order_and_migrates_older_lines(tmp_path: Path) -> None:

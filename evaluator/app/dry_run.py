@@ -206,7 +206,7 @@ class _Planner:
 
     def deferred(self, model: str, run: int, qi: int, arch: str) -> None:
         """The planner `arch` makes once its reply is in, priced with the same query's RtP planner prompt."""
-        reg, k = self.study.registry, self.study.settings.k
+        reg, k = self.study.registry, self.study.retrieval.k
         apis = [reg.apis[i] for i in self.study.rtp[qi].rows[:k]]
         msgs = prompts.planner_messages(self.study.queries[qi].text, [(a.tool_name, a.api_name, a.description)
                                                                      for a in apis])
@@ -226,7 +226,7 @@ def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         plan.notes.append("Planners behind replies not cached yet (PtR's discovery, hyde's, rewrite's) are counted "
                           "once per architecture (an upper bound: a reply with nothing to search calls no planner), "
                           "priced with the same query's RtP planner prompt.")
-    plan.notes += [repeats_note(n, study.settings.runs) for n, p in profiles.items() if p.repeats_runs]
+    plan.notes += [repeats_note(n, study.run.runs) for n, p in profiles.items() if p.repeats_runs]
     return plan
 
 

@@ -1,6 +1,6 @@
 """Pipeline stage: every (model, run, query) of the prepared study through each architecture, concurrently.
 
-Takes the prepared `Study` (typed settings inside) and the chat clients, returns typed `Record`s; it
+Takes the prepared `Study` (its retrieval and run sections inside) and the chat clients, returns typed `Record`s; it
 writes nothing and knows nothing of the command line. The chat client of each model and the stub
 search are passed in through small protocols, so tests and benchmarks can hand in their own.
 
@@ -29,6 +29,7 @@ from evaluator.retrieval import search as retrieve
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.retrievers import Dense, Retriever
 from evaluator.retrieval.search import Retrieved
+from evaluator.settings.paths import resolve_path
 from evaluator.study import archs as arch_units
 from evaluator.study import prompts
 from evaluator.study.archs import ArchError, Architecture, Context, Discovery, Hits, Searched
@@ -121,7 +122,7 @@ class StubBatcher:
 
     def _search(self, per_query: list[list[str]]) -> list[Retrieved]:
         self.batches += 1
-        s = self.study.settings
+        s = self.study.retrieval
         texts = [t for ts in per_query for t in ts]
         owners = [q for q, ts in enumerate(per_query) for _ in ts]
         # every stub searched by the retriever; merged by the retriever's own score, the best over stubs
@@ -167,7 +168,7 @@ def _tokens(result: ChatResult | None) -> Tokens:
 def retrieval_only_records(study: Study) -> list[Record]:
     out = []
     for q, r in zip(study.queries, study.rtp, strict=True):
-        rec = base_record(q, None, 0, study.settings.retriever)
+        rec = base_record(q, None, 0, study.retrieval.retriever)
         rec.rtp = retrieval_block(r, study.registry)
         out.append(rec)
     return out
@@ -175,14 +176,13 @@ def retrieval_only_records(study: Study) -> list[Record]:
 
 def route_tau(study: Study) -> float:
     """route's τ: the setting, else the median of RtP's top-1 scores over the study's queries (archs.route)."""
-    tau = getattr(study.settings, "route_tau", None)
+    tau = study.run.route_tau
     return float(tau) if tau is not None else arch_units.default_tau([r.scores[0] for r in study.rtp if r.scores])
 
 
 def study_archs(study: Study) -> dict[str, tuple[str, Architecture]]:
     """The run's architectures by name, in `--archs` order (plugins loaded and checked: `study.archs.plugins`)."""
-    s = study.settings
-    return arch_units.resolve(s.archs, route_tau(study), lambda p: s.resolve_path(p))
+    return arch_units.resolve(study.run.archs, route_tau(study), resolve_path)
 
 
 # ---------------------------------------------------------------- the runner
@@ -242,7 +242,7 @@ class StudyRunner:
         return result
 
     async def _plan(self, model: str, run: int, query: str, rows: list[int]) -> tuple[ChatResult, Plan | None]:
-        apis = [self.reg.apis[i] for i in rows[: self.study.settings.k]]
+        apis = [self.reg.apis[i] for i in rows[: self.study.retrieval.k]]
         msgs = prompts.planner_messages(query, [(a.tool_name, a.api_name, a.description) for a in apis])
         result = await self._chat(model, msgs, run, prompts.PLANNER_VERSION, prompts.PLANNER_SCHEMA)
         if result.error is not None:
@@ -259,7 +259,7 @@ class StudyRunner:
                         dict(r.width))
 
     def _context(self, state: _Query) -> Context:
-        unit, qi, s = state.unit, state.qi, self.study.settings
+        unit, qi, s = state.unit, state.qi, self.study.retrieval
         q, r = self.study.queries[qi], self.study.rtp[qi]
 
         async def chat(messages: list[dict], version: str, schema: dict | None) -> ChatResult:
@@ -304,7 +304,7 @@ class StudyRunner:
         block = d.block if d.block is not None else ArchBlock(trace=d.trace)
         if d.block is not None and d.trace is not None:
             block.trace = d.trace
-        kept = list(dict.fromkeys(d.ids))[: self.study.settings.k_max]
+        kept = list(dict.fromkeys(d.ids))[: self.study.retrieval.k_max]
         unknown = [i for i in kept if i not in self.reg.row]
         if unknown:
             raise ArchError(f"--archs {spec}: retrieve returned ids that are not in the registry, e.g. {unknown[0]!r}")
@@ -338,7 +338,7 @@ class StudyRunner:
             blocks = await gather_all(*(self._planned(state, n) for n in names))
         finally:
             await cancel_all(list(state.tasks.values()))  # done ones are left as they are
-        rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.settings.retriever)
+        rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.retrieval.retriever)
         if "rtp" not in names:  # RtP's retrieval is the study's baseline: every record keeps it
             rec.rtp = retrieval_block(self.study.rtp[qi], self.reg)
         for n, b in zip(names, blocks, strict=True):
@@ -400,7 +400,7 @@ async def probe_archs(study: Study, archs: Mapping[str, tuple[str, Architecture]
 def calls_per_unit(study: Study, archs: Mapping[str, tuple[str, Architecture]] | None = None) -> int:
     """LLM calls one (model, run) makes at most: the progress bar's total. Each built-in's own calls counted
     once however many reuse them; route counts its side's; a plugin counts one call before its planner."""
-    names = list(archs) if archs is not None else list(study.settings.archs)
+    names = list(archs) if archs is not None else list(study.run.archs)
     slots: set[tuple[str, int]] = set()
     own = {"rtp": [], "ptr": ["discovery"], "hyde": ["hyde"], "rewrite": ["rewrite"], "fusion": ["ptr:discovery"]}
     tau = route_tau(study) if "route" in names else 0.0

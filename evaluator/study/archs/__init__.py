@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from evaluator.settings.load import ARCHS
+from evaluator.settings.sections import ARCHS
 from evaluator.study.archs.base import (
     DEFERRED_KIND,
     ArchError,
