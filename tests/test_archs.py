@@ -302,3 +302,9 @@ def test_a_reply_that_copies_the_prompts_example_is_flagged() -> None:
                                           {"name": "Time/current time", "description": "Time in a zone."}]),
                               "What time is it in Tokyo?")
     assert [d.example_copy for d in docs] == [True, False]
+
+
+def test_an_unknown_architecture_on_the_command_line_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "sim", "--archs", "rtp,ptr2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--archs value 'ptr2' is impossible" in err and "file.py:ClassName" in err
