@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import contextvars
 import copy
+import functools
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -189,23 +190,50 @@ def study_archs(study: Study) -> dict[str, tuple[str, Architecture]]:
 
 
 class _Query:
-    """One (model, run, query): each architecture's outcome and planned block, computed once, each in a task of
-    its own that starts from the query's context (a collect pass's per-branch state never leaks across)."""
+    """One (model, run, query): each architecture's outcome and planned block, computed once whoever asks.
+
+    An architecture's planned block runs in a task of its own started from the query's context (a collect
+    pass's per-branch state never leaks across), and computes its own outcome in that task; an outcome asked
+    for by another architecture first (fusion's PtR when ptr is not run) gets a task of its own. Two tasks per
+    query for RtP + PtR, as before architectures were units (a task per outcome too made the runner's own
+    cost 1.5x on a warm rerun)."""
 
     def __init__(self, unit: Unit, qi: int) -> None:
         self.unit, self.qi = unit, qi
         self.base = contextvars.copy_context()
-        self.tasks: dict[tuple[str, str], asyncio.Task[Any]] = {}
+        self.done: dict[tuple[str, str], asyncio.Future[Any]] = {}
+        self.tasks: list[asyncio.Task[Any]] = []
 
-    def once(self, kind: str, name: str, make: Callable[[], Coroutine[Any, Any, T]]) -> Awaitable[T]:
-        key = (kind, name)
-        task = self.tasks.get(key)
-        if task is None:
-            async def tagged() -> T:
-                ARCH_OF_CALL.set(name)
-                return await make()
-            task = self.tasks[key] = asyncio.get_running_loop().create_task(tagged(), context=self.base.copy())
-        return task
+    def spawn(self, kind: str, name: str, make: Callable[[], Coroutine[Any, Any, T]]) -> Awaitable[T]:
+        """`make()` once, in a task of its own tagged with the architecture's name."""
+        got = self.done.get((kind, name))
+        if got is None:
+            context = self.base.copy()
+            context.run(ARCH_OF_CALL.set, name)
+            task = asyncio.get_running_loop().create_task(make(), context=context)
+            self.done[(kind, name)] = task
+            self.tasks.append(task)
+            got = task
+        return got
+
+    async def inline(self, kind: str, name: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """`make()` once, in the calling task (the architecture's own), unless another already started it."""
+        got = self.done.get((kind, name))
+        if got is not None:
+            return await got
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self.done[(kind, name)] = fut
+        try:
+            value = await make()
+        except BaseException as e:
+            if isinstance(e, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(e)
+                fut.exception()  # raised here; whoever else awaits it sees it too
+            raise
+        fut.set_result(value)
+        return value
 
 
 class StudyRunner:
@@ -223,6 +251,7 @@ class StudyRunner:
         self.archs = dict(archs) if archs is not None else study_archs(study)
         self._helpers: dict[str, tuple[str, Architecture]] = {}  # built-ins asked for by another, not in --archs
         self.arch_calls: Counter[tuple[str, str]] = Counter()  # (model, architecture) -> chat calls it made
+        self._hits: dict[int, Hits] = {}  # the raw query's list per query, as architectures see it (shared)
 
     def _arch(self, name: str) -> tuple[str, Architecture]:
         got = self.archs.get(name) or self._helpers.get(name)
@@ -258,24 +287,31 @@ class StudyRunner:
                                                                                     strict=True)],
                         dict(r.width))
 
+    def _query_hits(self, qi: int) -> Hits:
+        got = self._hits.get(qi)
+        if got is None:
+            r = self.study.rtp[qi]
+            got = self._hits[qi] = Hits([self.reg.ids[i] for i in r.rows], list(r.scores))
+        return got
+
+    def _describe(self, api_id: str) -> tuple[str, str, str]:
+        a = self.reg.apis[self.reg.row[api_id]]
+        return a.tool_name, a.api_name, a.description or ""
+
     def _context(self, state: _Query) -> Context:
         unit, qi, s = state.unit, state.qi, self.study.retrieval
-        q, r = self.study.queries[qi], self.study.rtp[qi]
-
-        async def chat(messages: list[dict], version: str, schema: dict | None) -> ChatResult:
-            return await self._chat(unit.model, messages, unit.run, version, schema)
-
-        def describe(api_id: str) -> tuple[str, str, str]:
-            a = self.reg.apis[self.reg.row[api_id]]
-            return a.tool_name, a.api_name, a.description or ""
-
+        q = self.study.queries[qi]
         return Context(text=q.text, subset=q.subset, query_id=q.query_id, model=unit.model, run=unit.run, k=s.k,
                        k_max=s.k_max, ks=list(s.ks), fallback_to_query=s.fallback_to_query,
-                       query_hits=Hits([self.reg.ids[i] for i in r.rows], list(r.scores)),
-                       _search=self._search, _chat=chat, _outcome=lambda name: self._outcome(state, name),
-                       _describe=describe)
+                       query_hits=self._query_hits(qi), _search=self._search,
+                       _chat=functools.partial(self._chat_of, unit.model, unit.run),
+                       _outcome=functools.partial(self._outcome, state), _describe=self._describe)
 
-    def _outcome(self, state: _Query, name: str) -> Awaitable[Discovery]:
+    def _chat_of(self, model: str, run: int, messages: list[dict], version: str,
+                 schema: dict | None) -> Awaitable[ChatResult]:
+        return self._chat(model, messages, run, version, schema)
+
+    def _retrieve(self, state: _Query, name: str) -> Callable[[], Coroutine[Any, Any, Discovery]]:
         spec, arch = self._arch(name)
 
         async def make() -> Discovery:
@@ -288,14 +324,18 @@ class StudyRunner:
                     raise
                 raise ArchError(f"--archs {spec}: retrieve raised {type(e).__name__}: {e}") from None
             return arch_units.check_discovery(got, spec)
-        return state.once("outcome", name, make)
+        return make
+
+    def _outcome(self, state: _Query, name: str) -> Awaitable[Discovery]:
+        """Another architecture's outcome (`Context.outcome`): shared, in its own task if nobody started it."""
+        return state.spawn("outcome", name, self._retrieve(state, name))
 
     def _planned(self, state: _Query, name: str) -> Awaitable[ArchBlock]:
-        return state.once("planned", name, lambda: self._plan_outcome(state, name))
+        return state.spawn("planned", name, lambda: self._plan_outcome(state, name))
 
     async def _plan_outcome(self, state: _Query, name: str) -> ArchBlock:
         unit, qi = state.unit, state.qi
-        d = await self._outcome(state, name)
+        d = await state.inline("outcome", name, self._retrieve(state, name))
         if d.side is not None:  # route: the side's whole outcome, planner and tokens included
             block = copy.deepcopy(await self._planned(state, d.side))
             block.side, block.trace = d.side, d.trace
@@ -304,14 +344,19 @@ class StudyRunner:
         block = d.block if d.block is not None else ArchBlock(trace=d.trace)
         if d.block is not None and d.trace is not None:
             block.trace = d.trace
-        kept = list(dict.fromkeys(d.ids))[: self.study.retrieval.k_max]
-        unknown = [i for i in kept if i not in self.reg.row]
-        if unknown:
-            raise ArchError(f"--archs {spec}: retrieve returned ids that are not in the registry, e.g. {unknown[0]!r}")
-        score_of: dict[str, float] = {}
-        for i, sc in zip(d.ids, d.scores, strict=True):
-            score_of.setdefault(i, sc)  # an id listed twice keeps its first (best-placed) score
-        block.retrieved, block.scores = kept, [round6(score_of[i]) for i in kept]
+        k_max = self.study.retrieval.k_max
+        if len(set(d.ids)) == len(d.ids):  # the common case (every built-in): no id twice
+            kept, scores = d.ids[:k_max], d.scores[:k_max]
+        else:  # an id listed twice keeps its first (best-placed) place and score
+            first = dict(zip(reversed(d.ids), reversed(d.scores), strict=True))
+            kept = list(dict.fromkeys(d.ids))[:k_max]
+            scores = [first[i] for i in kept]
+        if name not in arch_units.BUILTIN:  # a built-in lists registry ids by construction
+            unknown = [i for i in kept if i not in self.reg.row]
+            if unknown:
+                raise ArchError(f"--archs {spec}: retrieve returned ids that are not in the registry, e.g. "
+                                f"{unknown[0]!r}")
+        block.retrieved, block.scores = list(kept), [round6(x) for x in scores]
         tokens = {n: _tokens(r) for n, r in {**d.reused, **d.calls}.items()}
         if not isinstance(block, PtrBlock):
             failed = {n: r.error_kind or "error" for n, r in d.calls.items() if r.error is not None}
@@ -327,7 +372,7 @@ class StudyRunner:
             block.plan, block.tokens = plan_block(None, None), {**tokens, "planner": _tokens(None)}
             return block
         result, plan = await self._plan(unit.model, unit.run, self.study.queries[qi].text,
-                                        [self.reg.row[i] for i in kept])
+                                        [self.reg.row[i] for i in kept[: self.study.retrieval.k]])
         block.plan, block.tokens = plan_block(result, plan), {**tokens, "planner": _tokens(result)}
         return block
 
@@ -336,8 +381,14 @@ class StudyRunner:
         names = list(self.archs)
         try:
             blocks = await gather_all(*(self._planned(state, n) for n in names))
-        finally:
-            await cancel_all(list(state.tasks.values()))  # done ones are left as they are
+        except BaseException:
+            await cancel_all(state.tasks)  # done ones are left as they are
+            raise
+        # An outcome asked for and never awaited (a plugin's) must not outlive the query; the common case, all
+        # done, awaits nothing more (a gather of done tasks costs a loop turn per query on a warm rerun).
+        pending = [t for t in state.tasks if not t.done()]
+        if pending:
+            await cancel_all(pending)
         rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.retrieval.retriever)
         if "rtp" not in names:  # RtP's retrieval is the study's baseline: every record keeps it
             rec.rtp = retrieval_block(self.study.rtp[qi], self.reg)

@@ -96,19 +96,22 @@ class Context:
     _outcome: Callable[[str], Awaitable[Discovery]]
     _describe: Callable[[str], tuple[str, str, str]]
 
-    async def search(self, texts: list[str]) -> Searched:
-        """Every text searched by the study's retriever (top K_MAX each) and their max-score merge."""
-        return await self._search(list(texts))
+    # Plain methods returning the awaitable (no coroutine of their own): one frame less on every resume of a
+    # call, which the runner's warm rerun pays per query.
+    def search(self, texts: list[str]) -> Awaitable[Searched]:
+        """Every text searched by the study's retriever (top K_MAX each) and their max-score merge (await it)."""
+        return self._search(list(texts))
 
-    async def chat(self, messages: list[dict], *, prompt_version: str, schema: dict | None = None) -> ChatResult:
-        """One call to the model through the engine; `prompt_version` enters the response-cache key (change it
-        when the prompt changes). A call that failed for good comes back with `error` set, never raised."""
-        return await self._chat(messages, prompt_version, schema)
+    def chat(self, messages: list[dict], *, prompt_version: str, schema: dict | None = None) -> Awaitable[ChatResult]:
+        """One call to the model through the engine (await it); `prompt_version` enters the response-cache key
+        (change it when the prompt changes). A call that failed for good comes back with `error` set, never
+        raised."""
+        return self._chat(messages, prompt_version, schema)
 
-    async def outcome(self, arch: str) -> Discovery:
-        """Another architecture's outcome for the same query (a built-in or one of this run's): computed once
-        per query whoever asks, so a reused LLM call is never made twice."""
-        return await self._outcome(arch)
+    def outcome(self, arch: str) -> Awaitable[Discovery]:
+        """Another architecture's outcome for the same query (a built-in or one of this run's; await it):
+        computed once per query whoever asks, so a reused LLM call is never made twice."""
+        return self._outcome(arch)
 
     def describe(self, api_id: str) -> tuple[str, str, str]:
         """(tool name, API name, description) of a registry API."""
