@@ -53,7 +53,7 @@ class InProcessSimulator:
         """The server's answer to one request; raises `ConnectionResetError` where it cuts the connection."""
         route = self._routes.get((method, urlsplit(url).path))
         if route is None:
-            return 404, {"Content-Type": "text/plain"}, b"404: Not Found"
+            return 404, {"Content-Type": "text/plain; charset=utf-8"}, b"404: Not Found"  # aiohttp's own
         resp = await route(_Request(headers, body))
         assert isinstance(resp, web.Response)
         raw = resp.body
