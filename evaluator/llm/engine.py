@@ -55,7 +55,7 @@ from evaluator.llm.claims import CLAIM_LEASE_S, Claims
 from evaluator.llm.decide import Outcome, Reply, Retry, TransportError, decide
 from evaluator.llm.decisions import Call, Decisions
 from evaluator.llm.errors import BudgetExhausted, ConfigError, FatalLLMError, mask
-from evaluator.llm.limits import ConcurrencyLimit, ServerFacts, read_server_facts
+from evaluator.llm.limits import ConcurrencyLimit, ServerFacts, ask_server_facts
 from evaluator.llm.pacing import PacerFactory, Pacing, TokenPacerFactory, local_pacer, local_token_pacer
 from evaluator.llm.profiles import ModelProfile, resolve_api_key
 from evaluator.llm.reply import CONTEXT, MAX_TOKENS, ChatResult, cut_cause, describe_cut, read_reply
@@ -66,6 +66,7 @@ from evaluator.llm.wire import WireShape, is_json_schema
 __all__ = ["ChatResult", "LLMEngine", "Prepared", "SpendingCap"]
 
 log = logging.getLogger("evaluator.llm")
+
 # A cancelled call whose request is on the wire gets this long to receive and store its reply (`--stop-grace`):
 # under the 10 s a container runtime (docker stop) waits between SIGTERM and SIGKILL; Slurm and Kubernetes
 # wait 30 s. The 3 s we had first dropped replies of 4-8 s that a CPU server takes (issue 31).
@@ -112,7 +113,9 @@ class LLMEngine:
     """One per model. Use as `async with LLMEngine(profile, cache_root=...) as llm: await llm.chat(...)`.
 
     Without `async with`, the engine is usable for what needs no HTTP: `prepare`, `prepare_body`,
-    `lookup` and `store_reply` (batch import); call `close_cache()` afterwards.
+    `lookup` and `store_reply` (batch import); call `close_cache()` afterwards. `transport`: how requests
+    reach the server (transport.py); by default aiohttp's, made on entry and closed on exit; one passed in
+    stays the caller's to close.
     """
 
     def __init__(
@@ -291,19 +294,7 @@ class LLMEngine:
     async def _ask_server(self) -> ServerFacts:
         if self._transport is None or not self.profile.base_url:
             return ServerFacts()
-        base = self.profile.base_url.rstrip("/")
-        root = base[: -len("/v1")] if base.endswith("/v1") else base
-        bodies: list[Any] = []
-        for url in (f"{root}/props", f"{root}/slots", f"{base}/models"):
-            try:
-                resp = await self._transport.send(Request("GET", url, headers=self._headers, timeout_s=5.0))
-                bodies.append(orjson.loads(resp.body) if resp.status == 200 else None)
-            except (NoReply, orjson.JSONDecodeError):
-                bodies.append(None)
-            facts = read_server_facts(*bodies)
-            if facts.slots is not None and facts.n_ctx is not None:
-                break
-        return read_server_facts(*bodies)
+        return await ask_server_facts(self._transport, self.profile.base_url, self._headers)
 
     def store_reply(self, key: str, response_body: dict[str, Any], request: dict[str, Any] | None = None) -> ChatResult:
         """Parse a chat.completion body (e.g. from a batch output) and cache it as the online path would.
