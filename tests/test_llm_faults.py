@@ -204,7 +204,9 @@ async def test_adaptive_concurrency_keeps_a_serial_server_from_queueing(sim):
     assert st["max_waiting"] <= 4 and st["requests"] == 16 and llm.stats.concurrency_limit <= 4  # fixed: 15 waiting
 
 
-@pytest.mark.parametrize("slots", [1, 3])
+# The socket run takes 3 slots only: 1 slot is 40 calls one after another (the slowest case), in process.
+@pytest.mark.parametrize(("any_sim", "slots"), [("in-process", 1), ("in-process", 3), ("socket", 3)],
+                         indirect=["any_sim"])
 async def test_adaptive_concurrency_settles_at_the_slots_a_llama_cpp_server_announces(any_sim, slots):
     # llama.cpp's /props says `total_slots` (tests/fixtures/providers/llama_cpp/props.json): more requests in
     # flight only queue there, each adding its wait to every latency (issue 31: a 1-slot server, limit 4, p50 9 s -> 32 s).
