@@ -15,8 +15,6 @@ import pytest
 from evaluator.llm import ConfigError, FatalLLMError
 from evaluator.llm.cache import CacheEntry, ResponseCache, cache_dir, decode_entry, encode_entry
 
-sim_server, any_sim, socket_sim = F.sim_server, F.any_sim, F.socket_sim  # pytest finds fixtures by module attribute
-
 
 @pytest.fixture
 def sim() -> F.LocalSim:

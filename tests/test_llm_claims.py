@@ -24,6 +24,7 @@ def sim() -> F.LocalSim:
     """The simulator in this process, behind the engine's in-process transport (no socket)."""
     return F.LocalSim()
 
+
 N, CONCURRENCY = 120, 8
 
 

@@ -27,13 +27,12 @@ from evaluator.llm.decide import (
 )
 from evaluator.llm.retry import jittered_backoff
 
-sim_server, any_sim, socket_sim = F.sim_server, F.any_sim, F.socket_sim  # pytest finds fixtures by module attribute
-
 
 @pytest.fixture
 def sim() -> F.LocalSim:
     """The simulator in this process, behind the engine's in-process transport (no socket)."""
     return F.LocalSim()
+
 
 ONLINE = Path(__file__).parent / "fixtures" / "providers" / "online"
 NOW = 1_780_000_000.0  # a fixed clock: decide is pure

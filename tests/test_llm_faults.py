@@ -23,6 +23,7 @@ def sim() -> F.LocalSim:
     """The simulator in this process, behind the engine's in-process transport (no socket)."""
     return F.LocalSim()
 
+
 SCHEMA = {"name": "plan", "schema": {"type": "object", "properties": {"steps": {"type": "array"}}}}
 
 

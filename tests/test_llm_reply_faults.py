@@ -29,6 +29,7 @@ def sim() -> F.LocalSim:
     """The simulator in this process, behind the engine's in-process transport (no socket)."""
     return F.LocalSim()
 
+
 REPO = Path(__file__).resolve().parents[1]
 LLAMA = Path(__file__).parent / "fixtures" / "providers" / "llama_cpp"
 ONLINE = Path(__file__).parent / "fixtures" / "providers" / "online"
