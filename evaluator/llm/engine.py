@@ -58,8 +58,8 @@ from evaluator.llm.errors import BudgetExhausted, ConfigError, FatalLLMError, ma
 from evaluator.llm.limits import ConcurrencyLimit, ServerFacts, ask_server_facts
 from evaluator.llm.pacing import PacerFactory, Pacing, TokenPacerFactory, local_pacer, local_token_pacer
 from evaluator.llm.profiles import ModelProfile, resolve_api_key
-from evaluator.llm.reply import CONTEXT, MAX_TOKENS, ChatResult, cut_cause, describe_cut, read_reply
-from evaluator.llm.retry import is_validation_error
+from evaluator.llm.reply import CONTEXT, ChatResult, cut_cause, read_reply
+from evaluator.llm.tally import Tally
 from evaluator.llm.transport import AiohttpTransport, NoReply, Request, Response, Transport
 from evaluator.llm.wire import WireShape, is_json_schema
 
@@ -159,15 +159,15 @@ class LLMEngine:
         self._transport: Transport | None = None  # set while open (`async with`)
         self._shape = WireShape(profile.name, self.stats, self._key)
         self._claims = Claims(self._cache, profile.name, claim_lease_s) if self._cache is not None else None
+        self._tally = Tally(profile, self.stats, self._limit)
         self._decisions = Decisions(profile, self.stats, self._pacing, self._shape, self._key, self._keep,
-                                    self._tell_once)
+                                    self._tally.tell_once)
         self._grace_s = grace_s
         self._budget = budget
         self._unstored: dict[str, tuple[str, CacheEntry]] = {}  # replies the cache could not store
         self._damage_told = False
         self._facts: ServerFacts | None = None  # what the server says of its slots and context (asked once)
         self._probe: asyncio.Future[ServerFacts] | None = None
-        self._told: set[str] = set()  # cut causes / failure kinds already warned about
         self._stale: set[str] = set()  # cached replies cut short that the server could now answer in full
 
     def __repr__(self) -> str:
@@ -309,7 +309,7 @@ class LLMEngine:
         if read.usage_missing:
             read.completion_tokens = text_tokens(read.content or "", self.profile.chars_per_token)
             read.prompt_tokens = prompt_tokens(request, self.profile.chars_per_token) if request else 0
-        self._count_cut(read)
+        self._tally.cut(read)
         self._store(key, read, dropped=())
         return read
 
@@ -463,7 +463,7 @@ class LLMEngine:
         else:
             outcome = Outcome.http(got.status, got.headers, got.body, latency_s=latency, sent=sent,
                                    sent_json_schema=schema, keep_raw=call.keep_raw, max_tokens=_max_tokens(wire), max_tokens_known=True)
-        self._signal(outcome, epoch)
+        self._tally.signal(outcome, epoch)
         self._count_reply(outcome, reserved, call)
         return outcome
 
@@ -507,63 +507,11 @@ class LLMEngine:
             with contextlib.suppress(FatalLLMError):  # kept in memory and spilled; the stop is under way
                 self._store(call.key, decision.result, dropped=self._shape.dropped_from(call.logical))
 
-    def _signal(self, o: Outcome, epoch: int) -> None:
-        """What the concurrency limit learns from an attempt (timeouts, 429s, latency, 5xx bursts)."""
-        if o.error is not None:
-            if o.error.kind == "timeout":
-                self.stats.timeouts += 1
-                self._limit.congested(epoch)
-            return
-        if o.status == 200:
-            self.stats.latencies.append(o.latency_s)
-        if o.status == 200 or (o.status >= 500 and not is_validation_error(o.body)):
-            self._limit.answered(epoch, o.latency_s, server_error=o.status >= 500)
-        if o.status == 429:
-            self.stats.http_429 += 1
-            self._limit.congested(epoch)
-
     def _count_reply(self, o: Outcome, reserved: float, call: Call) -> None:
-        """Tokens of a 200 (billed whether or not the reply is usable), and what it cost the budget.
-
-        A body without `usage` gets its tokens by core/tokens.py's rule (the prompt from the request, the
-        completion from the reply's text), counted in `usage_estimated` and told once per model.
-        """
-        r = o.reply
-        if r is not None and r.usage_missing:
-            cpt = self.profile.chars_per_token
-            r.prompt_tokens = prompt_tokens(call.logical, cpt)
-            r.completion_tokens = text_tokens(r.content or "", cpt)
-            self.stats.usage_estimated += 1
-            self._tell_once("usage", "%s: the server's replies carry no token usage; their tokens (and cost) are "
-                            "estimates by the token rule (characters / chars_per_token), counted in usage_estimated",
-                            self.profile.name)
-        self._settle(reserved, r)
-        if r is None:
-            return
-        self.stats.prompt_tokens += r.prompt_tokens
-        self.stats.completion_tokens += r.completion_tokens
-        if r.error is None:
-            self.stats.reasoning_only += r.reasoning_only
-            self.stats.truncated += r.truncated
-            self._count_cut(r)
-
-    def _count_cut(self, r: ChatResult) -> None:
-        """A reply cut short, by cause; each cause but max_tokens is told at once (once per model)."""
-        if r.cut is None:
-            return
-        self.stats.cut[r.cut] = self.stats.cut.get(r.cut, 0) + 1
-        if r.cut == MAX_TOKENS:
-            return
-        fix = {CONTEXT: "restart the server with a larger context (llama.cpp: --ctx-size) and rerun: such replies are "
-                        "sent again once the server's context is larger"}.get(
-            r.cut, "a later run sends such replies again")
-        self._tell_once(f"cut:{r.cut}", "%s: a reply was %s; counted in the report (cut replies) and %s",
-                        self.profile.name, describe_cut(r.cut), fix)
-
-    def _tell_once(self, what: str, msg: str, *args: Any) -> None:
-        if what not in self._told:
-            self._told.add(what)
-            log.warning(msg, *args)
+        """Tokens of a 200 (estimated where the body has none), and what it cost the budget (tally.py)."""
+        self._tally.estimate_usage(o.reply, call.logical)
+        self._settle(reserved, o.reply)
+        self._tally.tokens(o.reply)
 
     # -- budget --------------------------------------------------------------------------------------
     async def _reserve(self, wire: dict[str, Any]) -> float:
