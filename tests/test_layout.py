@@ -300,3 +300,36 @@ def test_every_error_derives_from_the_one_base() -> None:
                 bad.append(f"{_where(mod, node.lineno)}: {node.name} derives from {sorted(bases & BUILTIN_ERRORS)}")
     assert not bad, "errors outside the one base (derive from core.errors.EvaluatorError or a subclass):\n" + \
         "\n".join(bad)
+
+
+# The stages below `app` are handed the settings section they need (`settings.sections`), never the whole
+# `Settings` nor the invocation's options; only `cli` and `app` hold those. The one exception: the saved
+# copy, `results.schema.Meta.settings`.
+STAGES = ("study", "retrieval", "data", "llm", "analysis", "render", "batch", "results")
+WHOLE = {"Settings", "Invocation"}
+SAVED_COPY = {"evaluator.results.schema": {"Settings"}}
+
+
+def whole_settings_uses(source: str, allowed: set[str] = frozenset()) -> list[tuple[int, str]]:
+    """Where a module's source imports `Settings` / `Invocation` from the settings, or reaches one through a
+    module (`sections.Settings`), `if TYPE_CHECKING:` blocks included."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("evaluator.settings"):
+            found += [(node.lineno, a.name) for a in node.names if a.name in WHOLE - allowed]
+        elif isinstance(node, ast.Attribute) and node.attr in WHOLE - allowed and isinstance(node.ctx, ast.Load):
+            found.append((node.lineno, node.attr))
+    return found
+
+
+def test_stages_take_their_settings_section_not_the_whole() -> None:
+    bad = [f"{_where(mod, line)}: {mod} uses the whole {name}"
+           for mod, path in MODULES.items() if mod.split(".")[:2][-1] in STAGES and mod.startswith("evaluator.")
+           for line, name in whole_settings_uses(path.read_text(encoding="utf-8"), SAVED_COPY.get(mod, set()))]
+    assert not bad, "hand the stage its section (settings.sections: DataSettings, EmbedSettings, ...):\n" + "\n".join(bad)
+    # the check sees each way in
+    src = ("from typing import TYPE_CHECKING\nfrom evaluator.settings.sections import DataSettings, Settings\n"
+           "from evaluator.settings import invocation\nif TYPE_CHECKING:\n    from evaluator.settings.invocation import Invocation\n"
+           "def f(s: 'x') -> None:\n    invocation.Invocation()\n")
+    assert sorted(whole_settings_uses(src)) == [(2, "Settings"), (5, "Invocation"), (7, "Invocation")]
+    assert whole_settings_uses(src, {"Settings", "Invocation"}) == []

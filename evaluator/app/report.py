@@ -34,12 +34,15 @@ from evaluator.results.schema import (
 )
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import load_index
-from evaluator.settings.load import AnalysisSubsets, ConfigError, Settings, analysis_subsets
+from evaluator.settings.load import ConfigError
+from evaluator.settings.paths import resolve_path
+from evaluator.settings.sections import AnalysisSettings, EmbedSettings, Settings
+from evaluator.settings.subsets import AnalysisSubsets, analysis_subsets
 from evaluator.study.prepare import make_embedder
 
 
-def about(meta: Meta, s: Settings, setting: str) -> About:
-    derived = not getattr(s, setting)
+def about(meta: Meta, a: AnalysisSettings, setting: str) -> About:
+    derived = not getattr(a, setting)
     return meta.about(
         "derived from the subsets present: sorted, the last one is the held-out test set" if derived
         else "as set in [analysis]",
@@ -118,26 +121,28 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     records = od.read_records()
     od.check_agree(meta, records)
     # --data on this command wins; else the run's --tools, else its data folder
-    data = data_dir or meta.settings.tools or meta.data_dir or meta.settings.data_dir
+    data = data_dir or meta.settings.data.tools or meta.data_dir or meta.settings.data.dir
     if not data:
         raise DataError(f"{od.path}/meta.json names no data_dir; pass --data DIR.")
     registry = load_registry(data, meta.registry.choice if meta.registry.choice != "?" else "full",
-                             fmt=meta.settings.tools_format)
+                             fmt=meta.settings.data.tools_format)
     if meta.registry.size and meta.registry.size != len(registry):
         reporter.warn(f"the registry now has {len(registry):,} APIs, the run had {meta.registry.size:,}")
-    run_s = dataclasses.replace(s, embedder=meta.settings.embedder,
-                                precision=meta.precision if meta.precision != "?" else "auto", device=device,
-                                # old runs had only torch; the cache key is model/backend/precision
-                                backend=meta.backend if meta.backend != "?" else "torch")
-    embedder = make_embedder(run_s, reporter.progress, reporter)
+    embed = EmbedSettings(model=meta.settings.embed.model,
+                          precision=meta.precision if meta.precision != "?" else "auto", device=device,
+                          # old runs had only torch; the cache key is model/backend/precision
+                          backend=meta.backend if meta.backend != "?" else "torch",
+                          batch_size=s.embed.batch_size)
+    embedder = make_embedder(embed, resolve_path(s.run.cache_dir), reporter.progress, reporter)
     encode = lambda texts: embedder.encode(texts, desc="embedding (cache misses)")  # noqa: E731
     api_vecs = encode(registry.texts())
-    subs = analysis_subsets(s, sorted({r.subset for r in records}))
-    retriever = meta.settings.retriever
+    a = s.analysis
+    subs = analysis_subsets(a, sorted({r.subset for r in records}))
+    retriever = meta.settings.retrieval.retriever
     lexical = load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0] if retriever != "dense" else None
     res = scaling_analysis.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
-                           divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
-                           about=about(meta, s, "scaling_subsets"), log=reporter.info,
+                           divergence_subset=subs.divergence, k=s.retrieval.k, sizes=list(a.scaling_sizes),
+                           seeds=a.scaling_seeds, about=about(meta, a, "scaling_subsets"), log=reporter.info,
                            memo=searches_folder(embedder.cache_dir), retriever=retriever, lexical=lexical)
     if meta.registry.digest and meta.registry.digest != registry.digest():
         reporter.warn(f"the registry at {data} is not the one the run used (digest {registry.digest()}, the run's "
@@ -153,13 +158,14 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
 def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> routing_analysis.RoutingResult:
     meta = od.read_meta()
     saved = max([meta.k, *meta.ks])
-    if s.k > saved:  # the records hold each top list only to the run's largest k
-        raise ConfigError(f"--k {s.k} is above the largest k this run saved ({saved}); pass --k {saved} or less.")
+    k = s.retrieval.k
+    if k > saved:  # the records hold each top list only to the run's largest k
+        raise ConfigError(f"--k {k} is above the largest k this run saved ({saved}); pass --k {saved} or less.")
     records = _records_with_ptr(od, "routing")
     od.check_agree(meta, records)
-    subs = analysis_subsets(s, sorted({r.subset for r in records}))
-    opt = routing_options(s, subs)
-    res = routing_analysis.routing_study(records, opt, about(meta, s, "routing_test"), log=reporter.info)
+    subs = analysis_subsets(s.analysis, sorted({r.subset for r in records}))
+    opt = routing_options(k, s.analysis, subs)
+    res = routing_analysis.routing_study(records, opt, about(meta, s.analysis, "routing_test"), log=reporter.info)
     od.write_json(ROUTING_FILE, res.to_dict())
     render_outputs(od)
     return res
@@ -177,6 +183,6 @@ def export_trec(od: OutputDir, to: Path) -> list[Path]:
     return written
 
 
-def routing_options(s: Settings, subs: AnalysisSubsets) -> routing_analysis.Options:
-    return routing_analysis.Options(k=s.k, train=subs.routing_train, test=subs.routing_test,
-                                    folds=s.routing_folds, seed=s.routing_seed)
+def routing_options(k: int, a: AnalysisSettings, subs: AnalysisSubsets) -> routing_analysis.Options:
+    return routing_analysis.Options(k=k, train=subs.routing_train, test=subs.routing_test,
+                                    folds=a.routing_folds, seed=a.routing_seed)

@@ -133,7 +133,7 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
         "L2-normalised; search is exact inner product (faiss.IndexFlatIP), re-scored in float64 so results do "
         "not depend on how queries were batched; exact ties go to the higher registry row, as FAISS orders them.",
     ]
-    if (retriever := meta.settings.retriever) != "dense":
+    if (retriever := meta.settings.retrieval.retriever) != "dense":
         out.append(f"Retriever `{retriever}`: {RETRIEVER_RULES[retriever]}. PtR merges its stubs' lists by the "
                    "best score any stub gives an API, with the retriever's own score (BM25 scores of different "
                    "stubs are not normalised: a stub with more matching words weighs more; RRF scores are "
@@ -160,7 +160,7 @@ def labels_of(meta: Meta, models: Sequence[str]) -> T.Labels:
                     registry_size=f"{size:,}" if isinstance(size, int) else "?",
                     registry_choice=meta.registry.choice, runs=str(meta.runs),
                     model_ids={m.name: m.model for m in meta.models if m.model and m.model != m.name},
-                    retriever=meta.settings.retriever)
+                    retriever=meta.settings.retrieval.retriever)
 
 
 def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), figures: Sequence[str] = (),

@@ -233,7 +233,7 @@ def _settings(src: Source) -> list[list[str]]:
     s = m.settings
     rows = [["Models", models or "none (retrieval only)"],
             ["Embedder", f"{m.embedder} ({m.precision}, runtime {m.backend})"],
-            ["Retriever", m.settings.retriever],
+            ["Retriever", s.retrieval.retriever],
             ["Embedding runtime", m.runtime.embed_runtime or DASH],
             ["Registry", f"{m.registry.size if m.registry.size is not None else '?'} APIs, choice {m.registry.choice}"
              + (f", {m.registry.format}" if m.registry.format else "") + (f" ({m.registry.source})"
@@ -241,7 +241,7 @@ def _settings(src: Source) -> list[list[str]]:
             ["Gold sets", ", ".join(GOLDS)],
             ["Subsets", ", ".join(f"{k} (n={v})" for k, v in sorted(m.subsets.items()))],
             ["Runs", str(m.runs)], ["k (planner)", str(m.k)], ["k-ablation", ", ".join(map(str, m.ks))],
-            ["Architectures", ", ".join(s.archs)],
+            ["Architectures", ", ".join(s.run.archs)],
             ["Records", f"{len(src.records):,}"], ["Evaluator version", m.version],
             ["Created", m.runtime.created or DASH], ["Data", m.data_dir or DASH]]
     return rows
@@ -453,7 +453,7 @@ def _sides(sources: Sequence[Source]) -> list[dict[str, Any]]:
 
 
 def _dataset(src: Source) -> dict[str, Any]:
-    cache = src.meta.settings.cache_dir or "the run's --cache-dir"
+    cache = src.meta.settings.run.cache_dir or "the run's --cache-dir"
     return {
         "name": src.name, "k": src.meta.k, "ks": list(src.meta.ks), "runs": src.meta.runs,
         "settings": _settings(src), "tables": _tables(src), "accounting": _accounting(src.meta),
