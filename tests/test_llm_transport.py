@@ -125,7 +125,10 @@ KNOBS = [  # one per answer family: (knobs, method, path, request body)
     ({}, "POST", "/v1/chat/completions", {"model": "sim-1", "messages": F.msgs(2), "seed": 1, "max_tokens": 50}),
     ({"script": ["500"], "list_errors": True}, "POST", "/v1/chat/completions", {"messages": F.msgs(2)}),
     ({"script": ["429"], "retry_headers": "all", "rpm": 60}, "POST", "/v1/chat/completions", {"messages": F.msgs(2)}),
+    ({"script": ["429"], "rate_style": "gemini", "rpm": 60}, "POST", "/v1/chat/completions", {"messages": F.msgs(2)}),
     ({"script": ["quota"]}, "POST", "/v1/chat/completions", {"messages": F.msgs(2)}),
+    ({"script": ["null"], "null_finish": "length"}, "POST", "/v1/chat/completions", {"messages": F.msgs(2)}),
+    ({"content_form": "parts", "usage": False}, "POST", "/v1/chat/completions", {"messages": F.msgs(2)}),
     ({"script": ["malformed"]}, "POST", "/v1/chat/completions", {"messages": F.msgs(2)}),
     ({"script": ["length"]}, "POST", "/v1/chat/completions", {"messages": F.msgs(2), "max_tokens": 8}),
     ({"api_key": "sk-right-0000000000000000"}, "POST", "/v1/chat/completions", {"messages": F.msgs(2)}),
@@ -152,7 +155,7 @@ def _comparable(status: int, headers, body: bytes) -> tuple:
 
 
 @pytest.mark.parametrize(("knobs", "method", "path", "body"), KNOBS, ids=[
-    "ok", "500-list", "429-headers", "daily-quota", "malformed", "length", "401", "422-field", "context", "props",
+    "ok", "500-list", "429-headers", "429-gemini", "daily-quota", "reasoning-only", "parts-no-usage", "malformed", "length", "401", "422-field", "context", "props",
     "slots", "no-props", "models", "404"])
 async def test_the_in_process_simulator_answers_as_its_server(sim_server, knobs, method, path, body):
     headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-wrong-key"}
