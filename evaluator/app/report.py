@@ -10,13 +10,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from evaluator.analysis import compare
 from evaluator.analysis import routing as routing_analysis
 from evaluator.analysis import scaling as scaling_analysis
 from evaluator.analysis.main import main_study
 from evaluator.analysis.stats import summary_dict
+from evaluator.app import figures as figure_cache
+from evaluator.app import view
 from evaluator.core.progress import SILENT, Reporter
 from evaluator.data import DataError, load_registry
-from evaluator.render import figures, report, trec, view
+from evaluator.render import figures, report, trec
 from evaluator.render import routing as routing_render
 from evaluator.render import scaling as scaling_render
 from evaluator.results.schema import (
@@ -50,14 +53,10 @@ def about(meta: Meta, a: AnalysisSettings, setting: str) -> About:
         else "as set in [analysis]")
 
 
-def _draw_one(draw: Callable[[Any, Path], Path], result: Any, png: Path) -> list[Path]:
-    return [draw(result, png)]
-
-
 def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None,
                    meta: Meta | None = None, records: list[Record] | None = None) -> None:
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
-    `figure_store`: a folder of figures already drawn, by their data (render.figures.drawn). `meta`,
+    `figure_store`: a folder of figures already drawn, by their data (app.figures.drawn). `meta`,
     `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study)."""
     saved = meta is None or records is None  # read back: another run's meta.json may sit beside the records
     meta = od.read_meta() if meta is None else meta
@@ -65,19 +64,23 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     if saved:
         od.check_agree(meta, records)
     result = main_study(records, meta)
-    od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view()), indent=1)
+    comparisons = compare.comparison_dict(result.comparison) if result.comparison is not None else None  # 3+ archs
+    od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view(), comparisons), indent=1)
     scaling = od.read_json(SCALING_FILE)
     routing = od.read_json(ROUTING_FILE)
     sections: list[str] = []
     skipped: list[str] = []
     figs: list[Path] = []  # the main study's figures (report.md lists them); the analyses' sit in their sections
     if with_figures:
-        figs = figures.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
-                                simulated=report.labels_of(meta, result.summary.models).simulated, store=figure_store)
+        simulated = report.labels_of(meta, result.summary.models).simulated
+        inputs = {"rows": [dataclasses.asdict(r) for r in result.summary.rows], "k": result.k, "ks": list(result.ks),
+                  "simulated": sorted(simulated)}
+        figs = figure_cache.drawn(od.figures, "summary", inputs, functools.partial(
+            figures.summary_figures, result.summary, k=result.k, ks=result.ks, simulated=simulated), figure_store)
     drawn = list(figs)  # every figure this render drew: the view shows these, not a stale PNG of an earlier run
     # The two analyses that follow the main study: (name, saved data, its typed result, section, figure, command)
     analyses: tuple[tuple[str, dict[str, Any] | None, Callable[[Mapping[str, Any]], Any], Callable[[Any], str],
-                          Callable[[Any, Path], Path], str], ...] = (
+                          Callable[[Any], bytes], str], ...] = (
         ("scaling", scaling, scaling_analysis.ScalingResult.from_dict, scaling_render.section_md,
          scaling_render.figure, "Scaling study (Table 10)"),
         ("routing", routing, routing_analysis.RoutingResult.from_dict, routing_render.section_md,
@@ -99,12 +102,16 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
             skipped.append("Routing held-out subset split: it needs two subsets, one to tune τ on and one to "
                            "report on; cross-validation is shown instead.")
         if with_figures:
-            png = od.figures / f"{name}.png"
-            drawn += figures.drawn(od.figures, name, figures.figure_inputs(data),
-                            functools.partial(_draw_one, draw, res, png), figure_store)
+            drawn += figure_cache.drawn(od.figures, name, figure_cache.figure_inputs(data),
+                                        functools.partial(_one_figure, f"{name}.png", draw, res), figure_store)
     od.write_text(REPORT_FILE, report.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
-    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None)  # view.html: every query browsable (evaluator.render.view)
+    # view.html: every query browsable (app.view)
+    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None)
+
+
+def _one_figure(name: str, draw: Callable[[Any], bytes], result: Any) -> dict[str, bytes]:
+    return {name: draw(result)}
 
 
 def _records_with_ptr(od: OutputDir, what: str) -> list[Record]:

@@ -26,8 +26,10 @@ from typing import NoReturn, TextIO
 from evaluator.analysis.routing import RoutingMeta
 from evaluator.analysis.scaling import ScalingMeta
 from evaluator.app import report, requests, study
+from evaluator.app import view as view_app
 from evaluator.batch.ray_engine import RayOptions
 from evaluator.batch.requests import import_files
+from evaluator.cli import view_server
 from evaluator.core.aio import interrupt_on_stop_signals, stop_signal
 from evaluator.core.errors import (
     EXIT_FAILED_CALLS,
@@ -40,7 +42,6 @@ from evaluator.core.errors import (
 from evaluator.core.progress import Reporter
 from evaluator.core.redact import RedactFilter, redact, redacted_traceback
 from evaluator.llm import cache_clear, cache_stats
-from evaluator.render import view as view_page
 from evaluator.results.schema import OutputDir
 from evaluator.settings.invocation import BATCH_FALLBACKS, STOP_GRACE_S, Invocation, ProfileOverrides
 from evaluator.settings.load import load, load_settings
@@ -442,10 +443,10 @@ def cmd_view(argv: list[str]) -> int:
     if len(args.out_dirs) > 1 and args.out is None:
         p.error("comparing runs writes one page for all of them: pass --out F.html")
     _writing(args.out.parent if args.out else args.out_dirs[0])
-    path, html = view_page.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
+    path, html = view_app.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
     print(path)
     if args.serve:
-        srv = view_page.server(html, args.port, path)
+        srv = view_server.server(html, args.port, path)
         print(f"Serving on http://127.0.0.1:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
         try:
             srv.serve_forever()

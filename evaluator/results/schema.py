@@ -226,8 +226,25 @@ class Record:
     def retriever_name(self) -> str:
         return self.retriever or "dense"
 
+    # Further architectures' blocks by name (the archs work makes this the one mapping: `Record.archs`);
+    # absent from the line when None, so a record of RtP and PtR alone is written as before.
+    archs: dict[str, ArchBlock] | None = Field(default=None, exclude_if=_absent)
+
+    @property
+    def arch_names(self) -> list[str]:
+        """The architectures this record holds, in order: RtP, PtR, then the others as run."""
+        return [n for n, b in (("rtp", self.rtp), ("ptr", self.ptr)) if b is not None] + list(self.archs or {})
+
+    def arch(self, name: str) -> ArchBlock | None:
+        """One architecture's block by name (None: not run for this record)."""
+        if name == "rtp":
+            return self.rtp
+        if name == "ptr":
+            return self.ptr
+        return (self.archs or {}).get(name)
+
     def block(self, arch: str) -> ArchBlock | None:
-        return self.rtp if arch == "rtp" else self.ptr
+        return self.arch(arch)
 
     def gold_set(self, name: str) -> list[str]:
         return self.gold.get(name) or []
