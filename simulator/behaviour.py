@@ -9,6 +9,9 @@ with it measure the evaluator, never a language model.
   key nouns. Proper nouns are often dropped (the paper's generic "stub hallucination").
 - Planner prompt: JSON steps plus the offered APIs whose words overlap the request; sometimes none
   (refusal) or the best weak match (wrong tool) when nothing overlaps, rarely a name not offered.
+- hyde prompt: per actionable clause, an imagined registry entry: a "Tool/api" name from the clause's key
+  nouns and a one-paragraph description in documentation style ("Returns the ... for the given ...").
+- rewrite prompt: {"query": ...}: the request's verbs and key nouns, proper nouns and courtesy dropped.
 - Anything else: a short generic reply.
 
 Replies are a pure function of (messages, seed, temperature): a `random.Random` seeded from a
@@ -30,7 +33,7 @@ import random
 import re
 from collections.abc import Sequence
 
-from evaluator.study.prompts import DISCOVERY_MARKER, PLANNER_MARKER
+from evaluator.study.prompts import DISCOVERY_MARKER, HYDE_MARKER, PLANNER_MARKER, REWRITE_MARKER
 
 __all__ = ["answer", "reply"]
 
@@ -169,12 +172,17 @@ def reply(
     # Knob draws use their own generator so that turning a knob on leaves the other replies as they were.
     knobs = random.Random(_digest(messages, seed, temperature) ^ 0x5EED)
     structured = isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object")
-    runaway = kind is not None and knobs.random() < p_runaway
-    stray = kind is not None and not structured and knobs.random() < p_stray
+    knobbed = kind in ("discovery", "planner")  # the knobs model the two prompts of the paper's study
+    runaway = knobbed and knobs.random() < p_runaway
+    stray = knobbed and not structured and knobs.random() < p_stray
     if runaway and kind is not None:  # runaway implies a kind
         payload = _run_away(kind, payload)
     if structured and kind == "discovery":
         payload = json.dumps({"stubs": json.loads(payload)}, ensure_ascii=False)
+    if structured and kind == "hyde":
+        payload = json.dumps({"entries": json.loads(payload)}, ensure_ascii=False)
+    if structured and kind == "rewrite" and not payload.startswith("{"):
+        payload = json.dumps({"query": payload}, ensure_ascii=False)
     if structured or kind is None:
         text = payload
     elif stray:
@@ -198,6 +206,10 @@ def _compose(messages: list[dict], seed: int, temperature: float) -> tuple[str |
     if system.startswith(PLANNER_MARKER):
         query, apis = _planner_input(user)
         return "planner", _planner(query, apis, rng, spread), rng
+    if system.startswith(HYDE_MARKER):
+        return "hyde", _hyde(_request(user), rng, spread), rng
+    if system.startswith(REWRITE_MARKER):
+        return "rewrite", _rewrite(_request(user), rng), rng
     return None, rng.choice(_GENERIC_REPLIES), rng
 
 
@@ -440,6 +452,48 @@ def _discovery(query: str, rng: random.Random, spread: float) -> str:
             seen.add(s["name"])
             unique.append(s)
     return json.dumps(unique, ensure_ascii=False, indent=rng.choice((None, 2)))
+
+
+# ---------------------------------------------------------------------------------------------
+# hyde and rewrite
+# ---------------------------------------------------------------------------------------------
+
+_DOC_OPENINGS = ("Returns", "Retrieves", "Provides", "Lists")
+
+
+def _hyde(query: str, rng: random.Random, spread: float) -> str:
+    """Per actionable clause, the registry entry an API serving it might have: a "Tool/api" name and a short
+    description in documentation words. Proper nouns are kept less often than a stub drops them: a document
+    describes what an API does, not the user's case."""
+    entries: list[dict[str, str]] = []
+    for c in _needs(query)[:_MAX_STUBS]:
+        content = [n for n in c.nouns if n not in c.proper] or list(c.nouns[:1])
+        if not content:
+            continue
+        width = rng.choice((1, 2, 2, 3))
+        picked = content[:width] if rng.random() < 0.6 else content[-width:]
+        tool = " ".join(w.title() for w in picked[:2])
+        verb = c.verb or "get"
+        api = f"{verb} {' '.join(picked)}"
+        opening = rng.choice(_DOC_OPENINGS) if rng.random() < 0.5 * spread else "Returns"
+        rest = [n for n in content if n not in picked][:4]
+        extra = f", with {', '.join(rest)}" if rest else ""
+        desc = f"{opening} the {' '.join(picked)} for the given parameters{extra}. Use it to {verb} {c.obj.strip(' ,.')[:120]}."
+        entries.append({"name": f"{tool}/{api}", "description": desc})
+    if not entries:
+        entries.append({"name": "Information/get information", "description": "Returns information for a request."})
+    return json.dumps(entries, ensure_ascii=False, indent=rng.choice((None, 2)))
+
+
+def _rewrite(query: str, rng: random.Random) -> str:
+    """One search query: each clause's verb and its content nouns (proper nouns dropped), in request order."""
+    words: list[str] = []
+    for c in _needs(query):
+        for w in [c.verb or "get", *[n for n in c.nouns if n not in c.proper]]:
+            if w not in words:
+                words.append(w)
+    text = " ".join(words[:16]) or " ".join(_words(query)[:12])
+    return json.dumps({"query": text}, ensure_ascii=False) if rng.random() >= 0.02 else text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -145,3 +145,11 @@ def write_out(out_dir: Path, records: Sequence[Mapping[str, Any]], meta_: Mappin
         for r in recs:
             fh.write(json.dumps(r) + "\n")
     return out_dir
+
+
+def flat(rec: dict[str, Any]) -> dict[str, Any]:
+    """A saved `queries.jsonl` line (format 4: blocks under `archs`) with each block at the top level, by its
+    architecture's name, as the tests of RtP's and PtR's fields read them."""
+    out = {k: v for k, v in rec.items() if k != "archs"}
+    out.update(rec.get("archs") or {})
+    return out

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from data_fixtures import make_data_dir
+from records_fixtures import flat
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,7 @@ def test_retrieval_only_reports_both_gold_sets(workspace):
     assert all(x["model"] is None and len(x["values"]) == 1 for x in recall5.values())
     # On this toy registry the query names its API outright: RtP must find the relevant ones.
     assert recall5[("G1_instruction", "relevant")]["mean"] == 1.0
-    recs = [json.loads(line) for line in (root / "ro" / "queries.jsonl").read_text().splitlines()]
+    recs = [flat(json.loads(line)) for line in (root / "ro" / "queries.jsonl").read_text().splitlines()]
     # The config's ks include 20, above this 14-API registry: left out (said on stderr), not capped silently.
     assert len(recs) == 5 and all(len(r["rtp"]["retrieved"]) == 10 for r in recs)
     assert "k-ablation values 20" in r.stderr
@@ -60,7 +61,7 @@ def test_full_study_with_simulator_then_rerun_from_cache(workspace):
     assert meta["llm_stats"]["sim"]["requests"] > 0
     report = (root / "s1" / "report.md").read_text()
     assert "SIMULATED" in report.upper()
-    recs = [json.loads(line) for line in (root / "s1" / "queries.jsonl").read_text().splitlines()]
+    recs = [flat(json.loads(line)) for line in (root / "s1" / "queries.jsonl").read_text().splitlines()]
     assert len(recs) == 2 * 5
     assert all(r["ptr"]["stubs"] and r["rtp"]["plan"] is not None for r in recs)
     assert list((root / "s1" / "figures").glob("*.png"))

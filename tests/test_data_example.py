@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from records_fixtures import flat
 
 from evaluator.data import Warnings, find_query_files, load_query_files, load_registry
 
@@ -45,7 +46,7 @@ def test_example_study_end_to_end_with_the_simulator(tmp_path, cache):
     r = run_cli("--data", str(EXAMPLE), "--model", "sim", "--runs", "2", "--cache-dir", str(cache), "--out", str(out),
                 cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    recs = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+    recs = [flat(json.loads(line)) for line in (out / "queries.jsonl").read_text().splitlines()]
     assert len(recs) == 2 * 32 and {r["subset"] for r in recs} == {"single", "multi"}
     assert all(r["rtp"]["retrieved"][0].split("::")[0] in SERVERS for r in recs)
     meta = json.loads((out / "meta.json").read_text())
@@ -62,7 +63,7 @@ def test_tools_and_queries_flags_with_a_csv_and_string_ids(tmp_path, cache):
     r = run_cli("--tools", str(EXAMPLE / "tools"), "--queries", str(q), "--retrieval-only", "--cache-dir", str(cache),
                 "--out", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    recs = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+    recs = [flat(json.loads(line)) for line in (out / "queries.jsonl").read_text().splitlines()]
     assert [(r["subset"], r["query_id"]) for r in recs] == [("my tests", "t-1"), ("my tests", "t-2")]
     assert recs[0]["rtp"]["retrieved"][0] == "time::get_current_time"
 

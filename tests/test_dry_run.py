@@ -7,10 +7,13 @@ uses, so "nothing sent" and the estimates are checked against an independent cou
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
-from study_fixtures import run_cli, study_args, workspace
+from study_fixtures import REPO, run_cli, study_args, workspace
+
+from evaluator.study.prompts import DISCOVERY_MARKER, HYDE_MARKER, PLANNER_MARKER, REWRITE_MARKER
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +125,36 @@ def test_requests_run_dry_run_counts_the_cache_and_sends_nothing(ws):
     real = sim.stats()
     assert real["requests"] == 7
     assert m["prompt_tokens"] == real["prompt_tokens"]  # the simulator bills by the same rule: exact
+
+
+def test_dry_run_counts_each_architecture_and_requests_export_carries_their_calls(ws, tmp_path):
+    # ~1 min on 2 loaded cores: three CLI runs (plan, run, export) of seven architectures on the tiny data, the
+    # only end-to-end check that the collect pass (dry run, batch, export) sees every architecture's calls
+    root, data, sim = ws
+    cache = root / "seven"
+    archs = "rtp,ptr,hyde,rewrite,fusion,route," + str(REPO / "examples" / "arch_plugin" / "clauses.py") + ":Clauses"
+    r = run_cli(*study(ws, cache, root / "plan-seven", runs=1), "--archs", archs, "--dry-run", cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert "calls by architecture: rtp " in r.stdout
+    m = read_plan(root / "plan-seven" / "plan.json")["models"]["sim"]
+    r = run_cli(*study(ws, cache, root / "run-seven", runs=1), "--archs", archs, cwd=root)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads((root / "run-seven" / "meta.json").read_text())
+    made = meta["runtime"]["arch_calls"]["sim"]
+    assert set(m["by_arch"]) == {"rtp", "ptr", "hyde", "rewrite", "fusion", "route", "clauses"}
+    print(f"\nby architecture: plan {m['by_arch']} / run {made}")
+    for arch, n in made.items():
+        assert within(m["by_arch"][arch], n, 0.10), arch
+    # fusion and route reuse: fusion's only call is its planner, route makes none (its side's are counted there)
+    assert m["by_arch"]["route"] == 0 and "route" not in made and made["fusion"] == made["rtp"]
+    assert within(m["calls"], meta["llm_stats"]["sim"]["calls"], 0.10)
+    # a request file for the batch API carries the new architectures' calls (first round: before any reply)
+    ex = run_cli("requests", "export", str(tmp_path / "r.jsonl"), "--data", str(data), "--cache-dir",
+                 str(tmp_path / "fresh"), "--model", "sim", "--runs", "1", "--archs", archs, "--no-progress", cwd=root)
+    assert ex.returncode == 0, ex.stderr
+    lines = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines() if x.strip()]
+    systems = Counter(next(m["content"] for m in x["body"]["messages"] if m["role"] == "system").split("\n")[0]
+                      for x in lines)
+    n = len({json.dumps(x["body"]["messages"][-1]) for x in lines if HYDE_MARKER in json.dumps(x["body"])})
+    assert systems[HYDE_MARKER] == systems[REWRITE_MARKER] == systems[DISCOVERY_MARKER] == n > 0
+    assert systems[PLANNER_MARKER] > 0  # RtP's planners (and the plugin's, which needs no reply first)

@@ -70,8 +70,18 @@ def test_old_meta_is_read_through_the_migration(old_copy: Path) -> None:
     assert meta.warnings == {} or all(w.count > 0 for w in meta.warnings.values())
 
 
-def test_records_round_trip_byte_for_byte(old_copy: Path) -> None:
+def test_records_round_trip_into_the_archs_mapping(old_copy: Path) -> None:
     od = OutputDir(old_copy)
+    lines = (old_copy / QUERIES_FILE).read_text(encoding="utf-8").splitlines()
+    od.write_records(od.read_records())
+    again = (old_copy / QUERIES_FILE).read_text(encoding="utf-8").splitlines()
+    # Format 4: the same content, RtP's and PtR's blocks moved unchanged under `archs`, rtp first.
+    for old, new in zip(lines, again, strict=True):
+        o, n = json.loads(old), json.loads(new)
+        assert "rtp" not in n and "ptr" not in n and list(n["archs"]) == [a for a in ("rtp", "ptr") if o.get(a)]
+        assert n["archs"] == {a: o[a] for a in ("rtp", "ptr") if o.get(a)}
+        assert {k: v for k, v in n.items() if k != "archs"} == {k: v for k, v in o.items() if k not in ("rtp", "ptr")}
+    # and from there byte for byte
     before = (old_copy / QUERIES_FILE).read_bytes()
     od.write_records(od.read_records())
     assert (old_copy / QUERIES_FILE).read_bytes() == before

@@ -14,6 +14,7 @@ import llm_fixtures as F
 import orjson
 import pytest
 from data_fixtures import make_data_dir
+from records_fixtures import flat
 
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.cache import CacheEntry, ResponseCache, cache_dir, encode_entry
@@ -56,7 +57,7 @@ def study(socket_sim, tmp_path):
 
 
 def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+    return [flat(json.loads(line)) for line in (out / "queries.jsonl").read_text().splitlines()]
 
 
 def _strip(recs: list[dict]) -> list[dict]:

@@ -77,7 +77,7 @@ def test_clients_and_stub_search_are_passed_in(tmp_path: Path) -> None:
     assert by_q[2].rtp.plan.finish_reason == "length" and by_q[2].rtp.plan.truncated
     assert by_q[3].rtp.plan.llm_error_kind == "http_500" and by_q[3].failed_calls.count("http_500") == 2
     assert by_q[1].ptr.discovery_finish_reason == "stop" and by_q[1].ptr.plan.finish_reason == "stop"
-    assert by_q[1].to_dict()["rtp"]["plan"]["finish_reason"] == "stop"
+    assert by_q[1].to_dict()["archs"]["rtp"]["plan"]["finish_reason"] == "stop"
 
     result = main_study(records, Meta(k=5, ks=[1, 5], runs=1))
     rtp, ptr = result.scored[("scripted", "rtp")], result.scored[("scripted", "ptr")]

@@ -24,6 +24,7 @@ from typing import Any
 
 import psutil
 import pytest
+from records_fixtures import flat
 
 from evaluator.llamacpp.weights import WEIGHTS
 
@@ -95,7 +96,7 @@ def _meta(out: Path) -> dict[str, Any]:
 
 
 def _records(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (out / "queries.jsonl").read_text().splitlines() if x.strip()]
+    return [flat(json.loads(x)) for x in (out / "queries.jsonl").read_text().splitlines() if x.strip()]
 
 
 def _stats(out: Path) -> dict[str, Any]:
@@ -221,3 +222,25 @@ def test_a_context_too_small_for_the_prompts_is_a_counted_per_call_error(root):
     rows = [ln.split("|") for ln in errors.splitlines() if ln.startswith("| single |")]
     assert sum(int(r[5]) + (int(r[7]) if r[7].strip().isdigit() else 0) for r in rows) == stats["errors"]
     _no_server_left(root)
+
+
+SEVEN = ("rtp", "ptr", "hyde", "rewrite", "fusion", "route", "clauses")
+
+
+def test_seven_architectures_run_on_the_real_model(root):
+    # the built-ins and the example plugin on the 0.5B model, two requests: every architecture gets a list and a
+    # planner reply from a real model (its answers are poor; nothing asserts on their quality)
+    q = _queries(root, [1, 20])
+    archs = ",".join(SEVEN[:-1]) + "," + str(REPO / "examples" / "arch_plugin" / "clauses.py") + ":Clauses"
+    done = _run(_cmd(root, q, root / "seven", "--archs", archs))
+    assert done.returncode == 0, done.stderr[-3000:]
+    _no_server_left(root)
+    raw = [json.loads(x) for x in (root / "seven" / "queries.jsonl").read_text().splitlines() if x.strip()]
+    assert len(raw) == 2 and all(tuple(r["archs"]) == SEVEN for r in raw)
+    for r in raw:
+        for name, b in r["archs"].items():
+            assert b["plan"] is None or not b["plan"]["llm_error"], (name, b["plan"])
+        assert r["archs"]["route"]["side"] in ("rtp", "ptr")
+        assert r["archs"]["fusion"]["tokens"]["discovery"] == r["archs"]["ptr"]["tokens"]["discovery"]
+    calls = _meta(root / "seven")["runtime"]["arch_calls"][MODEL]
+    assert all(2 <= calls[a] <= 4 for a in ("ptr", "hyde", "rewrite")) and "route" not in calls  # reply + planner

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from records_fixtures import flat
 
 BASE_URL = os.environ.get("EVALUATOR_REAL_BASE_URL", "")
 MODEL = os.environ.get("EVALUATOR_REAL_MODEL", "")
@@ -63,7 +64,7 @@ def _study(profile: str, cache: Path, out: Path) -> dict[str, Any]:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     meta = json.loads((out / "meta.json").read_text())
-    records = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines() if line.strip()]
+    records = [flat(json.loads(line)) for line in (out / "queries.jsonl").read_text().splitlines() if line.strip()]
     return {"meta": meta, "records": records, "stderr": done.stderr}
 
 

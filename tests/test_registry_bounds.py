@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from data_fixtures import QUERIES, api_records
+from records_fixtures import flat
 from study_fixtures import REPO, run_cli
 
 from evaluator.data.model import NAME_CAP_CHARS
@@ -26,7 +27,7 @@ def _data(root: Path, recs: list[dict]) -> Path:
 
 
 def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "queries.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [flat(json.loads(line)) for line in (out / "queries.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
 @pytest.fixture(scope="module")

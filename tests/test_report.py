@@ -35,7 +35,7 @@ def _rows(out: Path) -> dict[tuple, dict]:
 
 
 def _records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+    return [F.flat(json.loads(line)) for line in (out / "queries.jsonl").read_text().splitlines()]
 
 
 def test_rows_recomputed_from_queries(out: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from records_fixtures import flat
 
 from evaluator.analysis import scaling as S
 from evaluator.app.report import SCALING_FILE, render_outputs
@@ -196,7 +197,7 @@ def test_study_reproducible_and_flags_gold_only(tmp_path: Path, no_network: None
 
     # The full point reproduces the run's own retrieval (same vectors), and its recall matches the records.
     assert first["full_registry_check"]["G1_instruction"] == {"rtp_same_topk": 1.0, "ptr_same_topk": 1.0}
-    recs = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+    recs = [flat(json.loads(line)) for line in (out / "queries.jsonl").read_text().splitlines()]
     g1 = {r["query_id"]: r for r in recs if r["subset"] == "G1_instruction" and r["run"] == 0}
     expect = np.mean([len(set(r["rtp"]["retrieved"][:K]) & set(r["gold"]["api_list"])) / len(r["gold"]["api_list"])
                       for r in g1.values()])
@@ -211,7 +212,7 @@ def test_study_reproducible_and_flags_gold_only(tmp_path: Path, no_network: None
 def test_cli_reads_the_embedding_cache_and_embeds_nothing(tmp_path: Path, no_network: None) -> None:
     out = make_output(tmp_path)
     meta = json.loads((out / "meta.json").read_text())
-    recs = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+    recs = [flat(json.loads(line)) for line in (out / "queries.jsonl").read_text().splitlines()]
     texts = load_registry(meta["data_dir"]).texts() + [r["query"] for r in recs]
     texts += [stub_text(Stub(s["name"], s["reasoning"])) for r in recs for s in r["ptr"]["stubs"]]
     texts = list(dict.fromkeys(texts))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from data_fixtures import make_data_dir
+from records_fixtures import flat
 
 from simulator.harness import start_simulator
 
@@ -47,7 +48,7 @@ def _study(profile: str, base_url: str, data: Path, cache: Path, out: Path) -> t
     (info,) = [m for m in meta["models"] if m["name"] == "local"]
     assert info["profile"]["base_url"] == base_url and info["profile"]["max_tokens"] == 400
     assert info["profile"]["timeout_s"] == 30 and info["profile"]["structured"] in ("json_schema", "none")
-    recs = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines() if line.strip()]
+    recs = [flat(json.loads(line)) for line in (out / "queries.jsonl").read_text().splitlines() if line.strip()]
     return meta["llm_stats"]["local"], recs
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import scipy.stats
+from records_fixtures import flat
 from test_app_run import run_cli  # the CLI in a child process, as a user runs it
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +44,7 @@ def outs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "queries.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [flat(json.loads(line)) for line in (out / "queries.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
 # ---------------------------------------------------------------- the command

@@ -2,10 +2,12 @@
 
 The study's own request building runs in a collect pass (`batch.study.collect`: cached calls are
 answered from the cache, every other call is recorded instead of sent), so the plan counts exactly
-the requests the real run makes — except the PtR planners behind a discovery reply that is not
-cached yet: their prompt depends on that reply, so each such discovery counts one planner, an upper
-bound (no planner is called when the reply yields no stub). Their prompt tokens are those of the
-same query's RtP planner prompt (same instructions, query and number of APIs; other APIs).
+the requests the real run makes — except the planners behind a reply that is not cached yet (PtR's
+discovery, hyde's documents, rewrite's query, and fusion's and route's reuse of them): their prompt
+depends on that reply, so each such architecture's planner counts once, an upper bound (no planner
+is called when the reply yields nothing to search). Their prompt tokens are those of the same query's
+RtP planner prompt (same instructions, query and number of APIs; other APIs). Calls are also counted
+per architecture (`by_arch`: each call under the architecture whose code made it; a reused call once).
 
 Per model: calls in total, already cached, to send; prompt tokens by the profile's token rule
 (`core.tokens.prompt_tokens`); completion tokens as the mean of this study's cached replies of the
@@ -32,12 +34,12 @@ from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
 from evaluator.study import prompts
 from evaluator.study.prepare import Study
+from evaluator.study.runner import ARCH_OF_CALL, study_archs
 
 PLAN_FILE = "plan.json"
 TOKEN_RULE = (f"prompt tokens = characters of message text / the profile's chars_per_token + {MESSAGE_TOKENS} per "
               "message (+ the response_format JSON when sent); exact against the simulator, an estimate for a "
               "provider's tokenizer")
-_REQUEST = "User request:\n"  # how prompts.py opens the user message: finds a deferred discovery's query
 
 
 @dataclass
@@ -46,7 +48,7 @@ class ModelPlan:
     calls: int  # chat calls the run makes (each PtR planner behind an uncached discovery counted once)
     cached: int  # answered from the cache
     to_send: int  # distinct requests not cached (upper bound: the PtR planners below are in it)
-    ptr_planners_upper_bound: int  # of `to_send`: planners that depend on a discovery reply not cached yet
+    ptr_planners_upper_bound: int  # of `to_send`: planners that depend on a reply not cached yet (any architecture)
     prompt_tokens: int
     completion_tokens: int | None  # None: no max_tokens and no cached history to estimate from
     completion_basis: dict[str, str]  # per prompt version (or system prompt): where the estimate comes from
@@ -58,6 +60,7 @@ class ModelPlan:
     concurrency: int
     rpm: float | None
     tpm: float | None
+    by_arch: dict[str, int] = field(default_factory=dict)  # calls per architecture (each where it is made)
 
 
 @dataclass
@@ -75,7 +78,7 @@ class DryRunPlan:
         parts = []
         for m in self.models:
             cost = "" if m.usd_online is None else f" (about {usd(m.usd_online, '')} online)"
-            ub = f", up to {m.ptr_planners_upper_bound:,} of them PtR planners" if m.ptr_planners_upper_bound else ""
+            ub = f", up to {m.ptr_planners_upper_bound:,} of them planners behind replies" if m.ptr_planners_upper_bound else ""
             parts.append(f"{m.model} {m.to_send:,} requests{ub}{cost}")
         return "Still to send: " + "; ".join(parts) + "."
 
@@ -83,10 +86,12 @@ class DryRunPlan:
         """The plan as the CLI prints it."""
         out = ["Dry run: nothing was sent."]
         for m in self.models:
-            ub = f" (incl. up to {m.ptr_planners_upper_bound:,} PtR planners that depend on discovery replies)" \
+            ub = f" (incl. up to {m.ptr_planners_upper_bound:,} planners that depend on replies not cached yet)" \
                 if m.ptr_planners_upper_bound else ""
             ct = "unknown" if m.completion_tokens is None else f"{m.completion_tokens:,}"
             out.append(f"{m.model}: {m.calls:,} calls, {m.cached:,} cached, {m.to_send:,} to send{ub}")
+            if m.by_arch:
+                out.append("  calls by architecture: " + ", ".join(f"{a} {n:,}" for a, n in m.by_arch.items()))
             out.append(f"  tokens to send: {m.prompt_tokens:,} prompt, {ct} completion "
                        f"({'; '.join(f'{k}: {v}' for k, v in m.completion_basis.items()) or 'nothing to send'})")
             out.append(f"  cost: {_usd(m.usd_online)} online, {_usd(m.usd_batch)} through the batch API")
@@ -111,11 +116,13 @@ class _Call:
     version: str  # prompt version, or the system prompt's head for a request file
     body: dict[str, Any]  # the provider request body (llm.engine.Prepared.body)
     hit: ChatResult | None
+    arch: str = ""  # the architecture whose code made it (a study's collect pass)
 
 
-def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[str, dict[str, Any]]]) -> ModelPlan:
-    """`calls`: every call the run makes that is known now; `planners`: (discovery key, stand-in body) of
-    the PtR planner behind each uncached discovery call."""
+def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[Any, dict[str, Any]]],
+                by_arch: dict[str, int] | None = None) -> ModelPlan:
+    """`calls`: every call the run makes that is known now; `planners`: ((stand-in key, architecture), stand-in
+    body) of the planner behind each architecture's reply that is not cached yet."""
     history: dict[str, list[int]] = defaultdict(list)
     for c in calls:
         if c.hit is not None:
@@ -125,7 +132,7 @@ def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[str, d
         if c.hit is None:
             unsent.setdefault(c.key, c)
     todo = [(c.version, c.body) for c in unsent.values()]
-    distinct_planners = dict(planners)  # identical discoveries -> identical planners: one request
+    distinct_planners = dict(planners)  # identical replies -> identical planners: one request per architecture
     todo += [(prompts.PLANNER_VERSION, b) for b in distinct_planners.values()]
     cpt = p.chars_per_token
     pt = sum(prompt_tokens(b, cpt) for _, b in todo)
@@ -164,7 +171,8 @@ def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[str, d
         model=p.name, calls=len(calls) + len(planners), cached=sum(c.hit is not None for c in calls), to_send=n,
         ptr_planners_upper_bound=len(distinct_planners), prompt_tokens=pt, completion_tokens=ct,
         completion_basis=basis, usd_online=_r(usd), usd_batch=_r(usd_b), time_floor_s=round(floors[by], 1),
-        time_floor_by=by, latency_rounds=rounds, concurrency=p.concurrency, rpm=p.rpm, tpm=p.tpm)
+        time_floor_by=by, latency_rounds=rounds, concurrency=p.concurrency, rpm=p.rpm, tpm=p.tpm,
+        by_arch=dict(by_arch or {}))
 
 
 def _r(x: float | None) -> float | None:
@@ -175,49 +183,49 @@ def _r(x: float | None) -> float | None:
 
 
 class _Planner:
-    """Collects every call of the collect pass, and stands in the planner behind each uncached discovery."""
+    """Collects every call of the collect pass (by architecture), and stands in the planner behind each reply
+    that is not cached yet."""
 
     def __init__(self, study: Study, profiles: dict[str, ModelProfile]) -> None:
         self.study = study
         self.calls: dict[str, list[_Call]] = {n: [] for n in profiles}
-        self.planners: dict[str, list[tuple[str, dict[str, Any]]]] = {n: [] for n in profiles}
-        self._by_text = {q.text: i for i, q in enumerate(study.queries)}
+        self.planners: dict[str, list[tuple[Any, dict[str, Any]]]] = {n: [] for n in profiles}
+        names = list(study_archs(study))  # in --archs order, by name (a plugin by its `name`)
+        self.by_arch: dict[str, dict[str, int]] = {n: dict.fromkeys(names, 0) for n in profiles}
         self._engines = {n: LLMEngine(offline(p), api_key="") for n, p in profiles.items()}  # prepare only, no HTTP
-        self._stand_in: dict[tuple[str, str], dict[str, Any]] = {}  # discovery key -> planner body
+
+    def _count(self, model: str, arch: str) -> None:
+        counts = self.by_arch[model]
+        counts[arch] = counts.get(arch, 0) + 1
 
     def __call__(self, model: str, prepared: Prepared, version: str, hit: ChatResult | None) -> None:
         body = prepared.logical or prepared.body
-        self.calls[model].append(_Call(prepared.key, version, body, hit))
-        if hit is None and version == prompts.DISCOVERY_VERSION and "ptr" in self.study.run.archs:
-            sk = (model, prepared.key)
-            if sk not in self._stand_in:
-                self._stand_in[sk] = self._planner_body(model, body)
-            self.planners[model].append((prepared.key, self._stand_in[sk]))
+        arch = ARCH_OF_CALL.get()
+        self.calls[model].append(_Call(prepared.key, version, body, hit, arch))
+        self._count(model, arch)
 
-    def _planner_body(self, model: str, discovery: dict[str, Any]) -> dict[str, Any]:
-        user = next((m.get("content") for m in discovery.get("messages", []) if m.get("role") == "user"), "")
-        qi = self._by_text.get(str(user).removeprefix(_REQUEST))
-        if qi is None:  # a prompt whose layout changed: the discovery prompt itself stands in
-            return discovery
+    def deferred(self, model: str, run: int, qi: int, arch: str) -> None:
+        """The planner `arch` makes once its reply is in, priced with the same query's RtP planner prompt."""
         reg, k = self.study.registry, self.study.retrieval.k
         apis = [reg.apis[i] for i in self.study.rtp[qi].rows[:k]]
         msgs = prompts.planner_messages(self.study.queries[qi].text, [(a.tool_name, a.api_name, a.description)
                                                                      for a in apis])
-        run = int(discovery.get("seed") or 0)
         p = self._engines[model].prepare(msgs, run=run, prompt_version=prompts.PLANNER_VERSION,
                                          schema=prompts.PLANNER_SCHEMA)
-        return p.logical or p.body
+        self.planners[model].append(((p.key, arch), p.logical or p.body))
+        self._count(model, arch)
 
 
 def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path) -> DryRunPlan:
     """The plan of `study` on these models; reads the cache, sends nothing."""
     planner = _Planner(study, profiles)
-    aio.run(collect(study, profiles, cache_root, on_call=planner))
-    plan = DryRunPlan([_model_plan(p, planner.calls[n], planner.planners[n]) for n, p in profiles.items()])
+    aio.run(collect(study, profiles, cache_root, on_call=planner, on_deferred=planner.deferred))
+    plan = DryRunPlan([_model_plan(p, planner.calls[n], planner.planners[n], planner.by_arch[n])
+                       for n, p in profiles.items()])
     if any(m.ptr_planners_upper_bound for m in plan.models):
-        plan.notes.append("PtR planners behind discovery replies not cached yet are counted once each (an upper "
-                          "bound: a reply without stubs calls no planner), priced with the same query's RtP planner "
-                          "prompt.")
+        plan.notes.append("Planners behind replies not cached yet (PtR's discovery, hyde's, rewrite's) are counted "
+                          "once per architecture (an upper bound: a reply with nothing to search calls no planner), "
+                          "priced with the same query's RtP planner prompt.")
     plan.notes += [repeats_note(n, study.run.runs) for n, p in profiles.items() if p.repeats_runs]
     return plan
 

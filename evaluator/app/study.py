@@ -58,8 +58,9 @@ from evaluator.settings.load import ConfigError
 from evaluator.settings.paths import resolve_path
 from evaluator.settings.sections import Fitted, RetrievalSettings, Settings
 from evaluator.settings.subsets import analysis_subsets
+from evaluator.study import archs as arch_units
 from evaluator.study.prepare import Inputs, Study, load_inputs, prepare
-from evaluator.study.runner import StudyRunner, Unit, calls_per_unit, retrieval_only_records
+from evaluator.study.runner import StudyRunner, Unit, calls_per_unit, probe_archs, retrieval_only_records
 from simulator.harness import SimHandle, start_simulator
 
 Log = Callable[[str], None]
@@ -172,6 +173,8 @@ def run(s: Settings, inv: Invocation, *, reporter: Reporter = SILENT, retrieval_
     check_writable(cache_root, "--cache-dir")
     check_writable(out, "--out")
     profiles = {} if retrieval_only else load_profiles(s, inv, offline=inv.dry_run)
+    if not retrieval_only:  # every --archs plugin imported and checked: one line before any work
+        arch_units.resolve(s.run.archs, 0.0, resolve_path)
     if inv.budget_usd is not None and profiles and not inv.dry_run:
         check_priced(profiles)  # a budget needs prices and max_tokens: one line, before any work
     if inv.batch and profiles:
@@ -192,6 +195,8 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
     checked = checked_inputs(s, inv, reporter, analyses=not retrieval_only and inv.extras)
     s = checked.settings  # the k-ablation fitted to the registry
     study = prepare_study(s, checked.inputs, cache_root, reporter)
+    if profiles:  # each plugin once on one query, nothing sent: what it returns is checked before any call
+        aio.run(probe_archs(study, arch_units.resolve(s.run.archs, 0.0, resolve_path)))
     if inv.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
         return RunOutcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
     od = OutputDir(out)
@@ -202,14 +207,15 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
         # meta states the profiles as declared: an auto-started simulator's port is an accident of this run
         budget = Budget(inv.budget_usd) if inv.budget_usd is not None else None
         try:
-            records, llm_stats, sim_stats, batch_stats = run_models(study, dict(profiles), cache_root, reporter,
-                                                                    budget=budget, sims=sims, inv=inv)
+            records, llm_stats, sim_stats, batch_stats, arch_calls = run_models(
+                study, dict(profiles), cache_root, reporter, budget=budget, sims=sims, inv=inv)
         except BudgetExhausted:  # what remains, priced from the cache now holding every reply received
             assert budget is not None
             rest = plan_study(study, profiles, cache_root)
             raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
         meta = build_meta(study, profiles, s, checked.fitted)
         meta.llm_stats = llm_stats
+        meta.runtime.arch_calls = arch_calls
         meta.runtime.simulator_stats = {n: v for n, v in sim_stats.items() if isinstance(v, SimulatorStats)}
         local = {n: v for n, v in sim_stats.items() if isinstance(v, LocalServer)}
         if local:  # the bundled model's file, hash, server version, threads, slots and counters
@@ -229,7 +235,8 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
     meta.runtime.timings = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
     failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
-    cut: Counter[str] = Counter(c for r in records for b in (r.rtp, r.ptr) if b is not None for c in b.cut_replies())
+    cut: Counter[str] = Counter(c for r in records for b in r.archs.values() if not (b.side and b.side in r.archs)
+                                for c in b.cut_replies())
     estimated = sum(st.usage_estimated for st in meta.llm_stats.values())
     return RunOutcome(out, failed, cut=cut, usage_estimated=estimated)
 
@@ -272,7 +279,7 @@ def use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> N
 def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
                budget: Budget | None = None, sims: dict[str, Server] | None = None, inv: Invocation,
                ) -> tuple[list[Record], dict[str, CallStats], dict[str, SimulatorStats | LocalServer],
-                          dict[str, BatchStats]]:
+                          dict[str, BatchStats], dict[str, dict[str, int]]]:
     """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
     bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
     when the stage ends. With `--batch`, the calls first go through the batch APIs; the run then answers
@@ -288,7 +295,7 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
         with bar:
-            records, llm_stats = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv))
+            records, llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
         # llama.cpp server's file, hash, sizing and token counters.
@@ -297,12 +304,12 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
             for n, sim in sims.items()}
         for sim in sims.values():
             sim.stop()  # idle from here on: the analyses and the render need none
-    return records, llm_stats, sim_stats, batch_stats
+    return records, llm_stats, sim_stats, batch_stats, arch_calls
 
 
 async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
                      bar: Progress, budget: Budget | None, inv: Invocation,
-                     ) -> tuple[list[Record], dict[str, CallStats]]:
+                     ) -> tuple[list[Record], dict[str, CallStats], dict[str, dict[str, int]]]:
     # one RPM per key for every process on this folder (the cache's, or --rate-dir)
     rates = SharedRates(rate_folder(resolve_path(inv.rate_dir) if inv.rate_dir else None, cache_root))
     async with contextlib.AsyncExitStack() as stack:
@@ -317,7 +324,10 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
             await runner.run(units)
         finally:
             stats = {n: e.stats.summary() for n, e in engines.items()}
-    return runner.records, stats
+    calls: dict[str, dict[str, int]] = {}
+    for (model, arch), count in runner.arch_calls.items():
+        calls.setdefault(model, {})[arch] = count
+    return runner.records, stats, calls
 
 
 # meta.json states each profile as saved (its JSON shape, secrets and per-invocation fields left out), read back
@@ -351,8 +361,8 @@ def run_extras(s: Settings, inv: Invocation, study: Study, records: list[Record]
     """Scaling and routing, reusing this run's embeddings and records; returns why any did not run."""
     if not inv.extras:
         return {"scaling": "not run (--no-extras)", "routing": "not run (--no-extras)"}
-    if set(s.run.archs) != {"rtp", "ptr"}:
-        why = f"needs both architectures; this run had only {', '.join(s.run.archs)}"
+    if not {"rtp", "ptr"} <= set(s.run.archs):
+        why = f"needs both RtP and PtR; this run had only {', '.join(s.run.archs)}"
         return {"scaling": why, "routing": why}
     notes: dict[str, str] = {}
     a = s.analysis

@@ -33,16 +33,18 @@ from evaluator.core import aio
 from evaluator.llm import ChatResult, FatalLLMError, LLMEngine, ModelProfile, Prepared, resolve_api_key
 from evaluator.llm.budget import Budget, context_overflow
 from evaluator.llm.cache import ResponseCache
-from evaluator.study.runner import StudyRunner, Unit  # the study's own request building
+from evaluator.study.archs import DEFERRED_KIND
+from evaluator.study.runner import OnDeferred, StudyRunner, Unit  # the study's own request building
 
 DEFERRED = "deferred: sent through the batch API / request file"
 _PLACEHOLDER_URL = "http://127.0.0.1:9/v1"  # a simulated profile's key never depends on its URL
 
 
 # Set in the task of a study branch once one of its calls was deferred. A later call of the same branch
-# is built on that missing reply (e.g. `--fallback-to-query` plans on the raw query when discovery
-# "failed") and must not be collected: it is not a request the study will make. Each branch (RtP, PtR of
-# one query) runs in its own task, so the flag never leaks into another branch.
+# is built on that missing reply and must not be collected: it is not a request the study will make. Each
+# branch (an architecture's retrieval, its planner, of one query) runs in a task of its own started from the
+# query's context, so the flag never leaks into another branch; the runner itself plans nothing on an
+# outcome whose calls were deferred (`DEFERRED_KIND`), another architecture's reused ones included.
 _BRANCH_DEFERRED: ContextVar[bool] = ContextVar("batch_branch_deferred", default=False)
 OnCall = Callable[[str, Prepared, str, ChatResult | None], None]
 
@@ -62,7 +64,7 @@ class _Collector:
 
     async def chat(self, messages: list[dict[str, Any]], *, run: int, prompt_version: str, **kw: Any) -> ChatResult:
         if _BRANCH_DEFERRED.get():
-            return ChatResult(None, None, error=DEFERRED)
+            return ChatResult(None, None, error=DEFERRED, error_kind=DEFERRED_KIND)
         prepared = self.engine.prepare(messages, run=run, prompt_version=prompt_version, **kw)
         if self.engine.lookup(prepared.key) is not None:
             hit = await self.engine.send(prepared)  # a cache hit: no network
@@ -75,7 +77,7 @@ class _Collector:
             self.on_call(self.engine.profile.name, prepared, prompt_version, None)
         self.calls.setdefault(prepared.key, prepared)
         _BRANCH_DEFERRED.set(True)
-        return ChatResult(None, None, error=DEFERRED)
+        return ChatResult(None, None, error=DEFERRED, error_kind=DEFERRED_KIND)
 
     def __getattr__(self, name: str) -> Any:  # anything else the runner asks of an engine
         return getattr(self.engine, name)
@@ -87,17 +89,18 @@ def offline(p: ModelProfile) -> ModelProfile:
 
 
 async def collect(study: Any, profiles: dict[str, ModelProfile], cache_root: Path, batcher: Any = None,
-                  on_call: OnCall | None = None) -> dict[str, list[Request]]:
+                  on_call: OnCall | None = None, on_deferred: OnDeferred | None = None) -> dict[str, list[Request]]:
     """Every chat request the study would send now that is not cached, per model (no network).
 
     `batcher`: the stub search to use (default: the pipeline's own), as `StudyRunner` takes it.
-    `on_call(model, prepared, prompt_version, cached reply or None)` sees every call the study makes (dry run)."""
+    `on_call(model, prepared, prompt_version, cached reply or None)` sees every call the study makes (dry run);
+    `on_deferred(model, run, query index, architecture)` each planner that waits on a deferred reply."""
     async with contextlib.AsyncExitStack() as stack:
         collectors = {}
         for n, p in profiles.items():
             engine = await stack.enter_async_context(LLMEngine(offline(p), cache_root=cache_root, api_key=""))
             collectors[n] = _Collector(engine, on_call)
-        runner = StudyRunner(study, collectors, None, batcher)
+        runner = StudyRunner(study, collectors, None, batcher, on_deferred=on_deferred)
         await runner.run([Unit(m, r) for m in profiles for r in range(study.run.runs)])
     return {n: [Request(k, p.body) for k, p in c.calls.items()] for n, c in collectors.items()}
 

@@ -126,7 +126,10 @@ def run_parser() -> Parser:
     p.add_argument("--retrieval-only", action="store_true", help="RtP retrieval metrics only; no LLM")
     p.add_argument("--model", action="append", dest="models", help="model profile (repeatable): sim, gemini, gpt-oss-120b, ...")
     p.add_argument("--runs", type=int, help="independent runs per model (default 4)")
-    p.add_argument("--archs", type=_csv, help="comma list of rtp,ptr (default both)")
+    p.add_argument("--archs", type=_csv, help="comma list of architectures: rtp, ptr (default both), hyde, rewrite, "
+                   "fusion, route, or a plugin path/to/file.py:ClassName or package.module:ClassName")
+    p.add_argument("--route-tau", type=float, metavar="TAU", help="route: RtP when RtP's top-1 score >= TAU, else PtR "
+                   "(default: the median of the study's top-1 scores)")
     p.add_argument("--base-url", help="override the model profile's endpoint (for sim: use a running simulator)")
     p.add_argument("--retriever", choices=RETRIEVER_CHOICES,
                    help="what every architecture searches with: dense (default), bm25, hybrid (RRF of both)")
@@ -154,7 +157,7 @@ RUN_FLAGS = {
     "embedder": "embed.model", "device": "embed.device", "precision": "embed.precision", "backend": "embed.backend",
     "k": "retrieval.k", "ks": "retrieval.ks", "fallback_to_query": "retrieval.fallback_to_query",
     "retriever": "retrieval.retriever",
-    "models": "run.models", "runs": "run.runs", "archs": "run.archs", "out": "run.out",
+    "models": "run.models", "runs": "run.runs", "archs": "run.archs", "out": "run.out", "route_tau": "run.route_tau",
 }
 # flag (argparse dest) -> option of the invocation (`settings.invocation.Invocation`, not saved)
 OPTION_FLAGS = {"batch_fallback": "batch_fallback", "stop_grace": "stop_grace_s", "budget": "budget_usd"}

@@ -89,6 +89,9 @@ def config_error(e: ValidationError, info: FieldInfo, key: str, value: Any, wher
         if type(None) in get_args(info.annotation):
             need += " (omit it for none)"
         return ConfigError(f"{where}{label(key)} {shown} is impossible; {'every value' if item else 'it'} must be {need}")
+    if err["type"] == "value_error":  # a field's own check (an AfterValidator) says what the value must be
+        why = str((err.get("ctx") or {}).get("error") or err["msg"])
+        return ConfigError(f"{where}{label(key)} value {err['input']!r} is impossible; it {why}")
     bad = err["input"]
     got = _GOT.get(type(bad), type(bad).__name__)
     return ConfigError(f"{where}{label(key)} {shown} {'holds' if item else 'is'} {got}; expected {_want(info.annotation)}")

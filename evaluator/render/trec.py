@@ -93,7 +93,7 @@ def export(records: Sequence[Record]) -> dict[str, str]:
     recs = sorted(records, key=record_key)
     groups: dict[tuple[str | None, int, str, str], list[Record]] = {}
     for r in recs:
-        for arch in ("rtp", "ptr"):
+        for arch in r.arch_names:  # every architecture of the run (Record.archs, in --archs order)
             if r.block(arch) is not None:
                 groups.setdefault((r.model, r.run, arch, r.retriever_name), []).append(r)
     files: dict[str, str] = {}

@@ -16,6 +16,9 @@ Versions:
 - 3: meta.json's `settings` (and summary.json's `meta.settings`) are nested by section, as the TOML tables
   ([data], [embed], [retrieval], [run], [analysis]), each key named as in the file (`data.dir`, not
   `data_dir`; `embed.model`, not `embedder`); meta.json may carry `fitted` (settings fitted to the data).
+- 4: a `queries.jsonl` line holds its architectures as one mapping, `archs: {name: block}` in `--archs` order
+  (architectures are plugins: hyde, rewrite, fusion, route, a user's class); before it, `rtp` and `ptr` were
+  top-level keys of the line. `record` moves them (`archs_mapping`); their blocks are unchanged.
 
 `queries.jsonl` lines carry no version of their own: they are written only together with meta.json, and
 the folder's meta.json version applies to them (a field on every line would change every line of the
@@ -31,7 +34,7 @@ from typing import Any
 
 from evaluator.core.errors import OutputError
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 JSON = dict[str, Any]  # a saved file's JSON object, as read: its shape is what this module checks
 
@@ -65,7 +68,7 @@ def meta(d: Mapping[str, Any]) -> JSON:
         if not isinstance(out.get("registry"), Mapping):
             out.pop("registry", None)
         out = _torch_if_unsaid(out)
-    # 1 -> 2: meta.json's shape did not change.
+    # 1 -> 2: meta.json's shape did not change; 3 -> 4 neither (the records' did).
     if version < 3 and isinstance(out.get("settings"), Mapping):
         out["settings"] = nested_settings(out["settings"])
     out["format_version"] = FORMAT_VERSION
@@ -107,11 +110,29 @@ def nested_settings(flat: Mapping[str, Any]) -> JSON:
 
 
 def record(d: Mapping[str, Any], version: int) -> Mapping[str, Any]:
-    """A `queries.jsonl` line of a folder whose meta.json is of `version` -> FORMAT_VERSION. No record
-    shape has changed yet (fields added since 0.1.0 have defaults that mean "not recorded"); a change
-    adds its step here, and `schema.OutputDir.read_records` sends an older folder's lines through it."""
-    del version
-    return d
+    """A `queries.jsonl` line of a folder whose meta.json is of `version` -> FORMAT_VERSION (fields added
+    since 0.1.0 have defaults that mean "not recorded"); `schema.OutputDir.read_records` sends an older
+    folder's lines through it. 3 -> 4: the top-level `rtp` / `ptr` blocks into the `archs` mapping."""
+    return archs_mapping(d) if version < 4 else d
+
+
+_OLD_ARCHS = ("rtp", "ptr")  # the order RtP and PtR were always run and reported in
+
+
+def archs_mapping(d: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record line with top-level `rtp` / `ptr` blocks (format < 4) as one with `archs: {rtp, ptr}`; a line
+    that has `archs` already is returned as it is. A null block (an architecture that did not run) is dropped."""
+    if not any(a in d for a in _OLD_ARCHS):
+        return d
+    out = {k: v for k, v in d.items() if k not in _OLD_ARCHS}
+    # rtp and ptr first, as they were run and reported; a hand-made line's further blocks after them
+    archs = {a: d[a] for a in _OLD_ARCHS if d.get(a) is not None}
+    archs.update({k: v for k, v in (out.get("archs") or {}).items() if k not in archs})
+    ptr = archs.get("ptr")
+    if isinstance(ptr, Mapping) and "stubs" not in ptr:  # a PtR block is typed by its stubs (schema.Block)
+        archs["ptr"] = {**ptr, "stubs": []}
+    out["archs"] = archs
+    return out
 
 
 def _stamped(d: Mapping[str, Any]) -> JSON:

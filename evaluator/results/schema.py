@@ -18,12 +18,14 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import field, is_dataclass
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     TypeAdapter,
     ValidationError,
     computed_field,
@@ -137,12 +139,24 @@ class PlanBlock:
 
 @dataclass
 class ArchBlock:
-    """One architecture's outcome for one query. PtR-only fields stay empty for RtP."""
+    """One architecture's outcome for one query (`Record.archs[name]`). The fields after `tokens` are written
+    only when set, so RtP's and PtR's blocks read as they did before architectures were plugins."""
 
     retrieved: list[str] = field(default_factory=list)  # top-K_MAX ids, best first
     scores: list[float] = field(default_factory=list)  # round6-ed where made (pipeline), written as they are
     plan: PlanBlock | None = None  # None: the planner was not run (retrieval only / arch not run)
-    tokens: dict[str, Tokens] = field(default_factory=dict)  # per call: "planner", "discovery"
+    # per call: "planner", "discovery", "hyde", "rewrite", a plugin's own names; a reused call counts here too
+    tokens: dict[str, Tokens] = field(default_factory=dict)
+    side: str | None = Field(default=None, exclude_if=_absent)  # route: the architecture this query went to
+    # What the viewer shows of how the list was made (rewrite: the query searched; a plugin's own JSON).
+    trace: dict[str, Any] | None = Field(default=None, exclude_if=_absent)
+    # Own calls (not the planner) that failed for good: call name -> error kind; the architecture is not scored.
+    errors: dict[str, str] | None = Field(default=None, exclude_if=_absent)
+
+    @property
+    def excluded(self) -> bool:
+        """A call the list depends on failed for good: nothing to judge, the architecture is not scored."""
+        return bool(self.errors)
 
     @property
     def plan_usable(self) -> bool:
@@ -206,10 +220,22 @@ def _cut_of(cut: str | None, finish_reason: str | None) -> str | None:
     return cut_cause(finish_reason, 0, None, max_tokens_known=False)
 
 
+def _block_kind(v: Any) -> str:
+    """Which block type a saved block is: one with stubs (PtR, hyde) is a `PtrBlock`."""
+    if isinstance(v, Mapping):
+        return "stubs" if "stubs" in v else "list"
+    return "stubs" if isinstance(v, PtrBlock) else "list"
+
+
+# A block of `Record.archs`: typed by its shape, so a plugin's block and hyde's read back as what they were.
+Block = Annotated[Annotated[PtrBlock, Tag("stubs")] | Annotated[ArchBlock, Tag("list")], Discriminator(_block_kind)]
+
+
 @dataclass
 class Record:
-    """One (model, run, subset, query). Retrieval-only runs: model None, run 0, only `rtp` (no plan).
-    An architecture that did not run is left out of the line, not written as null."""
+    """One (model, run, subset, query). `archs`: each architecture's block by name, in `--archs` order
+    (format 4; before it, `rtp` and `ptr` were top-level keys: `migrate.record`). Retrieval-only runs:
+    model None, run 0, only `rtp` (no plan). An architecture that did not run is left out."""
 
     model: str | None
     run: int
@@ -217,44 +243,71 @@ class Record:
     query_id: QueryId
     query: str
     gold: dict[str, list[str]]
-    rtp: ArchBlock | None = Field(default=None, exclude_if=_absent)
-    ptr: PtrBlock | None = Field(default=None, exclude_if=_absent)
+    archs: dict[str, Block] = field(default_factory=dict)
     # What made the lists (config.RETRIEVER_CHOICES); absent means "dense", as in every record before it.
     retriever: str | None = Field(default=None, exclude_if=_absent)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _top_level_blocks(cls, data: Any) -> Any:
+        # A record built by hand (tests, tools) in the shape before format 4: top-level `rtp` / `ptr`.
+        return migrate.archs_mapping(data) if isinstance(data, Mapping) else data
+
+    # ---- the accessors every analysis reads blocks through
+    @property
+    def arch_names(self) -> list[str]:
+        """The architectures of this record, in `--archs` order."""
+        return list(self.archs)
+
+    def arch(self, name: str) -> ArchBlock | None:
+        return self.archs.get(name)
+
+    def block(self, arch: str) -> ArchBlock | None:
+        return self.archs.get(arch)
+
+    @property
+    def rtp(self) -> ArchBlock | None:
+        return self.archs.get("rtp")
+
+    @rtp.setter
+    def rtp(self, block: ArchBlock | None) -> None:
+        self._put("rtp", block)
+
+    @property
+    def ptr(self) -> PtrBlock | None:
+        b = self.archs.get("ptr")
+        return b if isinstance(b, PtrBlock) else None
+
+    @ptr.setter
+    def ptr(self, block: PtrBlock | None) -> None:
+        self._put("ptr", block)
+
+    def _put(self, name: str, block: ArchBlock | None) -> None:
+        if block is None:
+            self.archs.pop(name, None)
+        else:
+            self.archs[name] = block
 
     @property
     def retriever_name(self) -> str:
         return self.retriever or "dense"
-
-    # Further architectures' blocks by name (the archs work makes this the one mapping: `Record.archs`);
-    # absent from the line when None, so a record of RtP and PtR alone is written as before.
-    archs: dict[str, ArchBlock] | None = Field(default=None, exclude_if=_absent)
-
-    @property
-    def arch_names(self) -> list[str]:
-        """The architectures this record holds, in order: RtP, PtR, then the others as run."""
-        return [n for n, b in (("rtp", self.rtp), ("ptr", self.ptr)) if b is not None] + list(self.archs or {})
-
-    def arch(self, name: str) -> ArchBlock | None:
-        """One architecture's block by name (None: not run for this record)."""
-        if name == "rtp":
-            return self.rtp
-        if name == "ptr":
-            return self.ptr
-        return (self.archs or {}).get(name)
-
-    def block(self, arch: str) -> ArchBlock | None:
-        return self.arch(arch)
 
     def gold_set(self, name: str) -> list[str]:
         return self.gold.get(name) or []
 
     @property
     def failed_calls(self) -> list[str]:
-        """The error kind of each call of this record that failed for good (a rerun retries them)."""
-        out = [b.plan.llm_error_kind or "error" for b in (self.rtp, self.ptr) if b and b.plan and b.plan.llm_error]
-        if self.ptr and self.ptr.discovery_llm_error:
-            out.append(self.ptr.discovery_llm_error_kind or "error")
+        """The error kind of each call of this record that failed for good (a rerun retries them). A block
+        that reuses another's outcome (route) is not counted again."""
+        out: list[str] = []
+        for b in self.archs.values():
+            if b.side is not None and b.side in self.archs:
+                continue
+            if b.plan and b.plan.llm_error:
+                out.append(b.plan.llm_error_kind or "error")
+            if isinstance(b, PtrBlock) and b.discovery_llm_error:
+                out.append(b.discovery_llm_error_kind or "error")
+            out += list((b.errors or {}).values())
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -266,6 +319,17 @@ class Record:
 
 
 _RECORD = TypeAdapter(Record)
+
+
+def record_line(r: Record) -> str:
+    """A record as one `queries.jsonl` line: keys sorted as `dumps` writes them, but `archs` in `--archs` order
+    (a sorted mapping would put ptr before rtp); `archs` sorts first among the record's keys."""
+    d = _RECORD.dump_python(r, mode="json")
+    archs = d.pop("archs")
+    rest = dumps(d, indent=None)
+    blocks = ", ".join(f"{json.dumps(name, ensure_ascii=False)}: {dumps(b, indent=None).rstrip()}"
+                       for name, b in archs.items())
+    return '{"archs": {' + blocks + "}" + (", " + rest[1:] if rest.strip() != "{}" else "}\n")
 
 
 def record_key(r: Record) -> tuple[str, int, str, tuple[int, int | str]]:
@@ -397,6 +461,9 @@ class Runtime:
     peak_rss_mib: PeakMemory | None = Field(default=None, exclude_if=_absent)  # absent in runs before 29
     # Per bundled model (`local_model`): its llama.cpp server's file, hash, version, sizing and counters.
     local_server: dict[str, LocalServer] | None = Field(default=None, exclude_if=_absent)
+    # Per model, per architecture: the chat calls its own code made (cache hits included; a reused call is
+    # counted where it was made: fusion's discovery under ptr, route's under its side). The dry run's by_arch.
+    arch_calls: dict[str, dict[str, int]] | None = Field(default=None, exclude_if=_absent)
 
 
 @dataclass(config=ConfigDict(validate_assignment=True))
@@ -589,8 +656,7 @@ class OutputDir:
 
     def write_records(self, records: Iterable[Record]) -> int:
         recs = sorted(records, key=record_key)
-        atomic_write(self.path / QUERIES_FILE,
-                     "".join(dumps(_RECORD.dump_python(r, mode="json"), indent=None) for r in recs))
+        atomic_write(self.path / QUERIES_FILE, "".join(record_line(r) for r in recs))
         return len(recs)
 
     def write_meta(self, meta: Meta) -> None:
@@ -657,7 +723,7 @@ def disagreement(meta: Meta, records: Sequence[Record], summary: Mapping[str, An
         return f"the records hold runs {runs}, meta.json says {meta.runs} run(s)"
     size = meta.registry.size
     if "registry" in said_keys and size is not None:
-        seen = {x for r in records for b in (r.rtp, r.ptr) if b is not None for x in b.retrieved}
+        seen = {x for r in records for b in r.archs.values() for x in b.retrieved}
         if len(seen) > size:
             return f"the records retrieve {len(seen):,} distinct APIs, meta.json's registry holds {size:,}"
     view = (summary or {}).get("meta")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias, get_args
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 from pydantic.dataclasses import dataclass
 
 from evaluator.data import TOOLS_FORMATS
@@ -30,13 +30,25 @@ else:  # pydantic checks the choices
     Precision = Literal[("auto", *dict.fromkeys(p for ps in PRECISIONS.values() for p in ps))]
     ToolsFormat = Literal[TOOLS_FORMATS]  # auto: detected per file
 RegistryChoice = Literal["full", "described"]
-Arch = Literal["rtp", "ptr"]
+# --archs: the built-in architectures (evaluator/study/archs/), or a plugin `path/file.py:Class` / `module:Class`
+ARCHS: tuple[str, ...] = ("rtp", "ptr", "hyde", "rewrite", "fusion", "route")
+
+
+def _arch_spec(v: str) -> str:
+    """A built-in's name or a plugin spec (its import and protocol are checked before the run: study.archs)."""
+    target, sep, cls = v.rpartition(":")
+    if v in ARCHS or (sep and target and cls.isidentifier()):
+        return v
+    raise ValueError(f"must be one of {', '.join(ARCHS)}, or a plugin path/to/file.py:ClassName or "
+                     "package.module:ClassName")
+
+
+Arch = Annotated[str, AfterValidator(_arch_spec)]
 RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrieval/retrievers.py
 BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
 PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
 TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
 REGISTRY_CHOICES: tuple[str, ...] = get_args(RegistryChoice)
-ARCHS: tuple[str, ...] = get_args(Arch)
 RETRIEVER_CHOICES: tuple[str, ...] = get_args(RetrieverChoice)
 AtLeast1 = Annotated[int, Field(ge=1)]
 
@@ -83,7 +95,7 @@ class RetrievalSettings:
         return max([self.k, *self.ks])
 
 
-_BOTH: tuple[Arch, ...] = ("rtp", "ptr")
+_BOTH: tuple[str, ...] = ("rtp", "ptr")
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,8 @@ class RunSettings:
     models: tuple[str, ...] = ("sim",)
     runs: int = Field(default=4, ge=1)
     archs: tuple[Arch, ...] = Field(default=_BOTH, min_length=1)
+    # route's τ on RtP's top-1 score; None: the median of the study's top-1 scores (study/archs/route.py)
+    route_tau: float | None = Field(default=None, allow_inf_nan=False, exclude_if=lambda v: v is None)
     cache_dir: str = "cache"
     out: str = ""
 

@@ -41,9 +41,10 @@ from typing import Any
 import json_repair
 
 from evaluator.results.plans import ParseAudit, Stub, stub_text
-from evaluator.study.prompts import DISCOVERY_EXAMPLES
+from evaluator.study.prompts import DISCOVERY_EXAMPLES, EXAMPLE_TOPIC, HYDE_EXAMPLE, REWRITE_EXAMPLE
 
-__all__ = ["Plan", "ParseAudit", "Selection", "Stub", "parse_plan", "parse_stubs", "stub_text"]
+__all__ = ["Plan", "ParseAudit", "Selection", "Stub", "parse_plan", "parse_stubs", "stub_text", "parse_documents",
+           "parse_query"]
 
 
 @dataclass
@@ -410,6 +411,89 @@ def parse_stubs(text: str | None, query: str | None = None) -> tuple[list[Stub],
         if out or not items:
             return out, None
     return [], _no_json_reason(text, found_json, "stubs")
+
+
+# ---------------------------------------------------------------------------------------------
+# hyde's documents and rewrite's query
+# ---------------------------------------------------------------------------------------------
+
+_DOC_LIST_KEYS = ("entries", "documents", "docs", "apis", *_STUB_LIST_KEYS)
+_DOC_TEXT_KEYS = ("description", "documentation", "doc", "text", *_REASON_KEYS)
+
+
+def _doc_shaped(item: Any) -> bool:
+    return isinstance(item, dict) and bool(_clean_name(_first(item, _NAME_KEYS))) and \
+        _first(item, _DOC_TEXT_KEYS) is not None
+
+
+def _off_topic(query: str | None) -> bool:
+    """The request has nothing of the prompts' weather example: a reply repeating the example copied it."""
+    return query is not None and not any(w in query.casefold() for w in EXAMPLE_TOPIC)
+
+
+def parse_documents(text: str | None, query: str | None = None) -> tuple[list[Stub], str | None]:
+    """Parse a hyde reply (hypothetical API documentation entries) into stubs: name + description as the
+    reasoning, so each is searched as `stub_text` (as PtR's stubs are). Values found in prose count only
+    as a list of name + description objects (the answer's own shape). With `query`, an entry named as the
+    prompt's example is flagged (`example_copy`) when the request has nothing to do with it."""
+    if text is None or not text.strip():
+        return [], "empty reply"
+    found_json = False
+    for found in _candidates(text):
+        found_json = True
+        value = found.value
+        container = "list"
+        if isinstance(value, dict):
+            k = _key(value, _DOC_LIST_KEYS)
+            if k is not None and isinstance(value[k], list):
+                value, container = value[k], f"key {k}"
+            elif _doc_shaped(value):
+                value, container = [value], "single object"
+        if not isinstance(value, list) or (found.where in _STRICT and not (value and all(map(_doc_shaped, value)))):
+            continue
+        out: list[Stub] = []
+        for item in value:
+            if not isinstance(item, dict):
+                continue
+            name = _clean_name(_first(item, _NAME_KEYS))
+            doc = _text(_first(item, _DOC_TEXT_KEYS))
+            if name and (name, doc) not in {(o.name, o.reasoning) for o in out}:
+                out.append(Stub(name, doc, rule=f"{found.source}:{container}:name+description",
+                                example_copy=name.casefold() == HYDE_EXAMPLE.casefold() and _off_topic(query)))
+        if out or not value:
+            return out, None
+    return [], _no_json_reason(text, found_json, "documentation entries")
+
+
+_QUERY_KEYS = ("query", "search_query", "rewritten_query", "rewrite", "q")
+
+
+def parse_query(text: str | None, request: str | None = None) -> tuple[str, str | None]:
+    """Parse a rewrite reply into its one search query: {"query": ...} (or a bare JSON string); a reply
+    with no JSON at all is read as the query itself when it is one short line. Returns (query, error).
+    With `request`: the prompt's example query repeated for a request that has nothing to do with it is
+    no query (error "copied the prompt's example")."""
+    query, err = _query_of(text)
+    if query and query.casefold() == REWRITE_EXAMPLE.casefold() and _off_topic(request):
+        return "", "copied the prompt's example"
+    return query, err
+
+
+def _query_of(text: str | None) -> tuple[str, str | None]:
+    if text is None or not text.strip():
+        return "", "empty reply"
+    for found in _candidates(text):
+        value = found.value
+        if isinstance(value, str) and value.strip() and found.where not in _STRICT:
+            return " ".join(value.split()), None
+        if isinstance(value, dict):
+            q = _first(value, _QUERY_KEYS)
+            if isinstance(q, str) and q.strip():
+                return " ".join(q.split()), None
+    bare = _THINK_RE.sub("", text).strip().strip("`\"'")
+    if bare and "\n" not in bare and "{" not in bare and len(bare) <= 300:
+        return " ".join(bare.split()), None
+    return "", "reply holds no query"
 
 
 # ---------------------------------------------------------------------------------------------

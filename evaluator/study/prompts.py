@@ -10,12 +10,16 @@ from collections.abc import Sequence
 
 from evaluator.data.model import prompt_description
 
-# The simulator recognises the two prompts by these opening words; keep them stable.
+# The simulator recognises the prompts by these opening words; keep them stable.
 DISCOVERY_MARKER = "You are the tool-discovery step of an LLM agent."
 PLANNER_MARKER = "You are the planning step of an LLM agent."
+HYDE_MARKER = "You are the API-documentation writer of an LLM agent's tool search."
+REWRITE_MARKER = "You are the query-rewriting step of an LLM agent's tool search."
 
 DISCOVERY_VERSION = "discovery-v1"
 PLANNER_VERSION = "planner-v1"
+HYDE_VERSION = "hyde-v1"  # architecture `hyde` (study/archs/hyde.py)
+REWRITE_VERSION = "rewrite-v1"  # architecture `rewrite` (study/archs/rewrite.py)
 
 DISCOVERY_SYSTEM = f"""{DISCOVERY_MARKER}
 You do not know which tools exist. Read the user's request and imagine the API functions an agent
@@ -26,6 +30,33 @@ Answer with JSON only, no prose: a list of objects, each with
   "reasoning": one sentence on what the function does and which part of the request it serves.
 Return between 1 and 5 stubs. Example:
 [{{"name": "search_flights", "reasoning": "Find flights between two cities on a date."}}]"""
+
+# The examples the hyde and rewrite prompts show: a reply that repeats one for a request that has nothing to do
+# with it copies the prompt (parse.py flags it, as it flags PtR's copied example stubs).
+HYDE_EXAMPLE = "Weather/forecast by city"
+REWRITE_EXAMPLE = "get weather forecast for a city and date"
+EXAMPLE_TOPIC = ("weather", "forecast", "rain")  # a request with one of these words may mean the example
+
+# hyde (hypothetical documents, the HyDE idea for tools as in ToolDreamer): per sub-need, the documentation
+# entry an API serving it would have; each entry's "name: description" is searched as a PtR stub is.
+HYDE_SYSTEM = f"""{HYDE_MARKER}
+You do not know which APIs exist. Read the user's request and, for each distinct sub-need, write the
+documentation entry of an API that would serve it, as it would appear in an API registry.
+
+Answer with JSON only, no prose: a list of objects, each with
+  "name": the API's name as a registry lists it (for example "{HYDE_EXAMPLE}"),
+  "description": one short paragraph of documentation: what the API returns and from which inputs.
+Write between 1 and 5 entries."""
+
+# rewrite (zero-shot query rewriting, TOOLQP's idea without its training): one retrieval query in the
+# vocabulary of API documentation, searched as RtP's raw query is.
+REWRITE_SYSTEM = f"""{REWRITE_MARKER}
+Rewrite the user's request into one search query for a registry of API documentation: name the
+functionality the APIs must offer in the words API descriptions use (nouns and verbs such as "get",
+"search", "convert"), leave out names, numbers and courtesy.
+
+Answer with JSON only, no prose, e.g. for "Will it rain in Lyon on Saturday?":
+{{"query": "{REWRITE_EXAMPLE}"}}"""
 
 PLANNER_SYSTEM = f"""{PLANNER_MARKER}
 You are given the user's request and a list of available APIs retrieved from a large registry.
@@ -87,6 +118,53 @@ PLANNER_SCHEMA: dict = {
         "additionalProperties": False,
     },
 }
+
+
+HYDE_SCHEMA: dict = {
+    "name": "hyde_documents",
+    "schema": {
+        "type": "object",
+        "properties": {
+            "entries": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 5,
+                "items": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "description": {"type": "string"}},
+                    "required": ["name", "description"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "required": ["entries"],
+        "additionalProperties": False,
+    },
+}
+
+REWRITE_SCHEMA: dict = {
+    "name": "rewritten_query",
+    "schema": {
+        "type": "object",
+        "properties": {"query": {"type": "string"}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+}
+
+
+def hyde_messages(query: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": HYDE_SYSTEM},
+        {"role": "user", "content": f"User request:\n{query}"},
+    ]
+
+
+def rewrite_messages(query: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": REWRITE_SYSTEM},
+        {"role": "user", "content": f"User request:\n{query}"},
+    ]
 
 
 def discovery_messages(query: str) -> list[dict[str, str]]:

@@ -1,17 +1,26 @@
-"""Pipeline stage: every (model, run, query) of the prepared study through RtP and PtR, concurrently.
+"""Pipeline stage: every (model, run, query) of the prepared study through each architecture, concurrently.
 
 Takes the prepared `Study` (its retrieval and run sections inside) and the chat clients, returns typed `Record`s; it
 writes nothing and knows nothing of the command line. The chat client of each model and the stub
 search are passed in through small protocols, so tests and benchmarks can hand in their own.
+
+Each architecture (`study.archs`: rtp, ptr, hyde, rewrite, fusion, route, a plugin) retrieves its list for a
+query through a `Context`; the runner then makes the one planner call with its top k and writes its block
+into `Record.archs`. Per (model, run, query) every architecture's outcome is computed once, whoever asks
+(fusion and route reuse RtP's and PtR's), each in its own task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+import contextvars
+import copy
+import functools
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from evaluator.core.aio import cancel_all, gather_all
 from evaluator.data import Query, Registry
@@ -21,9 +30,18 @@ from evaluator.retrieval import search as retrieve
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.retrievers import Dense, Retriever
 from evaluator.retrieval.search import Retrieved
+from evaluator.settings.paths import resolve_path
+from evaluator.study import archs as arch_units
 from evaluator.study import prompts
-from evaluator.study.parse import Plan, parse_plan, parse_stubs, stub_text
+from evaluator.study.archs import ArchError, Architecture, Context, Discovery, Hits, Searched
+from evaluator.study.parse import Plan, parse_plan
 from evaluator.study.prepare import Study
+
+T = TypeVar("T")
+# The architecture whose task makes a call (the dry run counts calls per architecture by it).
+ARCH_OF_CALL: contextvars.ContextVar[str] = contextvars.ContextVar("arch_of_call", default="")
+# A collect pass's hook: (model, run, query index, architecture) whose planner waits on a deferred reply.
+OnDeferred = Callable[[str, int, int, str], None]
 
 _LINGER_S = 0.02
 
@@ -128,15 +146,6 @@ def retrieval_block(r: Retrieved, registry: Registry) -> ArchBlock:
     return ArchBlock(retrieved=[registry.ids[i] for i in r.rows], scores=[round6(s) for s in r.scores])
 
 
-def _ptr_retrieval(block: PtrBlock, r: Retrieved, registry: Registry) -> PtrBlock:
-    block.retrieved = [registry.ids[i] for i in r.rows]
-    block.scores = [round6(s) for s in r.scores]
-    block.stub_hits = [[registry.ids[i] for i in rows] for rows in r.stub_rows]
-    block.stub_scores = [[round6(s) for s in sc] for sc in r.stub_scores]
-    block.width = dict(r.width)
-    return block
-
-
 def plan_block(result: ChatResult | None, plan: Plan | None) -> PlanBlock:
     if result is None or plan is None:
         return PlanBlock(llm_error=result.error if result else None,
@@ -166,12 +175,71 @@ def retrieval_only_records(study: Study) -> list[Record]:
     return out
 
 
+def route_tau(study: Study) -> float:
+    """route's τ: the setting, else the median of RtP's top-1 scores over the study's queries (archs.route)."""
+    tau = study.run.route_tau
+    return float(tau) if tau is not None else arch_units.default_tau([r.scores[0] for r in study.rtp if r.scores])
+
+
+def study_archs(study: Study) -> dict[str, tuple[str, Architecture]]:
+    """The run's architectures by name, in `--archs` order (plugins loaded and checked: `study.archs.plugins`)."""
+    return arch_units.resolve(study.run.archs, route_tau(study), resolve_path)
+
+
 # ---------------------------------------------------------------- the runner
+
+
+class _Query:
+    """One (model, run, query): each architecture's outcome and planned block, computed once whoever asks.
+
+    An architecture's planned block runs in a task of its own started from the query's context (a collect
+    pass's per-branch state never leaks across), and computes its own outcome in that task; an outcome asked
+    for by another architecture first (fusion's PtR when ptr is not run) gets a task of its own. Two tasks per
+    query for RtP + PtR, as before architectures were units (a task per outcome too made the runner's own
+    cost 1.5x on a warm rerun)."""
+
+    def __init__(self, unit: Unit, qi: int) -> None:
+        self.unit, self.qi = unit, qi
+        self.base = contextvars.copy_context()
+        self.done: dict[tuple[str, str], asyncio.Future[Any]] = {}
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    def spawn(self, kind: str, name: str, make: Callable[[], Coroutine[Any, Any, T]]) -> Awaitable[T]:
+        """`make()` once, in a task of its own tagged with the architecture's name."""
+        got = self.done.get((kind, name))
+        if got is None:
+            context = self.base.copy()
+            context.run(ARCH_OF_CALL.set, name)
+            task = asyncio.get_running_loop().create_task(make(), context=context)
+            self.done[(kind, name)] = task
+            self.tasks.append(task)
+            got = task
+        return got
+
+    async def inline(self, kind: str, name: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """`make()` once, in the calling task (the architecture's own), unless another already started it."""
+        got = self.done.get((kind, name))
+        if got is not None:
+            return await got
+        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self.done[(kind, name)] = fut
+        try:
+            value = await make()
+        except BaseException as e:
+            if isinstance(e, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(e)
+                fut.exception()  # raised here; whoever else awaits it sees it too
+            raise
+        fut.set_result(value)
+        return value
 
 
 class StudyRunner:
     def __init__(self, study: Study, clients: Mapping[str, ChatClient], progress: Ticker | None = None,
-                 batcher: StubSearch | None = None) -> None:
+                 batcher: StubSearch | None = None, on_deferred: OnDeferred | None = None,
+                 archs: Mapping[str, tuple[str, Architecture]] | None = None) -> None:
         self.study = study
         self.clients = clients
         self.progress = progress or _NoProgress()
@@ -179,10 +247,25 @@ class StudyRunner:
         self.display = study.registry.lookup_display()
         self.reg = study.registry
         self.records: list[Record] = []
+        self.on_deferred = on_deferred
+        self.archs = dict(archs) if archs is not None else study_archs(study)
+        self._helpers: dict[str, tuple[str, Architecture]] = {}  # built-ins asked for by another, not in --archs
+        self.arch_calls: Counter[tuple[str, str]] = Counter()  # (model, architecture) -> chat calls it made
+        self._hits: dict[int, Hits] = {}  # the raw query's list per query, as architectures see it (shared)
+
+    def _arch(self, name: str) -> tuple[str, Architecture]:
+        got = self.archs.get(name) or self._helpers.get(name)
+        if got is None:
+            if name not in arch_units.BUILTIN:
+                raise ArchError(f"an architecture asked for the outcome of {name!r}, which is neither built-in "
+                                f"({', '.join(arch_units.BUILTIN)}) nor in --archs")
+            got = self._helpers[name] = (name, arch_units.builtin(name, route_tau(self.study)))
+        return got
 
     async def _chat(self, model: str, messages: list[dict], run: int, version: str,
                     schema: dict | None = None) -> ChatResult:
         # `schema` (prompts.*_SCHEMA) becomes response_format as the profile's `structured` says.
+        self.arch_calls[(model, ARCH_OF_CALL.get())] += 1
         result = await self.clients[model].chat(messages, run=run, prompt_version=version, schema=schema)
         self.progress.advance(model)
         return result
@@ -196,49 +279,133 @@ class StudyRunner:
         plan = parse_plan(result.content, [(a.id, a.display) for a in apis], lambda n: self.display.get(n.casefold()))
         return result, plan
 
-    async def _rtp(self, unit: Unit, qi: int) -> ArchBlock:
-        q, r = self.study.queries[qi], self.study.rtp[qi]
-        result, plan = await self._plan(unit.model, unit.run, q.text, r.rows)
-        block = retrieval_block(r, self.reg)
-        block.plan, block.tokens = plan_block(result, plan), {"planner": _tokens(result)}
-        return block
-
-    async def _ptr(self, unit: Unit, qi: int) -> PtrBlock:
-        q = self.study.queries[qi]
-        disc = await self._chat(unit.model, prompts.discovery_messages(q.text), unit.run, prompts.DISCOVERY_VERSION,
-                                prompts.DISCOVERY_SCHEMA)
-        stubs, perr = parse_stubs(disc.content, query=q.text) if disc.error is None else ([], None)
-        texts = [stub_text(st) for st in stubs]
-        fallback = not texts and self.study.retrieval.fallback_to_query
-        if fallback:
-            texts = [q.text]
-        block = PtrBlock(stubs=list(stubs),
-                         discovery_parse_error=perr,
-                         discovery_llm_error=disc.error, discovery_finish_reason=disc.finish_reason,
-                         discovery_llm_error_kind=disc.error_kind, fallback=fallback, discovery_cut=_cut(disc))
-        if not texts:
-            # No stub, no retrieval, no planner call: counted in Gen%, scored as retrieving nothing.
-            self.progress.advance(unit.model)
-            empty = Retrieved([], [], width={k: 0 for k in self.study.retrieval.ks})
-            _ptr_retrieval(block, empty, self.reg)
-            block.plan, block.tokens = plan_block(None, None), {"discovery": _tokens(disc), "planner": _tokens(None)}
-            return block
+    async def _search(self, texts: list[str]) -> Searched:
         r = await self.batcher.retrieve(texts)
-        result, plan = await self._plan(unit.model, unit.run, q.text, r.rows)
-        _ptr_retrieval(block, r, self.reg)
-        block.plan, block.tokens = plan_block(result, plan), {"discovery": _tokens(disc), "planner": _tokens(result)}
+        ids = self.reg.ids
+        return Searched(Hits([ids[i] for i in r.rows], list(r.scores)),
+                        [Hits([ids[i] for i in rows], list(sc)) for rows, sc in zip(r.stub_rows, r.stub_scores,
+                                                                                    strict=True)],
+                        dict(r.width))
+
+    def _query_hits(self, qi: int) -> Hits:
+        got = self._hits.get(qi)
+        if got is None:
+            r = self.study.rtp[qi]
+            got = self._hits[qi] = Hits([self.reg.ids[i] for i in r.rows], list(r.scores))
+        return got
+
+    def _describe(self, api_id: str) -> tuple[str, str, str]:
+        a = self.reg.apis[self.reg.row[api_id]]
+        return a.tool_name, a.api_name, a.description or ""
+
+    def _context(self, state: _Query) -> Context:
+        unit, qi, s = state.unit, state.qi, self.study.retrieval
+        q = self.study.queries[qi]
+        return Context(text=q.text, subset=q.subset, query_id=q.query_id, model=unit.model, run=unit.run, k=s.k,
+                       k_max=s.k_max, ks=list(s.ks), fallback_to_query=s.fallback_to_query,
+                       query_hits=self._query_hits(qi), _search=self._search,
+                       _chat=functools.partial(self._chat_of, unit.model, unit.run),
+                       _outcome=functools.partial(self._outcome, state), _describe=self._describe)
+
+    def _chat_of(self, model: str, run: int, messages: list[dict], version: str,
+                 schema: dict | None) -> Awaitable[ChatResult]:
+        return self._chat(model, messages, run, version, schema)
+
+    def _retrieve(self, state: _Query, name: str) -> Callable[[], Coroutine[Any, Any, Discovery]]:
+        spec, arch = self._arch(name)
+
+        async def make() -> Discovery:
+            try:
+                got = await arch.retrieve(self._context(state))
+            except (ArchError, asyncio.CancelledError):
+                raise
+            except Exception as e:
+                if name in arch_units.BUILTIN:
+                    raise
+                raise ArchError(f"--archs {spec}: retrieve raised {type(e).__name__}: {e}") from None
+            return arch_units.check_discovery(got, spec)
+        return make
+
+    def _outcome(self, state: _Query, name: str) -> Awaitable[Discovery]:
+        """Another architecture's outcome (`Context.outcome`): shared, in its own task if nobody started it."""
+        return state.spawn("outcome", name, self._retrieve(state, name))
+
+    def _planned(self, state: _Query, name: str) -> Awaitable[ArchBlock]:
+        return state.spawn("planned", name, lambda: self._plan_outcome(state, name))
+
+    async def _plan_outcome(self, state: _Query, name: str) -> ArchBlock:
+        unit, qi = state.unit, state.qi
+        d = await state.inline("outcome", name, self._retrieve(state, name))
+        if d.side is not None:  # route: the side's whole outcome, planner and tokens included
+            block = copy.deepcopy(await self._planned(state, d.side))
+            block.side, block.trace = d.side, d.trace
+            return block
+        spec, _ = self._arch(name)
+        block = d.block if d.block is not None else ArchBlock(trace=d.trace)
+        if d.block is not None and d.trace is not None:
+            block.trace = d.trace
+        k_max = self.study.retrieval.k_max
+        if len(set(d.ids)) == len(d.ids):  # the common case (every built-in): no id twice
+            kept, scores = d.ids[:k_max], d.scores[:k_max]
+        else:  # an id listed twice keeps its first (best-placed) place and score
+            first = dict(zip(reversed(d.ids), reversed(d.scores), strict=True))
+            kept = list(dict.fromkeys(d.ids))[:k_max]
+            scores = [first[i] for i in kept]
+        if name not in arch_units.BUILTIN:  # a built-in lists registry ids by construction
+            unknown = [i for i in kept if i not in self.reg.row]
+            if unknown:
+                raise ArchError(f"--archs {spec}: retrieve returned ids that are not in the registry, e.g. "
+                                f"{unknown[0]!r}")
+        block.retrieved, block.scores = list(kept), [round6(x) for x in scores]
+        tokens = {n: _tokens(r) for n, r in {**d.reused, **d.calls}.items()}
+        if not isinstance(block, PtrBlock):
+            failed = {n: r.error_kind or "error" for n, r in d.calls.items() if r.error is not None}
+            block.errors = failed or None
+        if d.deferred:  # a collect pass: the planner comes once the reply is in
+            if self.on_deferred is not None:
+                self.on_deferred(unit.model, unit.run, qi, name)
+            block.tokens = tokens
+            return block
+        if not d.plan:
+            # Nothing to plan with (no stub): no planner call, scored as retrieving nothing.
+            self.progress.advance(unit.model)
+            block.plan, block.tokens = plan_block(None, None), {**tokens, "planner": _tokens(None)}
+            return block
+        result, plan = await self._plan(unit.model, unit.run, self.study.queries[qi].text,
+                                        [self.reg.row[i] for i in kept[: self.study.retrieval.k]])
+        block.plan, block.tokens = plan_block(result, plan), {**tokens, "planner": _tokens(result)}
         return block
 
     async def _query(self, unit: Unit, qi: int) -> None:
-        archs = self.study.run.archs
-        rtp_t = asyncio.ensure_future(self._rtp(unit, qi) if "rtp" in archs else _none())
-        ptr_t = asyncio.ensure_future(self._ptr(unit, qi) if "ptr" in archs else _none())
-        await gather_all(rtp_t, ptr_t)  # a stop waits for both: each call on the wire keeps its grace
-        rtp, ptr = rtp_t.result(), ptr_t.result()
+        state = _Query(unit, qi)
+        names = list(self.archs)
+        try:
+            blocks = await gather_all(*(self._planned(state, n) for n in names))
+        except BaseException:
+            await cancel_all(state.tasks)  # done ones are left as they are
+            raise
+        # An outcome asked for and never awaited (a plugin's) must not outlive the query; the common case, all
+        # done, awaits nothing more (a gather of done tasks costs a loop turn per query on a warm rerun).
+        pending = [t for t in state.tasks if not t.done()]
+        if pending:
+            await cancel_all(pending)
         rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.retrieval.retriever)
-        rec.rtp = rtp if rtp is not None else retrieval_block(self.study.rtp[qi], self.reg)
-        rec.ptr = ptr
+        if "rtp" not in names:  # RtP's retrieval is the study's baseline: every record keeps it
+            rec.rtp = retrieval_block(self.study.rtp[qi], self.reg)
+        for n, b in zip(names, blocks, strict=True):
+            rec.archs[n] = b
         self.records.append(rec)
+
+    async def run_one(self, unit: Unit, qi: int) -> Record:
+        """One (model, run, query) alone (the plugins' probe)."""
+        server = asyncio.create_task(self.batcher.serve())
+        try:
+            await self._query(unit, qi)
+        finally:
+            server.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
+        return self.records.pop()
 
     async def run(self, units: Sequence[Unit]) -> list[Record]:
         server = asyncio.create_task(self.batcher.serve())
@@ -262,11 +429,39 @@ class StudyRunner:
         return self.records
 
 
-async def _none() -> None:
-    return None
+class _Probe:
+    """A chat client that sends nothing: every call comes back failed (the plugins' probe)."""
+
+    async def chat(self, messages: list[dict], *, run: int, prompt_version: str,
+                   schema: dict | None = None) -> ChatResult:
+        return ChatResult(None, None, error="probe: not sent", error_kind="probe")
 
 
-def calls_per_unit(study: Study) -> int:
-    """LLM calls one (model, run) makes at most: the progress bar's total."""
-    archs = study.run.archs
-    return (("rtp" in archs) + 2 * ("ptr" in archs)) * len(study.queries)
+async def probe_archs(study: Study, archs: Mapping[str, tuple[str, Architecture]],
+                      batcher: StubSearch | None = None) -> None:
+    """Every plugin run once on the first query with a client that sends nothing (its calls fail) and the real
+    search: a plugin that raises or returns something else than a `Discovery` is one line before any paid work."""
+    plugins = {n: a for n, a in archs.items() if n not in arch_units.BUILTIN}
+    if not plugins or not study.queries:
+        return
+    runner = StudyRunner(study, {"probe": _Probe()}, batcher=batcher, archs=plugins)
+    await runner.run_one(Unit("probe", 0), 0)
+
+
+def calls_per_unit(study: Study, archs: Mapping[str, tuple[str, Architecture]] | None = None) -> int:
+    """LLM calls one (model, run) makes at most: the progress bar's total. Each built-in's own calls counted
+    once however many reuse them; route counts its side's; a plugin counts one call before its planner."""
+    names = list(archs) if archs is not None else list(study.run.archs)
+    slots: set[tuple[str, int]] = set()
+    own = {"rtp": [], "ptr": ["discovery"], "hyde": ["hyde"], "rewrite": ["rewrite"], "fusion": ["ptr:discovery"]}
+    tau = route_tau(study) if "route" in names else 0.0
+    for qi, r in enumerate(study.rtp):
+        for n in names:
+            if n == "route":
+                side = "rtp" if (r.scores and r.scores[0] >= tau) else "ptr"
+                slots.update({(f"{side}:planner", qi), *((("ptr:discovery", qi),) if side == "ptr" else ())})
+                continue
+            for c in own.get(n, ["own"]):
+                slots.add((c if ":" in c else f"{n}:{c}", qi))
+            slots.add((f"{n}:planner", qi))
+    return len(slots)

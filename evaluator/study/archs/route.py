@@ -1,0 +1,32 @@
+"""`route`: live complexity-adaptive routing (the paper's proposal, STUDY.md "Beyond the paper"): a query goes to
+RtP when RtP's top-1 score is at least τ, else to PtR. It takes that side's whole outcome (its list, its
+planner reply, its tokens: only what that side spent) and makes no call of its own; the block's `side` says
+which, its trace the score and τ. τ is `[run] route_tau`; unset, it is the median of RtP's top-1 scores over
+the study's queries (known before any call, no gold used: half the queries each way, on any retriever's score
+scale)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from evaluator.study.archs.base import Context, Discovery
+
+
+def default_tau(top1: Sequence[float]) -> float:
+    """The median of RtP's top-1 scores (0.0 with no query)."""
+    return float(statistics.median(top1)) if top1 else 0.0
+
+
+class Route:
+    name = "route"
+
+    def __init__(self, tau: float) -> None:
+        self.tau = tau
+
+    async def retrieve(self, ctx: Context) -> Discovery:
+        rtp = await ctx.outcome("rtp")
+        top1 = rtp.scores[0] if rtp.scores else float("-inf")
+        side = "rtp" if top1 >= self.tau else "ptr"
+        return Discovery([], [], side=side, trace={"side": side, "top1": top1 if rtp.scores else None,
+                                                  "tau": self.tau})
