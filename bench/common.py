@@ -89,7 +89,8 @@ def machine() -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
             if line.startswith("flags") and not vector:
                 vector = sorted(f for f in line.split(":", 1)[1].split()
-                                if f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni"))
+                                if f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16",
+                                         "amx_int8", "amx_tile", "avx_vnni"))
     versions = {}
     for p in PACKAGES:
         try:
