@@ -414,10 +414,12 @@ def openvino_runner(model_file: Path, precision: str, threads: int) -> tuple[Run
     every stream busy instead: each batch whole to the next free stream, the next batch padded while the
     last ones run, the vectors handed back in order. Measured on the AVX-512 host (AMD EPYC, avx512f/bw/vl/
     vnni/bf16, no AMX), a stride sample of 2,500 registry texts (62,487 tokens), alternated in one process,
-    load 7-12 on 2 cores, so in CPU-seconds (wall time is the neighbours'): 4,096-token batches streamed did
-    1.04-1.13x the work per CPU-second of 8,192-token batches split (5 rounds), and 1.01-1.77x in wall time;
-    2,048 tokens per request 1.04-1.21x, 8,192 0.99-1.54x (wall); 1 stream x 2 threads 0.98-1.07x; more
-    texts per batch than 128 (512, 1,024) no gain; CPU_DENORMALS_OPTIMIZATION none (0.90, 1.55 wall)."""
+    load 4-12 on 2 cores, so per CPU second (wall time is the neighbours'): 4,096-token batches streamed did
+    1.00-1.13x the work per CPU second of 8,192-token batches split (8 rounds), 0.89-1.77x in wall time;
+    bench/embed_runtime.py, 5,000 texts, 3 rounds, load 8.5-11.5: 1.025-1.050x per CPU second, 0.91-1.42x
+    wall. 2,048 tokens per request 1.04-1.21x, 8,192 0.99-1.54x (wall); 1 stream x 2 threads 0.99-1.07x;
+    more than 128 texts a batch no gain; CPU_DENORMALS_OPTIMIZATION none (0.90, 1.55 wall); ONNX Runtime
+    0.74-0.79x (bench/README.md, issue 29)."""
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
