@@ -228,9 +228,10 @@ def data_dir() -> str:
     """The data folder the working tree's config names, passed explicitly to every command (a
     checkout elsewhere would resolve the config's relative path from its own folder)."""
     from evaluator.data import resolve_data_dir
-    from evaluator.settings.load import REPO_ROOT, load_settings
+    from evaluator.settings.load import load_settings
+    from evaluator.settings.paths import REPO_ROOT
 
-    return str(resolve_data_dir(None, load_settings().data_dir, REPO_ROOT))
+    return str(resolve_data_dir(None, load_settings().data.dir, REPO_ROOT))
 
 
 def checkout(rev: str, dst: Path) -> Path:

@@ -109,7 +109,7 @@ def equivalence(paths, progress: bool = True) -> dict[str, dict[str, Any]]:
 
     link_embeddings(BENCH_CACHE)  # torch fp32 from the project's warm cache, never written there
     s = load_settings()
-    inputs = load_inputs(s)
+    inputs = load_inputs(s.data)
     reg, queries = inputs.registry, inputs.queries
     gold_sets = sorted({g for q in queries for g in q.gold})
     tops: dict[str, np.ndarray] = {}
@@ -150,7 +150,7 @@ def run(paths=PATHS, do_speed: bool = True, do_equivalence: bool = True) -> Resu
     paths = _installed(paths)
     rows: list[list[Any]] = []
     data: dict[str, Any] = {"threads": threads.available_cpus(), "paths": [f"{b} {p}" for b, p in paths]}
-    spd = speed(paths, load_inputs(load_settings()).registry.texts()) if do_speed else {}
+    spd = speed(paths, load_inputs(load_settings().data).registry.texts()) if do_speed else {}
     eqv = equivalence(paths) if do_equivalence else {}
     data.update(speed=spd, equivalence=eqv)
     names = ([TODAY] if spd else []) + [f"{b} {p}" for b, p in paths]

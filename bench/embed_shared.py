@@ -36,7 +36,7 @@ from evaluator.settings.load import load_settings
 from evaluator.study.prepare import load_inputs
 backend, precision, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 spin = sys.argv[4] == "spinning"
-texts = load_inputs(load_settings()).registry.texts()
+texts = load_inputs(load_settings().data).registry.texts()
 idx = np.random.default_rng(1).choice(len(texts), 4096, replace=False)
 sample = [texts[i] for i in idx]
 e = Embedder(backend=backend, precision=precision, device="cpu", cache_dir=None, progress=False)

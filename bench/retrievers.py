@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from evaluator.analysis.metrics import recall
-from evaluator.retrieval import lexical as L
+from evaluator.retrieval.lexical import BM25Index, load_index
 from evaluator.retrieval.retrievers import FUSION_DEPTH, Dense, Hybrid, Lexical
 from evaluator.settings.load import load_settings
 from evaluator.study.prepare import load_inputs, prepare
@@ -40,16 +40,15 @@ def _time(fn) -> float:
 def run(cache_dir: Path = PROJECT_CACHE, rounds: int = 5) -> Result:
     load0 = os.getloadavg()[0]
     s = load_settings()
-    s.cache_dir = str(cache_dir)
-    inputs = load_inputs(s)
-    study = prepare(s, progress=False, inputs=inputs)
+    inputs = load_inputs(s.data)
+    study = prepare(inputs, embed=s.embed, retrieval=s.retrieval, run=s.run, cache_root=cache_dir, progress=False)
     texts = study.registry.texts()
     queries = [q.text for q in study.queries]
-    builds = [_time(lambda: L.BM25Index.build(texts)) for _ in range(max(2, rounds // 2))]
+    builds = [_time(lambda: BM25Index.build(texts)) for _ in range(max(2, rounds // 2))]
     with tempfile.TemporaryDirectory() as tmp:
-        L.load_index(texts, Path(tmp))
-        reads = [_time(lambda tmp=tmp: L.load_index(texts, Path(tmp))) for _ in range(3)]
-    lexical = Lexical(L.BM25Index.build(texts))
+        load_index(texts, Path(tmp))
+        reads = [_time(lambda tmp=tmp: load_index(texts, Path(tmp))) for _ in range(3)]
+    lexical = Lexical(BM25Index.build(texts))
     dense = Dense(study.embedder, study.index)
     hybrid = Hybrid(dense, lexical)
     qv = study.query_vecs

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evaluator.app import view as V
 from evaluator.app.report import render_outputs
-from evaluator.render import view as V
 from evaluator.results.schema import Meta, OutputDir, as_records, plain
 
 from .common import Goal, Result, machine, print_result, temp_dir, write_result

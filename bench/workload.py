@@ -16,7 +16,7 @@ from evaluator.retrieval.search import Retrieved
 from evaluator.settings.load import load_settings
 from evaluator.study import prompts
 from evaluator.study.parse import parse_stubs, stub_text
-from evaluator.study.prepare import Study, prepare
+from evaluator.study.prepare import Study, load_inputs, prepare
 from evaluator.study.runner import StubBatcher
 from simulator import behaviour
 
@@ -34,8 +34,8 @@ def load_study(n_queries: int | None = N_QUERIES, cache_root: Path = BENCH_CACHE
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     link_embeddings(cache_root)
     s = load_settings()
-    s.cache_dir = str(cache_root)
-    study = prepare(s, progress=False)
+    study = prepare(load_inputs(s.data), embed=s.embed, retrieval=s.retrieval, run=s.run, cache_root=cache_root,
+                    progress=False)
     if n_queries is None:
         return study
     base, rtp = study.queries, study.rtp
@@ -89,7 +89,7 @@ def ptr_table(study: Study, runs: int = RUNS) -> dict[tuple[str, ...], Retrieved
     texts = [t for ts in per_query for t in ts]
     owners = [q for q, ts in enumerate(per_query) for _ in ts]
     vecs = study.embedder.encode(texts, desc="embedding stubs")
-    s = study.settings
+    s = study.retrieval
     found = retrieve.ptr(study.index, vecs, owners, len(per_query), s.k_max, sorted(set(s.ks)))
     return dict(zip(per_query, found, strict=True))
 

@@ -3,6 +3,7 @@ before any work (nothing embedded, no LLM call, no output folder)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,7 +12,10 @@ from data_fixtures import make_data_dir
 
 from evaluator.app.study import load_profiles
 from evaluator.cli.main import main
-from evaluator.settings.load import ConfigError, ProfileOverrides, Settings, analysis_subsets, load_settings
+from evaluator.settings.invocation import Invocation, ProfileOverrides
+from evaluator.settings.load import ConfigError, load, load_settings
+from evaluator.settings.sections import AnalysisSettings, RunSettings, Settings
+from evaluator.settings.subsets import analysis_subsets
 
 
 def _cfg(tmp_path: Path, text: str) -> Path:
@@ -42,7 +46,28 @@ def test_config_file_errors_name_file_key_and_type(tmp_path: Path, text: str, ex
 
 def test_numbers_where_numbers_belong(tmp_path: Path) -> None:
     s = load_settings(_cfg(tmp_path, "[retrieval]\nk = 3\nks = [1, 3]\n[analysis]\nrouting_test = [\"gamma\"]\n"))
-    assert (s.k, s.ks, s.routing_test) == (3, [1, 3], ["gamma"])
+    assert (s.retrieval.k, s.retrieval.ks, s.analysis.routing_test) == (3, (1, 3), ("gamma",))
+
+
+def test_sections_are_frozen_and_flags_go_over_the_file(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, "[retrieval]\nk = 3\n[run]\nruns = 2\nbudget_usd = 1.5\nstop_grace_s = 2.0\n")
+    s, inv = load(cfg, {"retrieval.ks": [1, 3], "run.runs": 5}, {"dry_run": True})
+    assert (s.retrieval.k, s.retrieval.ks, s.run.runs) == (3, (1, 3), 5)
+    # [run]'s budget and grace are options of this invocation, not study settings (never in meta.json)
+    assert (inv.budget_usd, inv.stop_grace_s, inv.dry_run) == (1.5, 2.0, True)
+    assert inv.cli_keys == {"retrieval.ks", "run.runs"}
+    assert not hasattr(s.run, "budget_usd") and "budget_usd" not in json.dumps(dataclasses.asdict(s))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.retrieval.k = 7  # type: ignore[misc]  # the point: a checked section cannot change
+    with pytest.raises(ConfigError, match="^--ks \\[0\\] is impossible; every value must be >= 1$"):
+        load(cfg, {"retrieval.ks": [0]})
+    with pytest.raises(ConfigError, match="^--embedder 3 is an integer; expected a string$"):
+        load(cfg, {"embed.model": 3})
+    with pytest.raises(ConfigError, match="^--stop-grace 700.0 is impossible; it must be between 0 and 600$"):
+        load(cfg, {}, {"stop_grace_s": 700.0})
+    bad = _cfg(tmp_path, "[run]\nstop_grace_s = -1.0\n")
+    with pytest.raises(ConfigError, match=r"settings.toml: \[run\] stop_grace_s = -1.0 is impossible"):
+        load(bad)
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -112,23 +137,23 @@ def test_analysis_subsets_the_run_lacks_fail_before_any_work(tmp_path: Path, dat
 
 
 def test_profile_overrides_from_flags() -> None:
-    s = Settings(models=["sim"], overrides=ProfileOverrides(max_tokens=77, timeout_s=9.5, concurrency=3))
-    p = load_profiles(s)["sim"]
+    s = Settings(run=RunSettings(models=("sim",)))
+    p = load_profiles(s, Invocation(overrides=ProfileOverrides(max_tokens=77, timeout_s=9.5, concurrency=3)))["sim"]
     assert (p.max_tokens, p.timeout_s, p.concurrency) == (77, 9.5, 3)
 
 
 def test_analysis_subsets_rule() -> None:
-    s = Settings()
+    s = AnalysisSettings()
     three = analysis_subsets(s, ["G3_instruction", "G1_instruction", "G2_instruction"])
     assert three.routing_train == ["G1_instruction", "G2_instruction"] and three.routing_test == ["G3_instruction"]
     assert three.scaling == ["G1_instruction", "G2_instruction"] and three.divergence == "G1_instruction"
     one = analysis_subsets(s, ["only"])
     assert (one.routing_train, one.routing_test, one.scaling) == ([], [], ["only"])
-    s.routing_test, s.scaling_subsets = ["G1"], ["G2", "G3"]
+    s = dataclasses.replace(s, routing_test=("G1",), scaling_subsets=("G2", "G3"))
     set_ = analysis_subsets(s, ["G1_instruction", "G2_instruction", "G3_instruction"])
     assert set_.routing_test == ["G1_instruction"] and set_.routing_train == ["G2_instruction", "G3_instruction"]
     assert set_.scaling == ["G2_instruction", "G3_instruction"]
-    s.routing_test = ["nope"]
+    s = dataclasses.replace(s, routing_test=("nope",))
     with pytest.raises(ConfigError, match="routing_test: subset 'nope'"):
         analysis_subsets(s, ["G1_instruction"])
 

@@ -42,6 +42,12 @@ def test_retrieval_only_reports_both_gold_sets(workspace):
     # The config's ks include 20, above this 14-API registry: left out (said on stderr), not capped silently.
     assert len(recs) == 5 and all(len(r["rtp"]["retrieved"]) == 10 for r in recs)
     assert "k-ablation values 20" in r.stderr
+    # meta.json saves the settings the study ran with, by section, and says what was fitted to the data
+    meta = json.loads((root / "ro" / "meta.json").read_text())
+    assert set(meta["settings"]) == {"data", "embed", "retrieval", "run", "analysis"}
+    assert meta["settings"]["retrieval"]["ks"] == [1, 3, 5, 10]
+    assert meta["fitted"]["retrieval.ks"]["asked"] == [1, 3, 5, 10, 20]
+    assert meta["fitted"]["retrieval.ks"]["used"] == [1, 3, 5, 10]
     assert {x["k"] for x in rows if x["metric"] == "recall"} == {1, 3, 5, 10}
 
 

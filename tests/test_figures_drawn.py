@@ -5,19 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evaluator.render import figures as F
+from evaluator.app import figures as F
+from evaluator.render.figures import png, pyplot
 
 
 def _draw(calls: list[int], value: float):
-    def draw(fig_dir: Path) -> list[Path]:
+    def draw(fig_dir: Path) -> dict[str, bytes]:
         calls.append(1)
-        plt = F.pyplot()
-        fig, ax = plt.subplots(figsize=(3, 2))
+        fig, ax = pyplot().subplots(figsize=(3, 2))
         ax.plot([0, 1, 2], [0, value, 1])
-        path = fig_dir / "line.png"
-        fig.savefig(path, dpi=50)
-        plt.close(fig)
-        return [path]
+        return {"line.png": png(fig, dpi=50)}
     return draw
 
 

@@ -54,7 +54,9 @@ def test_release_0_1_0_folder_re_renders_with_report(old_copy: Path) -> None:
     # The version field stays out of the study view; a profile gains the fields added since, at their defaults,
     # and the settings the settings added since (the retriever: dense, as every run of that release).
     old_profile, new_profile = written["meta"]["models"][0].pop("profile"), again["meta"]["models"][0].pop("profile")
-    assert again["meta"]["settings"].pop("retriever") == "dense"
+    assert again["meta"]["settings"]["retrieval"].pop("retriever") == "dense"
+    # the release's flat settings come back nested by section (format 3), every value kept
+    assert again["meta"].pop("settings") == migrate.nested_settings(written["meta"].pop("settings"))
     assert again["meta"] == written["meta"] and new_profile.items() >= old_profile.items()
     report = (old_copy / REPORT_FILE).read_text(encoding="utf-8")
     assert "## Scaling study (Table 10)" in report and "## Complexity-adaptive routing" in report
@@ -92,6 +94,22 @@ def test_older_shapes_and_a_newer_version(tmp_path: Path) -> None:
     (tmp_path / QUERIES_FILE).write_text("", encoding="utf-8")
     with pytest.raises(Exception, match="newer than this evaluator"):
         OutputDir(tmp_path).read_meta()
+
+
+def test_flat_settings_of_format_2_are_read_by_section() -> None:
+    flat = {"data_dir": "d", "limit": 3, "embedder": "m", "batch_size": 8, "k": 3, "ks": [1, 3], "retriever": "bm25",
+            "models": ["sim"], "out": "o", "scaling_sizes": [10], "routing_test": ["G3"],
+            "embed_threads": 4}  # a name no version saves any more: left out
+    meta = Meta.from_dict({"format_version": 2, "settings": flat})
+    s = meta.settings
+    assert (s.data.dir, s.data.limit, s.embed.model, s.embed.batch_size) == ("d", 3, "m", 8)
+    assert (s.retrieval.k, s.retrieval.ks, s.retrieval.retriever) == (3, (1, 3), "bm25")
+    assert (s.run.models, s.run.out, s.analysis.scaling_sizes, s.analysis.routing_test) == (("sim",), "o", (10,), ("G3",))
+    assert meta.to_dict()["settings"]["retrieval"] == {"k": 3, "ks": [1, 3], "retriever": "bm25", "fallback_to_query": False}
+    # summary.json's study view is nested the same way, so an older folder's view compares with a new one's
+    view = migrate.summary({"format_version": 2, "meta": {"settings": flat}, "rows": []})
+    assert view["meta"]["settings"]["embed"] == {"model": "m", "batch_size": 8}
+    assert migrate.meta({"settings": migrate.nested_settings(flat), "format_version": 3})["settings"]["data"]["dir"] == "d"
 
 
 def _copy(src: Path, dst: Path) -> Path:

@@ -47,7 +47,7 @@ LAUNCHERS = {"simulator.harness": {"evaluator.app"}}
 ONLY: dict[str, set[str]] = {
     "simulator": {"evaluator.study.prompts", "evaluator.core.tokens", "evaluator"},
     "evaluator.render": {"evaluator.analysis", "evaluator.results", "evaluator.settings", "evaluator.data",
-                         "evaluator.core.redact", "evaluator.core.files", "evaluator.study.prompts", "evaluator"},
+                         "evaluator.core.redact", "evaluator.study.prompts", "evaluator"},
 }
 # Third-party packages that may be imported inside a function: optional or slow to import, needed by few runs.
 HEAVY = {"torch", "matplotlib", "openvino", "onnx", "onnxruntime", "optimum", "sentence_transformers",
@@ -300,3 +300,91 @@ def test_every_error_derives_from_the_one_base() -> None:
                 bad.append(f"{_where(mod, node.lineno)}: {node.name} derives from {sorted(bases & BUILTIN_ERRORS)}")
     assert not bad, "errors outside the one base (derive from core.errors.EvaluatorError or a subclass):\n" + \
         "\n".join(bad)
+
+
+# render/ computes nothing and reads no file (docs/DESIGN.md): values in, text or PNG bytes out. Reading the folder,
+# writing pages and figures and serving them are app's and cli's; the statistics are analysis's.
+RENDER_NO_MODULES = {"scipy", "os", "shutil", "tempfile", "glob", "http", "socketserver", "socket", "urllib"}
+RENDER_NO_NAMES = {"atomic_write", "atomic_folder", "OutputDir", "resources"}  # the writers, the folder, package files
+RENDER_NO_CALLS = {"read_text", "read_bytes", "write_text", "write_bytes", "open", "unlink", "mkdir", "rmdir",
+                   "glob", "rglob", "iterdir", "touch", "rename", "is_file", "is_dir", "exists", "stat"}
+# the analyses' statistics: render is handed their results (analysis.compare, analysis.stats)
+RENDER_NO_STATISTICS = {"wilcoxon_paired", "ttest_one_sample", "ttest_two_sample", "friedman", "holm", "summarize",
+                        "architectures", "runs", "metric_deltas", "side_values", "query_means", "paired_values"}
+
+
+def render_offences(source: str, where: str = "") -> list[str]:
+    """File I/O, servers and statistics in one module's source: imports of the modules above (`scipy`,
+    `http.server`, `os`, ...), the folder's writers and reader, `open()`, and Path's file methods."""
+    bad = []
+    for node, _ in _walk(ast.parse(source)):
+        line = f"{where}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            bad += [f"{line}: imports {m}" for m in mods if m.split(".")[0] in RENDER_NO_MODULES]
+            if isinstance(node, ast.ImportFrom):
+                bad += [f"{line}: imports {a.name}" for a in node.names if a.name in RENDER_NO_NAMES]
+        elif isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Name) and f.id == "open":
+                bad.append(f"{line}: open()")
+            elif isinstance(f, ast.Attribute) and f.attr in RENDER_NO_CALLS:
+                bad.append(f"{line}: .{f.attr}()")
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name in RENDER_NO_STATISTICS:
+                bad.append(f"{line}: computes {name}()")
+    return bad
+
+
+def test_render_does_no_file_io_and_no_statistics() -> None:
+    bad = [b for mod, path in MODULES.items() if unit(mod) == "evaluator.render"
+           for b in render_offences(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))]
+    assert not bad, "render/ must be handed values (file I/O, servers and tests belong to app/, cli/, analysis/):\n" \
+        + "\n".join(bad)
+
+
+def test_the_render_check_finds_planted_offences() -> None:
+    planted = ("import os\nimport scipy.stats\nfrom http.server import ThreadingHTTPServer\n"
+               "from evaluator.results.schema import OutputDir, atomic_write\nfrom importlib import resources\n"
+               "def f(p):\n    open(p).read()\n    p.write_text('x')\n    p.read_bytes()\n    p.unlink()\n"
+               "    stats.wilcoxon_paired([1], [2])\n    return 'a'.replace('a', 'b')\n")
+    found = render_offences(planted, "planted.py")
+    assert found == ["planted.py:1: imports os", "planted.py:2: imports scipy.stats",
+                     "planted.py:3: imports http.server", "planted.py:4: imports OutputDir",
+                     "planted.py:4: imports atomic_write", "planted.py:5: imports resources",
+                     "planted.py:7: open()", "planted.py:8: .write_text()", "planted.py:9: .read_bytes()",
+                     "planted.py:10: .unlink()", "planted.py:11: computes wilcoxon_paired()"], found
+    assert render_offences("def f(rows):\n    return sorted(rows)\n") == []
+
+
+# The stages below `app` are handed the settings section they need (`settings.sections`), never the whole
+# `Settings` nor the invocation's options; only `cli` and `app` hold those. The one exception: the saved
+# copy, `results.schema.Meta.settings`.
+STAGES = ("study", "retrieval", "data", "llm", "analysis", "render", "batch", "results")
+WHOLE = {"Settings", "Invocation"}
+SAVED_COPY = {"evaluator.results.schema": {"Settings"}}
+
+
+def whole_settings_uses(source: str, allowed: set[str] = frozenset()) -> list[tuple[int, str]]:
+    """Where a module's source imports `Settings` / `Invocation` from the settings, or reaches one through a
+    module (`sections.Settings`), `if TYPE_CHECKING:` blocks included."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("evaluator.settings"):
+            found += [(node.lineno, a.name) for a in node.names if a.name in WHOLE - allowed]
+        elif isinstance(node, ast.Attribute) and node.attr in WHOLE - allowed and isinstance(node.ctx, ast.Load):
+            found.append((node.lineno, node.attr))
+    return found
+
+
+def test_stages_take_their_settings_section_not_the_whole() -> None:
+    bad = [f"{_where(mod, line)}: {mod} uses the whole {name}"
+           for mod, path in MODULES.items() if mod.split(".")[:2][-1] in STAGES and mod.startswith("evaluator.")
+           for line, name in whole_settings_uses(path.read_text(encoding="utf-8"), SAVED_COPY.get(mod, set()))]
+    assert not bad, "hand the stage its section (settings.sections: DataSettings, EmbedSettings, ...):\n" + "\n".join(bad)
+    # the check sees each way in
+    src = ("from typing import TYPE_CHECKING\nfrom evaluator.settings.sections import DataSettings, Settings\n"
+           "from evaluator.settings import invocation\nif TYPE_CHECKING:\n    from evaluator.settings.invocation import Invocation\n"
+           "def f(s: 'x') -> None:\n    invocation.Invocation()\n")
+    assert sorted(whole_settings_uses(src)) == [(2, "Settings"), (5, "Invocation"), (7, "Invocation")]
+    assert whole_settings_uses(src, {"Settings", "Invocation"}) == []

@@ -13,7 +13,7 @@ from evaluator.data import Warnings, find_query_files, load_query_files, load_re
 from evaluator.llm import ChatResult
 from evaluator.results.schema import Meta, Record
 from evaluator.retrieval.search import Retrieved
-from evaluator.settings.load import Settings
+from evaluator.settings.sections import RetrievalSettings, RunSettings
 from evaluator.study import prompts
 from evaluator.study.prepare import Study
 from evaluator.study.runner import StudyRunner, Unit
@@ -62,9 +62,8 @@ def _study(tmp_path: Path) -> Study:
     w = Warnings()
     reg = load_registry(data / "registry" / "apis.jsonl.gz", "full", w)
     queries = load_query_files(find_query_files(data), reg, w, subsets=["G1_instruction"])
-    s = Settings(ks=[1, 5], models=["scripted"], runs=1)
     rtp = [Retrieved([5, 6, 7, 8, 9], [0.5, 0.4, 0.3, 0.2, 0.1]) for _ in queries]
-    return Study(s, data, reg, queries, None, None, None, None, rtp, w)  # type: ignore[arg-type]
+    return Study(RetrievalSettings(ks=(1, 5)), RunSettings(models=("scripted",), runs=1), data, reg, queries, None, None, None, None, rtp, w)  # type: ignore[arg-type]
 
 
 def test_clients_and_stub_search_are_passed_in(tmp_path: Path) -> None:

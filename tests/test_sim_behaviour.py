@@ -226,7 +226,7 @@ def test_structured_replies_are_bare_json_in_the_schemas_shape(sample: list[dict
 
 _SCRIPT = """
 import json, sys
-from evaluator import prompts
+from evaluator.study import prompts
 from simulator.behaviour import answer
 calls = json.loads(sys.stdin.read())
 print(json.dumps([answer(prompts.planner_messages(q, apis), seed=0, temperature=0.0) for q, apis in calls]))

@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 from scipy import stats as sps
 
-from evaluator.analysis.stats import _query_means, wilcoxon_paired
+from evaluator.analysis.stats import query_means, wilcoxon_paired
 
 
 def _runs(numerators: list[int], denominator: int) -> list[float]:
@@ -25,7 +25,7 @@ def test_tied_run_averages_are_ties_and_match_an_exact_rational_reference() -> N
         g = int(rng.choice([3, 5, 6, 7]))
         rtp[q] = [int(rng.integers(0, g + 1)) / g]
         ptr[q] = _runs([int(x) for x in rng.integers(0, g + 1, size=4)], g)
-    x_map, y_map = _query_means(rtp), _query_means(ptr)
+    x_map, y_map = query_means(rtp), query_means(ptr)
     x = [x_map[q] for q in range(60)]
     y = [y_map[q] for q in range(60)]
 

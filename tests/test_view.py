@@ -255,7 +255,7 @@ def test_comparison_lists_flipped_queries_and_shows_the_restriction(outs, browse
     restrict = browser.find_element("css selector", ".restrict").text
     assert f"Restricted to the {shared} queries" in restrict and f"{only_a} only in run_a" in restrict
     differ = browser.execute_script("return [...document.querySelectorAll('main > table.kv tbody tr')].map(tr => tr.cells[0].textContent)")
-    assert "k" in differ and "settings.limit" in differ
+    assert "k" in differ and "settings.data.limit" in differ
     # the paired test against scipy's Wilcoxon on the same per-query values (exact without ties, else normal approx.)
     data = browser.execute_script("return JSON.parse(document.getElementById('data').textContent)")
     row = next(m for m in data["compare"]["pairs"][0]["metrics"]

@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from evaluator.analysis import examples as E
-from evaluator.analysis import stats as S
-from evaluator.results.schema import GOLDS, Meta, Record
+from evaluator.analysis import compare, examples, stats
+from evaluator.results.schema import GOLDS, Meta, PtrBlock, Record
 
 
 @dataclass
@@ -28,14 +27,17 @@ class Scored:
 
 @dataclass
 class MainResult:
-    summary: S.Summary
+    summary: stats.Summary
     k: int
     ks: list[int]
     golds: list[str]  # gold sets some query has; the others' tables are skipped
     scored: dict[tuple[str | None, str], Scored] = field(default_factory=dict)
-    contrasts: dict[str, E.Contrasts] = field(default_factory=dict)
-    trajectories: dict[str, E.Trajectory | None] = field(default_factory=dict)
+    contrasts: dict[str, examples.Contrasts] = field(default_factory=dict)
+    trajectories: dict[str, examples.Trajectory | None] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)  # one line each: table or analysis, and why
+    # Every pair of architectures (Holm) and Friedman across them, with three or more; None with fewer (or no
+    # model), where the paper's RtP-vs-PtR tests (summary.tests) are the comparison.
+    comparison: compare.Comparison | None = None
 
 
 def scored_counts(records: Sequence[Record]) -> dict[tuple[str | None, str], Scored]:
@@ -57,13 +59,22 @@ def scored_counts(records: Sequence[Record]) -> dict[tuple[str | None, str], Sco
             sc.planner += int(not r.ptr.excluded and r.ptr.plan_usable)
             sc.truncated += r.ptr.truncated_replies()
             sc.add_cuts(r.ptr.cut_replies())
+        for name in r.arch_names:
+            if name in ("rtp", "ptr") or (block := r.arch(name)) is None:
+                continue
+            excluded = isinstance(block, PtrBlock) and block.excluded
+            sc = out.setdefault((r.model, name), Scored())
+            sc.retrieval += int(not excluded)
+            sc.planner += int(not excluded and block.plan_usable)
+            sc.truncated += block.truncated_replies()
+            sc.add_cuts(block.cut_replies())
     return out
 
 
 def main_study(records: Sequence[Record], meta: Meta) -> MainResult:
     k = meta.k
     ks = sorted(set(meta.ks) | {k})
-    summary = S.summarize(records, ks, k)
+    summary = stats.summarize(records, ks, k)
     golds = [g for g in GOLDS if any(r.gold_set(g) for r in records)]
     skipped = [f"Tables for gold `{g}`: no query has a `{g}` gold set." for g in GOLDS if g not in golds]
     if len(golds) > 1 and records and all(r.gold_set(golds[0]) == r.gold_set(g) for r in records for g in golds[1:]):
@@ -71,6 +82,8 @@ def main_study(records: Sequence[Record], meta: Meta) -> MainResult:
         skipped += [f"Tables for gold `{g}`: identical to `{golds[0]}` for every query." for g in golds[1:]]
         golds = golds[:1]
     res = MainResult(summary, k, ks, golds, scored_counts(records), skipped=skipped)
+    if len(summary.archs) >= 3 and summary.models:
+        res.comparison = compare.architectures(summary, k)
     models = summary.models
     if not models:
         res.skipped.append("Tables 2–9 and 11 (planner, stubs, trajectories, tokens): retrieval-only run, no LLM.")
@@ -78,8 +91,8 @@ def main_study(records: Sequence[Record], meta: Meta) -> MainResult:
         has_ptr = any(r.model == m and r.ptr is not None for r in records)
         has_rtp_plan = any(r.model == m and r.rtp is not None and r.rtp.plan is not None for r in records)
         if has_ptr and has_rtp_plan:
-            res.contrasts[m] = E.contrasts(records, m, k)
-            res.trajectories[m] = E.trajectory(records, m, k)
+            res.contrasts[m] = examples.contrasts(records, m, k)
+            res.trajectories[m] = examples.trajectory(records, m, k)
         else:
             missing = "PtR" if not has_ptr else "RtP"
             res.skipped.append(f"Model `{m}`, Tables 2, 7 and 9 (RtP vs PtR comparisons): {missing} was not run.")

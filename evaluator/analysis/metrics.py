@@ -7,7 +7,8 @@ when nothing was selected) is simply not observed, so it drops out of the mean. 
 truncation and fallback flags, `n_queries`) are summed instead; see `COUNT_METRICS`.
 
 Observations are keyed by `MetricKey = (arch, metric, k, gold)`; `k` and `gold` are None where the
-metric does not depend on them. `arch` is "rtp", "ptr" or "both" (cross-architecture).
+metric does not depend on them. `arch` is an architecture's name ("rtp", "ptr", or any other a record holds,
+`Record.arch_names`) or "both" (the paper's RtP-vs-PtR cross-architecture metrics).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ COUNT_METRICS = frozenset(
 )
 # Paired per-query tests (Wilcoxon) and win/loss counts are run on these.
 PAIRED_METRICS = frozenset({"recall", "precision", "pass"})
+# The N-way comparison of architectures (analysis.compare) pairs these too, at the main k only.
+NWAY_METRICS: tuple[str, ...] = ("recall", "precision", "ndcg", "mrr", "comp", "pass")
 
 
 H = TypeVar("H", bound=Hashable)  # an API id, or a registry row (scaling)
@@ -127,10 +130,12 @@ def token_obs(arch: str, tokens: Mapping[str, Tokens], k: int, out: Obs) -> None
     out[(arch, "tokens_total", k, None)] = (total, 1.0)
 
 
-def stub_obs(ptr: PtrBlock, golds: Mapping[str, Sequence[str]], ks: Sequence[int], out: Obs) -> None:
-    """Gen%, stubs/query, Match% and stub-to-top-1 cosine (pooled over stubs), search width."""
-    out[("ptr", "gen", None, None)] = (float(bool(ptr.stubs)), 1.0)
-    out[("ptr", "stubs_per_query", None, None)] = (float(len(ptr.stubs)), 1.0)
+def stub_obs(ptr: PtrBlock, golds: Mapping[str, Sequence[str]], ks: Sequence[int], out: Obs,
+             arch: str = "ptr") -> None:
+    """Gen%, stubs/query, Match% and stub-to-top-1 cosine (pooled over stubs), search width; of any
+    architecture whose block keeps stubs (PtR's shape), under its own name."""
+    out[(arch, "gen", None, None)] = (float(bool(ptr.stubs)), 1.0)
+    out[(arch, "stubs_per_query", None, None)] = (float(len(ptr.stubs)), 1.0)
     # (top-1 id, its cosine) per stub that retrieved anything; a missing score leaves the cosine out.
     tops: list[tuple[str, float | None]] = []
     for i, h in enumerate(ptr.stub_hits):
@@ -144,27 +149,27 @@ def stub_obs(ptr: PtrBlock, golds: Mapping[str, Sequence[str]], ks: Sequence[int
             continue
         correct = [c for t, c in tops if t in g]
         wrong = [c for t, c in tops if t not in g]
-        out[("ptr", "stub_match", None, gold_name)] = (float(len(correct)), float(len(tops)))
+        out[(arch, "stub_match", None, gold_name)] = (float(len(correct)), float(len(tops)))
         cos_ok = [c for c in correct if c is not None]
         cos_bad = [c for c in wrong if c is not None]
         if cos_ok:
-            out[("ptr", "stub_cos_correct", None, gold_name)] = (sum(cos_ok), float(len(cos_ok)))
+            out[(arch, "stub_cos_correct", None, gold_name)] = (sum(cos_ok), float(len(cos_ok)))
         if cos_bad:
-            out[("ptr", "stub_cos_incorrect", None, gold_name)] = (sum(cos_bad), float(len(cos_bad)))
+            out[(arch, "stub_cos_incorrect", None, gold_name)] = (sum(cos_bad), float(len(cos_bad)))
     for k in ks:
         if (w := ptr.width.get(k)) is not None:
-            out[("ptr", "width", k, None)] = (float(w), 1.0)
+            out[(arch, "width", k, None)] = (float(w), 1.0)
 
 
 def record_obs(record: Record, ks: Sequence[int] = DEFAULT_KS, k: int = DEFAULT_K) -> Obs:
-    """All per-query observations of one record, both architectures and cross-architecture."""
+    """All per-query observations of one record: every architecture it holds, and RtP vs PtR."""
     ks = sorted(set(ks) | {k})
     golds = {g: record.gold_set(g) for g in GOLDS}
     out: Obs = {}
     tops: dict[str, list[str]] = {}
     plans: dict[str, PlanBlock] = {}
-    for arch in ("rtp", "ptr"):
-        block: ArchBlock | None = record.block(arch)
+    for arch in record.arch_names:
+        block: ArchBlock | None = record.arch(arch)
         if block is None:
             continue
         out[(arch, "n_queries", None, None)] = (1.0, 1.0)
@@ -181,7 +186,7 @@ def record_obs(record: Record, ks: Sequence[int] = DEFAULT_KS, k: int = DEFAULT_
             out[(arch, "fallback", None, None)] = (float(block.fallback), 1.0)
             if block.excluded:
                 continue  # no stubs to judge: PtR retrieval and planning are excluded for this query
-            stub_obs(block, golds, ks, out)
+            stub_obs(block, golds, ks, out, arch)
         retrieval_obs(arch, block.unique_retrieved, golds, ks, out)
         tops[arch] = block.top(k)
         if plan is not None and plan.usable:

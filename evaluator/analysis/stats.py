@@ -28,8 +28,9 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
-from evaluator.analysis import metrics as M
+from evaluator.analysis import metrics
 from evaluator.results.schema import FORMAT_VERSION, Record, qid_key, record_key
 
 
@@ -70,7 +71,7 @@ class Test:
     n: int  # runs (t-tests: PtR runs) or paired queries (wilcoxon)
 
 
-@dataclass
+@pydantic_dataclass
 class Checks:
     """summary.json's `checks`: record counts and the consistency check of the saved RtP lists."""
 
@@ -84,6 +85,10 @@ class Summary:
     rows: list[Row]
     tests: list[Test]
     checks: Checks = field(default_factory=Checks)
+    archs: list[str] = field(default_factory=list)  # architectures present, in the records' order (not saved)
+    # Per group key: each query's per-run values of the paired metrics (the N-way tests' input, kept with three
+    # architectures or more; not saved).
+    per_query: Mapping[GroupKey, Mapping[Any, list[float]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._rows = {(r.model, r.subset, r.arch, r.metric, r.k, r.gold): r for r in self.rows}
@@ -122,7 +127,7 @@ def stars(p: float | None) -> str:
     return "n.s."
 
 
-def _finite(x: Any) -> float:
+def finite_or_nan(x: Any) -> float:
     x = float(x)
     return x if math.isfinite(x) else math.nan
 
@@ -135,7 +140,7 @@ def ttest_one_sample(values: Sequence[float], popmean: float) -> tuple[float, fl
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         res = _sps().ttest_1samp(v, popmean)
-    return _finite(res.statistic), _finite(res.pvalue)
+    return finite_or_nan(res.statistic), finite_or_nan(res.pvalue)
 
 
 def ttest_two_sample(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
@@ -147,7 +152,7 @@ def ttest_two_sample(a: Sequence[float], b: Sequence[float]) -> tuple[float, flo
         # one constant side is fine (the pooled variance is not zero) but scipy warns about its moments
         warnings.simplefilter("ignore", RuntimeWarning)
         res = _sps().ttest_ind(a, b)
-    return _finite(res.statistic), _finite(res.pvalue)
+    return finite_or_nan(res.statistic), finite_or_nan(res.pvalue)
 
 
 WILCOXON_EXACT_MAX_N = 50
@@ -184,7 +189,7 @@ def wilcoxon_paired(x: Sequence[float | Fraction], y: Sequence[float | Fraction]
             res = _sps().wilcoxon(d, zero_method="wilcox", method=method)
     except ValueError:
         return math.nan, math.nan
-    return _finite(res.statistic), _finite(res.pvalue)
+    return finite_or_nan(res.statistic), finite_or_nan(res.pvalue)
 
 
 # ---------------------------------------------------------------- aggregation
@@ -197,8 +202,8 @@ def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
     return mean, (statistics.stdev(values) if len(values) >= 2 else None)
 
 
-def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
-              k: int = M.DEFAULT_K) -> Summary:
+def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
+              k: int = metrics.DEFAULT_K) -> Summary:
     """Rows, tests and consistency checks from raw records (any order: they are sorted first)."""
     ks = sorted(set(ks) | {k})
     # Sorting plus fsum make every aggregate independent of the order the pipeline wrote records in.
@@ -212,11 +217,16 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
     rtp_seen: dict[tuple[str, Any], tuple[str, ...]] = {}
     inconsistent = 0
     queries: dict[str, set[Any]] = defaultdict(set)
+    arch_order: dict[str, None] = {}  # architectures in the order the records hold them
 
     for rec in recs:
         model, run, subset, qid = rec.model, rec.run, rec.subset, rec.query_id
         queries[subset].add(qid)
-        obs = M.record_obs(rec, ks, k)
+        obs = metrics.record_obs(rec, ks, k)
+        arch_names = rec.arch_names
+        nway = len(arch_names) >= 3
+        for a in arch_names:
+            arch_order.setdefault(a)
         first_rtp = True
         if rec.rtp is not None:
             ret = tuple(rec.rtp.retrieved)
@@ -229,7 +239,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
         for (arch, metric, kk, gold), (num, den) in obs.items():
             m: str | None = model
             r = run
-            if arch == "rtp" and metric in M.RETRIEVAL_METRICS:
+            if arch == "rtp" and metric in metrics.RETRIEVAL_METRICS:
                 if not first_rtp:
                     continue  # deterministic: counted once per query
                 m, r = None, 0
@@ -237,7 +247,8 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
             nums, dens = acc[key].setdefault(r, (array("d"), array("d")))
             nums.append(num)
             dens.append(den)
-            if metric in M.PAIRED_METRICS:
+            # the N-way comparison's further metrics only where it is made: a record of three architectures or more
+            if metric in metrics.PAIRED_METRICS or (nway and kk == k and metric in metrics.NWAY_METRICS):
                 per_query[key][qid].append(num / den)
         if rec.ptr is not None:
             names[(model, subset, run)].extend(rec.ptr.stub_names)
@@ -248,7 +259,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
         values: list[float] = []
         for r in sorted(by_run):
             nums, dens = by_run[r]
-            if metric in M.COUNT_METRICS:
+            if metric in metrics.COUNT_METRICS:
                 values.append(math.fsum(nums))
             elif (d := math.fsum(dens)) > 0:
                 values.append(math.fsum(nums) / d)
@@ -258,7 +269,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
 
     unique: dict[tuple[str | None, str], list[float]] = defaultdict(list)
     for (model, subset, _run), ns in sorted(names.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], kv[0][2])):
-        if (u := M.unique_ratio(ns)) is not None:
+        if (u := metrics.unique_ratio(ns)) is not None:
             unique[(model, subset)].append(u)
     for (model, subset), values in unique.items():
         mean, std = mean_std(values)
@@ -271,14 +282,17 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = M.DEFAULT_KS,
     tests.sort(key=lambda t: (t.model or "", t.subset, t.metric, t.k if t.k is not None else -1, t.gold or "", t.test))
     checks = Checks(records=len(recs), queries_per_subset={s: len(q) for s, q in sorted(queries.items())},
                     rtp_inconsistent_queries=inconsistent)
-    return Summary(rows=rows, tests=tests, checks=checks)
+    # the per-query values stay for the N-way comparison only (three architectures or more): a report of two
+    # architectures holds no more than it did
+    return Summary(rows=rows, tests=tests, checks=checks, archs=list(arch_order),
+                   per_query=per_query if len(arch_order) >= 3 else {})
 
 
 def _row_sort_key(r: Row) -> tuple[Any, ...]:
     return (r.model or "", r.subset, r.arch, r.metric, r.k if r.k is not None else -1, r.gold or "")
 
 
-def _query_means(values: Mapping[Any, list[float]]) -> dict[Any, Fraction]:
+def query_means(values: Mapping[Any, list[float]]) -> dict[Any, Fraction]:
     # Exact run averages: the paired test and the win counts compare them, and equal averages must tie.
     return {q: _exact_mean(tuple(v)) for q, v in values.items() if v}
 
@@ -290,9 +304,10 @@ def _exact_mean(values: tuple[float, ...]) -> Fraction:
     return sum((exact(x) for x in values), Fraction(0)) / len(values)
 
 
-def _paired(per_query: Mapping[GroupKey, Mapping[Any, list[float]]], a: GroupKey,
-            b: GroupKey) -> tuple[list[Fraction], list[Fraction]]:
-    x, y = _query_means(per_query.get(a, {})), _query_means(per_query.get(b, {}))
+def paired_values(per_query: Mapping[GroupKey, Mapping[Any, list[float]]], a: GroupKey,
+                  b: GroupKey) -> tuple[list[Fraction], list[Fraction]]:
+    """The run-averaged per-query values of two groups on the queries both have, in query order."""
+    x, y = query_means(per_query.get(a, {})), query_means(per_query.get(b, {}))
     common = sorted(set(x) & set(y), key=qid_key)
     return [x[q] for q in common], [y[q] for q in common]
 
@@ -312,14 +327,14 @@ def _tests_and_wins(s: Summary, per_query: Mapping[GroupKey, Mapping[Any, list[f
         for subset in s.subsets:
             for metric in ("recall", "precision"):
                 for kk in ks:
-                    for gold in M.GOLDS:
+                    for gold in metrics.GOLDS:
                         rtp = s.row(None, subset, "rtp", metric, kk, gold)
                         ptr = s.row(model, subset, "ptr", metric, kk, gold)
                         if rtp is None or ptr is None or rtp.mean is None:
                             continue
                         add_test(model, subset, metric, kk, gold, "ttest_1samp",
                                  ttest_one_sample(ptr.values, rtp.mean), len(ptr.values))
-                        x, y = _paired(per_query, (None, subset, "rtp", metric, kk, gold),
+                        x, y = paired_values(per_query, (None, subset, "rtp", metric, kk, gold),
                                        (model, subset, "ptr", metric, kk, gold))
                         add_test(model, subset, metric, kk, gold, "wilcoxon", wilcoxon_paired(x, y), len(x))
                         if metric == "recall":
@@ -337,7 +352,7 @@ def _tests_and_wins(s: Summary, per_query: Mapping[GroupKey, Mapping[Any, list[f
             if rtp is not None and ptr is not None:
                 add_test(model, subset, "pass", k, None, "ttest_ind", ttest_two_sample(rtp.values, ptr.values),
                          len(ptr.values))
-                x, y = _paired(per_query, (model, subset, "rtp", "pass", k, None),
+                x, y = paired_values(per_query, (model, subset, "rtp", "pass", k, None),
                                (model, subset, "ptr", "pass", k, None))
                 add_test(model, subset, "pass", k, None, "wilcoxon", wilcoxon_paired(x, y), len(x))
     return rows, tests
@@ -360,11 +375,14 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def summary_dict(summary: Summary, meta: Mapping[str, Any]) -> dict[str, Any]:
+def summary_dict(summary: Summary, meta: Mapping[str, Any], comparisons: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """summary.json; `comparisons` (analysis.compare, three architectures or more) is added when given."""
     return _clean({
         "format_version": FORMAT_VERSION,
         "meta": dict(meta),
         "rows": [asdict(r) for r in summary.rows],
         "tests": [asdict(t) for t in summary.tests],
         "checks": asdict(summary.checks),
+        **({"comparisons": dict(comparisons)} if comparisons is not None else {}),
     })

@@ -188,7 +188,7 @@ class _Planner:
     def __call__(self, model: str, prepared: Prepared, version: str, hit: ChatResult | None) -> None:
         body = prepared.logical or prepared.body
         self.calls[model].append(_Call(prepared.key, version, body, hit))
-        if hit is None and version == prompts.DISCOVERY_VERSION and "ptr" in self.study.settings.archs:
+        if hit is None and version == prompts.DISCOVERY_VERSION and "ptr" in self.study.run.archs:
             sk = (model, prepared.key)
             if sk not in self._stand_in:
                 self._stand_in[sk] = self._planner_body(model, body)
@@ -199,7 +199,7 @@ class _Planner:
         qi = self._by_text.get(str(user).removeprefix(_REQUEST))
         if qi is None:  # a prompt whose layout changed: the discovery prompt itself stands in
             return discovery
-        reg, k = self.study.registry, self.study.settings.k
+        reg, k = self.study.registry, self.study.retrieval.k
         apis = [reg.apis[i] for i in self.study.rtp[qi].rows[:k]]
         msgs = prompts.planner_messages(self.study.queries[qi].text, [(a.tool_name, a.api_name, a.description)
                                                                      for a in apis])
@@ -218,7 +218,7 @@ def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         plan.notes.append("PtR planners behind discovery replies not cached yet are counted once each (an upper "
                           "bound: a reply without stubs calls no planner), priced with the same query's RtP planner "
                           "prompt.")
-    plan.notes += [repeats_note(n, study.settings.runs) for n, p in profiles.items() if p.repeats_runs]
+    plan.notes += [repeats_note(n, study.run.runs) for n, p in profiles.items() if p.repeats_runs]
     return plan
 
 

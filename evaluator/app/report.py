@@ -10,13 +10,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from evaluator.analysis import compare
 from evaluator.analysis import routing as routing_analysis
 from evaluator.analysis import scaling as scaling_analysis
 from evaluator.analysis.main import main_study
 from evaluator.analysis.stats import summary_dict
+from evaluator.app import figures as figure_cache
+from evaluator.app import view
 from evaluator.core.progress import SILENT, Reporter
 from evaluator.data import DataError, load_registry
-from evaluator.render import figures, report, trec, view
+from evaluator.render import figures, report, trec
 from evaluator.render import routing as routing_render
 from evaluator.render import scaling as scaling_render
 from evaluator.results.schema import (
@@ -34,12 +37,15 @@ from evaluator.results.schema import (
 )
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import load_index
-from evaluator.settings.load import AnalysisSubsets, ConfigError, Settings, analysis_subsets
+from evaluator.settings.load import ConfigError
+from evaluator.settings.paths import resolve_path
+from evaluator.settings.sections import AnalysisSettings, EmbedSettings, Settings
+from evaluator.settings.subsets import AnalysisSubsets, analysis_subsets
 from evaluator.study.prepare import make_embedder
 
 
-def about(meta: Meta, s: Settings, setting: str) -> About:
-    derived = not getattr(s, setting)
+def about(meta: Meta, a: AnalysisSettings, setting: str) -> About:
+    derived = not getattr(a, setting)
     return meta.about(
         "derived from the subsets present: sorted, the last one is the held-out test set" if derived
         else "as set in [analysis]",
@@ -47,14 +53,10 @@ def about(meta: Meta, s: Settings, setting: str) -> About:
         else "as set in [analysis]")
 
 
-def _draw_one(draw: Callable[[Any, Path], Path], result: Any, png: Path) -> list[Path]:
-    return [draw(result, png)]
-
-
 def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None,
                    meta: Meta | None = None, records: list[Record] | None = None) -> None:
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
-    `figure_store`: a folder of figures already drawn, by their data (render.figures.drawn). `meta`,
+    `figure_store`: a folder of figures already drawn, by their data (app.figures.drawn). `meta`,
     `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study)."""
     saved = meta is None or records is None  # read back: another run's meta.json may sit beside the records
     meta = od.read_meta() if meta is None else meta
@@ -62,19 +64,23 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     if saved:
         od.check_agree(meta, records)
     result = main_study(records, meta)
-    od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view()), indent=1)
+    comparisons = compare.comparison_dict(result.comparison) if result.comparison is not None else None  # 3+ archs
+    od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view(), comparisons), indent=1)
     scaling = od.read_json(SCALING_FILE)
     routing = od.read_json(ROUTING_FILE)
     sections: list[str] = []
     skipped: list[str] = []
     figs: list[Path] = []  # the main study's figures (report.md lists them); the analyses' sit in their sections
     if with_figures:
-        figs = figures.render_figures(od.figures, result.summary, k=result.k, ks=result.ks,
-                                simulated=report.labels_of(meta, result.summary.models).simulated, store=figure_store)
+        simulated = report.labels_of(meta, result.summary.models).simulated
+        inputs = {"rows": [dataclasses.asdict(r) for r in result.summary.rows], "k": result.k, "ks": list(result.ks),
+                  "simulated": sorted(simulated)}
+        figs = figure_cache.drawn(od.figures, "summary", inputs, functools.partial(
+            figures.summary_figures, result.summary, k=result.k, ks=result.ks, simulated=simulated), figure_store)
     drawn = list(figs)  # every figure this render drew: the view shows these, not a stale PNG of an earlier run
     # The two analyses that follow the main study: (name, saved data, its typed result, section, figure, command)
     analyses: tuple[tuple[str, dict[str, Any] | None, Callable[[Mapping[str, Any]], Any], Callable[[Any], str],
-                          Callable[[Any, Path], Path], str], ...] = (
+                          Callable[[Any], bytes], str], ...] = (
         ("scaling", scaling, scaling_analysis.ScalingResult.from_dict, scaling_render.section_md,
          scaling_render.figure, "Scaling study (Table 10)"),
         ("routing", routing, routing_analysis.RoutingResult.from_dict, routing_render.section_md,
@@ -96,12 +102,16 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
             skipped.append("Routing held-out subset split: it needs two subsets, one to tune τ on and one to "
                            "report on; cross-validation is shown instead.")
         if with_figures:
-            png = od.figures / f"{name}.png"
-            drawn += figures.drawn(od.figures, name, figures.figure_inputs(data),
-                            functools.partial(_draw_one, draw, res, png), figure_store)
+            drawn += figure_cache.drawn(od.figures, name, figure_cache.figure_inputs(data),
+                                        functools.partial(_one_figure, f"{name}.png", draw, res), figure_store)
     od.write_text(REPORT_FILE, report.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
-    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None)  # view.html: every query browsable (evaluator.render.view)
+    # view.html: every query browsable (app.view)
+    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None)
+
+
+def _one_figure(name: str, draw: Callable[[Any], bytes], result: Any) -> dict[str, bytes]:
+    return {name: draw(result)}
 
 
 def _records_with_ptr(od: OutputDir, what: str) -> list[Record]:
@@ -118,26 +128,28 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     records = od.read_records()
     od.check_agree(meta, records)
     # --data on this command wins; else the run's --tools, else its data folder
-    data = data_dir or meta.settings.tools or meta.data_dir or meta.settings.data_dir
+    data = data_dir or meta.settings.data.tools or meta.data_dir or meta.settings.data.dir
     if not data:
         raise DataError(f"{od.path}/meta.json names no data_dir; pass --data DIR.")
     registry = load_registry(data, meta.registry.choice if meta.registry.choice != "?" else "full",
-                             fmt=meta.settings.tools_format)
+                             fmt=meta.settings.data.tools_format)
     if meta.registry.size and meta.registry.size != len(registry):
         reporter.warn(f"the registry now has {len(registry):,} APIs, the run had {meta.registry.size:,}")
-    run_s = dataclasses.replace(s, embedder=meta.settings.embedder,
-                                precision=meta.precision if meta.precision != "?" else "auto", device=device,
-                                # old runs had only torch; the cache key is model/backend/precision
-                                backend=meta.backend if meta.backend != "?" else "torch")
-    embedder = make_embedder(run_s, reporter.progress, reporter)
+    embed = EmbedSettings(model=meta.settings.embed.model,
+                          precision=meta.precision if meta.precision != "?" else "auto", device=device,
+                          # old runs had only torch; the cache key is model/backend/precision
+                          backend=meta.backend if meta.backend != "?" else "torch",
+                          batch_size=s.embed.batch_size)
+    embedder = make_embedder(embed, resolve_path(s.run.cache_dir), reporter.progress, reporter)
     encode = lambda texts: embedder.encode(texts, desc="embedding (cache misses)")  # noqa: E731
     api_vecs = encode(registry.texts())
-    subs = analysis_subsets(s, sorted({r.subset for r in records}))
-    retriever = meta.settings.retriever
+    a = s.analysis
+    subs = analysis_subsets(a, sorted({r.subset for r in records}))
+    retriever = meta.settings.retrieval.retriever
     lexical = load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0] if retriever != "dense" else None
     res = scaling_analysis.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
-                           divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes, seeds=s.scaling_seeds,
-                           about=about(meta, s, "scaling_subsets"), log=reporter.info,
+                           divergence_subset=subs.divergence, k=s.retrieval.k, sizes=list(a.scaling_sizes),
+                           seeds=a.scaling_seeds, about=about(meta, a, "scaling_subsets"), log=reporter.info,
                            memo=searches_folder(embedder.cache_dir), retriever=retriever, lexical=lexical)
     if meta.registry.digest and meta.registry.digest != registry.digest():
         reporter.warn(f"the registry at {data} is not the one the run used (digest {registry.digest()}, the run's "
@@ -153,13 +165,14 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
 def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> routing_analysis.RoutingResult:
     meta = od.read_meta()
     saved = max([meta.k, *meta.ks])
-    if s.k > saved:  # the records hold each top list only to the run's largest k
-        raise ConfigError(f"--k {s.k} is above the largest k this run saved ({saved}); pass --k {saved} or less.")
+    k = s.retrieval.k
+    if k > saved:  # the records hold each top list only to the run's largest k
+        raise ConfigError(f"--k {k} is above the largest k this run saved ({saved}); pass --k {saved} or less.")
     records = _records_with_ptr(od, "routing")
     od.check_agree(meta, records)
-    subs = analysis_subsets(s, sorted({r.subset for r in records}))
-    opt = routing_options(s, subs)
-    res = routing_analysis.routing_study(records, opt, about(meta, s, "routing_test"), log=reporter.info)
+    subs = analysis_subsets(s.analysis, sorted({r.subset for r in records}))
+    opt = routing_options(k, s.analysis, subs)
+    res = routing_analysis.routing_study(records, opt, about(meta, s.analysis, "routing_test"), log=reporter.info)
     od.write_json(ROUTING_FILE, res.to_dict())
     render_outputs(od)
     return res
@@ -177,6 +190,6 @@ def export_trec(od: OutputDir, to: Path) -> list[Path]:
     return written
 
 
-def routing_options(s: Settings, subs: AnalysisSubsets) -> routing_analysis.Options:
-    return routing_analysis.Options(k=s.k, train=subs.routing_train, test=subs.routing_test,
-                                    folds=s.routing_folds, seed=s.routing_seed)
+def routing_options(k: int, a: AnalysisSettings, subs: AnalysisSubsets) -> routing_analysis.Options:
+    return routing_analysis.Options(k=k, train=subs.routing_train, test=subs.routing_test,
+                                    folds=a.routing_folds, seed=a.routing_seed)

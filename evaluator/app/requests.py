@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.app.dry_run import plan_requests, write_plan
-from evaluator.app.study import checked_inputs, load_profiles, start_servers, use_servers
+from evaluator.app.study import checked_inputs, load_profiles, prepare_study, start_servers, use_servers
 from evaluator.batch import collect as batch_study
 from evaluator.batch.files import Result, read_requests, write_lines
 from evaluator.batch.ray_engine import RayOptions, RayRun, run_requests_ray
@@ -26,8 +26,10 @@ from evaluator.llm.engine import STOP_GRACE_S
 from evaluator.results.schema import (
     check_writable,
 )
-from evaluator.settings.load import ConfigError, Settings
-from evaluator.study.prepare import prepare
+from evaluator.settings.invocation import Invocation
+from evaluator.settings.load import ConfigError
+from evaluator.settings.paths import resolve_path
+from evaluator.settings.sections import Settings
 
 
 @dataclass
@@ -37,20 +39,20 @@ class Exported:
     cache_root: Path
 
 
-def export_requests(s: Settings, out: Path, reporter: Reporter = SILENT) -> Exported:
+def export_requests(s: Settings, inv: Invocation, out: Path, reporter: Reporter = SILENT) -> Exported:
     """`requests export`: every chat request the study would send now that is not cached, into `out`.
 
     The run's checks and order with offline profiles (the same cache keys, no key needed): inputs
     checked, the study prepared, then one collect pass instead of the models' runs. The PtR planners
     need the discovery replies, so a second export after the first results were imported holds them."""
-    cache_root = s.resolve_path(s.cache_dir)
+    cache_root = resolve_path(s.run.cache_dir)
     check_writable(out.parent, "requests export: the output file's folder")
     check_writable(cache_root, "--cache-dir")
-    if not s.models:
+    if not s.run.models:
         raise ConfigError("requests export: name the model(s) with --model PROFILE")
-    profiles = load_profiles(s, offline=True)
-    inputs = checked_inputs(s, reporter)
-    study = prepare(s, reporter.progress, inputs, reporter=reporter)
+    profiles = load_profiles(s, inv, offline=True)
+    checked = checked_inputs(s, inv, reporter)
+    study = prepare_study(checked.settings, checked.inputs, cache_root, reporter)
     todo = aio.run(batch_study.collect(study, profiles, cache_root))
     store = JobStore(cache_root)
     try:

@@ -53,7 +53,11 @@ from evaluator.results.schema import (
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import BM25Index
 from evaluator.retrieval.retrievers import Hybrid, Lexical
-from evaluator.settings.load import ConfigError, Settings, analysis_subsets
+from evaluator.settings.invocation import Invocation
+from evaluator.settings.load import ConfigError
+from evaluator.settings.paths import resolve_path
+from evaluator.settings.sections import Fitted, RetrievalSettings, Settings
+from evaluator.settings.subsets import analysis_subsets
 from evaluator.study.prepare import Inputs, Study, load_inputs, prepare
 from evaluator.study.runner import StudyRunner, Unit, calls_per_unit, retrieval_only_records
 from simulator.harness import SimHandle, start_simulator
@@ -74,50 +78,66 @@ class RunOutcome:
 
 
 def output_path(s: Settings) -> Path:
-    return Path(s.out) if s.out else Path("results") / time.strftime("%Y%m%d-%H%M%S")
+    return Path(s.run.out) if s.run.out else Path("results") / time.strftime("%Y%m%d-%H%M%S")
 
 
-def load_profiles(s: Settings, *, offline: bool = False) -> dict[str, ModelProfile]:
+def load_profiles(s: Settings, inv: Invocation, *, offline: bool = False) -> dict[str, ModelProfile]:
     """Every profile resolved and checked (types, keys present) before any work starts.
 
     `offline`: for building cache keys only (request export): no key needed, no endpoint contacted."""
     profiles: dict[str, ModelProfile] = {}
-    for name in dict.fromkeys(s.models):
-        p = offline_profile(name, **s.overrides.as_kwargs()) if offline else load_profile(name, **s.overrides.as_kwargs())
+    for name in dict.fromkeys(s.run.models):
+        p = offline_profile(name, **inv.overrides.as_kwargs()) if offline else load_profile(name, **inv.overrides.as_kwargs())
         if p.name in profiles:
             raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
         if p.local_model and not p.base_url and not offline:
-            llamacpp.check(p, s.resolve_path(s.cache_dir))  # server and weights installed: one line now
+            llamacpp.check(p, resolve_path(s.run.cache_dir))  # server and weights installed: one line now
         profiles[p.name] = p
     return profiles
 
 
-def check_inputs(s: Settings, inputs: Inputs) -> None:
+def check_inputs(s: Settings, inv: Invocation, inputs: Inputs) -> None:
     """After the data is loaded, before embedding: budgets the registry can serve, and some queries."""
     n = len(inputs.registry)
-    if s.k > n:
-        raise ConfigError(f"--k {s.k} is above the registry's {n:,} APIs; pass --k {n} or less.")
-    too_big = sorted(k for k in set(s.ks) if k > n)
-    if too_big and "ks" in s.cli_keys:
+    data = s.data
+    if s.retrieval.k > n:
+        raise ConfigError(f"--k {s.retrieval.k} is above the registry's {n:,} APIs; pass --k {n} or less.")
+    too_big = sorted(k for k in set(s.retrieval.ks) if k > n)
+    if too_big and "retrieval.ks" in inv.cli_keys:
         raise ConfigError(f"--ks {','.join(map(str, too_big))} above the registry's {n:,} APIs; "
                           f"pass --ks with values up to {n}.")
     if not inputs.queries:
-        what = f"subsets {','.join(s.subsets)}" if s.subsets else "the query files"
-        raise DataError(f"no queries to run: {what} in {inputs.data_dir or ', '.join(s.queries)} gave none"
-                        + (f" (--limit {s.limit})" if s.limit else "") + "; check --subsets and the data folder.")
+        what = f"subsets {','.join(data.subsets)}" if data.subsets else "the query files"
+        raise DataError(f"no queries to run: {what} in {inputs.data_dir or ', '.join(data.queries)} gave none"
+                        + (f" (--limit {data.limit})" if data.limit else "") + "; check --subsets and the data folder.")
 
 
-def checked_inputs(s: Settings, reporter: Reporter, *, analyses: bool = False) -> Inputs:
+@dataclass(frozen=True)
+class Checked:
+    """The data loaded and checked, and the settings the study runs with on it."""
+
+    settings: Settings  # as loaded, but the config's k-ablation budgets above the registry left out
+    inputs: Inputs
+    fitted: dict[str, Fitted]  # what was fitted to the data, and why (meta.json `fitted`)
+
+
+def checked_inputs(s: Settings, inv: Invocation, reporter: Reporter, *, analyses: bool = False) -> Checked:
     """The data loaded and every check on it passed (and the config's ablation budgets fitted), before
     anything is embedded. `analyses`: an [analysis] subset the data lacks is one line now, not after
     the LLM phase."""
-    inputs = load_inputs(s)
-    check_inputs(s, inputs)
+    inputs = load_inputs(s.data, data_from_cli=inv.data_from_cli)
+    check_inputs(s, inv, inputs)
     warn_data(inputs, reporter)
     if analyses:
-        analysis_subsets(s, sorted({q.subset for q in inputs.queries}))
-    fit_ks_to_registry(s, inputs.registry, reporter.info)
-    return inputs
+        analysis_subsets(s.analysis, sorted({q.subset for q in inputs.queries}))
+    retrieval, fitted = fit_ks_to_registry(s.retrieval, inv.cli_keys, inputs.registry, reporter.info)
+    return Checked(dataclasses.replace(s, retrieval=retrieval), inputs, fitted)
+
+
+def prepare_study(s: Settings, inputs: Inputs, cache_root: Path, reporter: Reporter = SILENT) -> Study:
+    """`study.prepare` handed the sections it needs: the checked inputs embedded and RtP retrieved."""
+    return prepare(inputs, embed=s.embed, retrieval=s.retrieval, run=s.run, cache_root=cache_root,
+                   progress=reporter.progress, reporter=reporter)
 
 
 def warn_data(inputs: Inputs, reporter: Reporter) -> None:
@@ -127,62 +147,68 @@ def warn_data(inputs: Inputs, reporter: Reporter) -> None:
         reporter.warn(f"data: {n:,} {kind} (e.g. {example[:200]}); all listed under Data warnings in report.md")
 
 
-def fit_ks_to_registry(s: Settings, registry: Registry, log: Log) -> None:
-    """Config-file ablation budgets above a small registry are dropped (with a note); flags are not:
-    `check_inputs` rejects those."""
+def fit_ks_to_registry(retrieval: RetrievalSettings, cli_keys: frozenset[str], registry: Registry,
+                       log: Log) -> tuple[RetrievalSettings, dict[str, Fitted]]:
+    """Config-file ablation budgets above a small registry are dropped (with a note): a new section, and
+    what was fitted; flags are not: `check_inputs` rejects those."""
     n = len(registry)
-    if "ks" not in s.cli_keys and any(k > n for k in s.ks):
-        dropped = sorted(k for k in set(s.ks) if k > n)
-        s.ks = [k for k in s.ks if k <= n] or [min(s.k, n)]
-        log(f"note: k-ablation values {','.join(map(str, dropped))} from the config are above the registry's "
-            f"{n} APIs; left out")
+    ks = retrieval.ks
+    if "retrieval.ks" in cli_keys or all(k <= n for k in ks):
+        return retrieval, {}
+    dropped = sorted(k for k in set(ks) if k > n)
+    used = tuple(k for k in ks if k <= n) or (min(retrieval.k, n),)
+    why = (f"k-ablation values {','.join(map(str, dropped))} from the config are above the registry's "
+           f"{n} APIs; left out")
+    log(f"note: {why}")
+    return dataclasses.replace(retrieval, ks=used), {"retrieval.ks": Fitted(asked=ks, used=used, why=why)}
 
 
 # ---------------------------------------------------------------- the run
 
 
-def run(s: Settings, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> RunOutcome:
+def run(s: Settings, inv: Invocation, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> RunOutcome:
     out = output_path(s)
-    cache_root = s.resolve_path(s.cache_dir)
+    cache_root = resolve_path(s.run.cache_dir)
     check_writable(cache_root, "--cache-dir")
     check_writable(out, "--out")
-    profiles = {} if retrieval_only else load_profiles(s, offline=s.dry_run)
-    if s.budget_usd is not None and profiles and not s.dry_run:
+    profiles = {} if retrieval_only else load_profiles(s, inv, offline=inv.dry_run)
+    if inv.budget_usd is not None and profiles and not inv.dry_run:
         check_priced(profiles)  # a budget needs prices and max_tokens: one line, before any work
-    if s.batch and profiles:
+    if inv.batch and profiles:
         batch_study.check(profiles)  # a profile without a batch API: one line, before any work
-        if s.batch == "cancel":
-            if s.dry_run:  # a dry run sends nothing, and cancelling is a request
+        if inv.batch == "cancel":
+            if inv.dry_run:  # a dry run sends nothing, and cancelling is a request
                 raise ConfigError("--dry-run and --batch-cancel do not go together: drop one of them.")
             stats = batch_study.cancel(profiles, cache_root, reporter.info)
             return RunOutcome(out, message=batch_study.cancel_message(stats))
     with contextlib.ExitStack() as stack:
         # Simulated and bundled models' servers start now and get ready beside the loading and embedding below.
-        sims = start_servers(stack, profiles, cache_root) if profiles and not s.dry_run else {}
-        return _run_study(s, out, cache_root, profiles, sims, reporter, retrieval_only)
+        sims = start_servers(stack, profiles, cache_root) if profiles and not inv.dry_run else {}
+        return _run_study(s, inv, out, cache_root, profiles, sims, reporter, retrieval_only)
 
 
-def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
+def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
                sims: dict[str, Server], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
-    inputs = checked_inputs(s, reporter, analyses=not retrieval_only and s.extras)
-    study = prepare(s, reporter.progress, inputs, reporter=reporter)
-    if s.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
+    checked = checked_inputs(s, inv, reporter, analyses=not retrieval_only and inv.extras)
+    s = checked.settings  # the k-ablation fitted to the registry
+    study = prepare_study(s, checked.inputs, cache_root, reporter)
+    if inv.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
         return RunOutcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
     od = OutputDir(out)
     if retrieval_only:
         records = retrieval_only_records(study)
-        meta = build_meta(study, {})
+        meta = build_meta(study, {}, s, checked.fitted)
     else:
         # meta states the profiles as declared: an auto-started simulator's port is an accident of this run
-        budget = Budget(s.budget_usd) if s.budget_usd is not None else None
+        budget = Budget(inv.budget_usd) if inv.budget_usd is not None else None
         try:
             records, llm_stats, sim_stats, batch_stats = run_models(study, dict(profiles), cache_root, reporter,
-                                                                    budget=budget, sims=sims)
+                                                                    budget=budget, sims=sims, inv=inv)
         except BudgetExhausted:  # what remains, priced from the cache now holding every reply received
             assert budget is not None
             rest = plan_study(study, profiles, cache_root)
             raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
-        meta = build_meta(study, profiles)
+        meta = build_meta(study, profiles, s, checked.fitted)
         meta.llm_stats = llm_stats
         meta.runtime.simulator_stats = {n: v for n, v in sim_stats.items() if isinstance(v, SimulatorStats)}
         local = {n: v for n, v in sim_stats.items() if isinstance(v, LocalServer)}
@@ -193,7 +219,7 @@ def _run_study(s: Settings, out: Path, cache_root: Path, profiles: dict[str, Mod
     od.write_meta(meta)
     od.write_records(records)
     if not retrieval_only:
-        notes = run_extras(s, study, records, meta, od, reporter)
+        notes = run_extras(s, inv, study, records, meta, od, reporter)
         meta.analysis_notes = notes
         od.write_meta(meta)
     meta.runtime.peak_rss_mib = peak_rss_mib()  # before the report, which states it
@@ -244,26 +270,25 @@ def use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> N
 
 
 def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
-               budget: Budget | None = None, sims: dict[str, Server] | None = None,
+               budget: Budget | None = None, sims: dict[str, Server] | None = None, inv: Invocation,
                ) -> tuple[list[Record], dict[str, CallStats], dict[str, SimulatorStats | LocalServer],
                           dict[str, BatchStats]]:
     """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
     bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
     when the stage ends. With `--batch`, the calls first go through the batch APIs; the run then answers
     them from the cache."""
-    s = study.settings
     with contextlib.ExitStack() as stack:
         sims = sims if sims is not None else start_servers(stack, profiles, cache_root)
         use_servers(profiles, sims)
         batch_stats: dict[str, BatchStats] = {}
-        if s.batch == "submit":
+        if inv.batch == "submit":
             batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget,
-                                                warn=reporter.warn, fallback=s.batch_fallback)
-        per_unit = calls_per_unit(study) * s.runs
+                                                warn=reporter.warn, fallback=inv.batch_fallback)
+        per_unit = calls_per_unit(study) * study.run.runs
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
         with bar:
-            records, llm_stats = aio.run(_run_async(study, profiles, cache_root, bar, budget))
+            records, llm_stats = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
         # llama.cpp server's file, hash, sizing and token counters.
@@ -276,18 +301,18 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
 
 
 async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
-                     bar: Progress, budget: Budget | None = None) -> tuple[list[Record], dict[str, CallStats]]:
-    s = study.settings
+                     bar: Progress, budget: Budget | None, inv: Invocation,
+                     ) -> tuple[list[Record], dict[str, CallStats]]:
     # one RPM per key for every process on this folder (the cache's, or --rate-dir)
-    rates = SharedRates(rate_folder(s.resolve_path(s.rate_dir) if s.rate_dir else None, cache_root))
+    rates = SharedRates(rate_folder(resolve_path(inv.rate_dir) if inv.rate_dir else None, cache_root))
     async with contextlib.AsyncExitStack() as stack:
         engines = {n: await stack.enter_async_context(LLMEngine(p, cache_root=cache_root, budget=budget,
-                                                                grace_s=s.stop_grace_s,
+                                                                grace_s=inv.stop_grace_s,
                                                                 pacer_factory=rates, token_pacer_factory=rates.tpm)) for n, p in profiles.items()}
         for n, e in engines.items():
             bar.attach(n, e.stats)
         runner = StudyRunner(study, engines, bar)
-        units = [Unit(m, r) for m in profiles for r in range(study.settings.runs)]
+        units = [Unit(m, r) for m in profiles for r in range(study.run.runs)]
         try:
             await runner.run(units)
         finally:
@@ -295,20 +320,20 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
     return runner.records, stats
 
 
-# meta.json states the settings and each profile as saved (their JSON shape, secrets and per-invocation
-# fields left out), read back into their types
-_SETTINGS = TypeAdapter(Settings)
+# meta.json states each profile as saved (its JSON shape, secrets and per-invocation fields left out), read back
+# into its type
 _PROFILE = TypeAdapter(ModelProfile)
 
 
-def build_meta(study: Study, profiles: dict[str, ModelProfile]) -> Meta:
-    s = study.settings
+def build_meta(study: Study, profiles: dict[str, ModelProfile], s: Settings,
+               fitted: dict[str, Fitted] | None = None) -> Meta:
+    """`s`: the settings the study ran with (its sections, frozen: meta.json saves them as they are)."""
     return Meta(
-        version=__version__, settings=_SETTINGS.validate_python(s.study_dict()), data_dir=str(study.data_dir or ""),
+        version=__version__, settings=s, fitted=dict(fitted or {}), data_dir=str(study.data_dir or ""),
         embedder=study.embedder.cache_name, precision=study.embedder.precision, backend=study.embedder.backend,
-        registry=RegistryInfo(s.registry, len(study.registry), study.registry.source, study.registry.format,
+        registry=RegistryInfo(s.data.registry, len(study.registry), study.registry.source, study.registry.format,
                               study.registry.digest()),
-        subsets=study.subsets, k=s.k, ks=sorted(set(s.ks)), runs=s.runs if profiles else 1,
+        subsets=study.subsets, k=s.retrieval.k, ks=sorted(set(s.retrieval.ks)), runs=s.run.runs if profiles else 1,
         models=[ModelInfo(n, p.model, p.simulated, _PROFILE.validate_python(p.request_settings()))
                 for n, p in profiles.items()],
         retrieval_only=not profiles, warnings=study.warnings.as_dict(),
@@ -321,31 +346,33 @@ def build_meta(study: Study, profiles: dict[str, ModelProfile]) -> Meta:
 # ---------------------------------------------------------------- analyses beside the main study
 
 
-def run_extras(s: Settings, study: Study, records: list[Record], meta: Meta, od: OutputDir,
+def run_extras(s: Settings, inv: Invocation, study: Study, records: list[Record], meta: Meta, od: OutputDir,
                reporter: Reporter = SILENT) -> dict[str, str]:
     """Scaling and routing, reusing this run's embeddings and records; returns why any did not run."""
-    if not s.extras:
+    if not inv.extras:
         return {"scaling": "not run (--no-extras)", "routing": "not run (--no-extras)"}
-    if set(s.archs) != {"rtp", "ptr"}:
-        why = f"needs both architectures; this run had only {', '.join(s.archs)}"
+    if set(s.run.archs) != {"rtp", "ptr"}:
+        why = f"needs both architectures; this run had only {', '.join(s.run.archs)}"
         return {"scaling": why, "routing": why}
     notes: dict[str, str] = {}
-    subs = analysis_subsets(s, sorted(study.subsets))
+    a = s.analysis
+    subs = analysis_subsets(a, sorted(study.subsets))
     quiet: Log = reporter.info if reporter.progress else (lambda _m: None)
     t = time.perf_counter()
     if subs.scaling:
         res = scaling_analysis.scaling_study(
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
-            subsets=subs.scaling, divergence_subset=subs.divergence, k=s.k, sizes=s.scaling_sizes,
-            seeds=s.scaling_seeds, about=about(meta, s, "scaling_subsets"), log=quiet,
-            memo=searches_folder(study.embedder.cache_dir), retriever=s.retriever, lexical=_lexical(study.retriever))
+            subsets=subs.scaling, divergence_subset=subs.divergence, k=s.retrieval.k, sizes=list(a.scaling_sizes),
+            seeds=a.scaling_seeds, about=about(meta, a, "scaling_subsets"), log=quiet,
+            memo=searches_folder(study.embedder.cache_dir), retriever=s.retrieval.retriever,
+            lexical=_lexical(study.retriever))
         od.write_json(SCALING_FILE, res.to_dict())
     else:
         notes["scaling"] = "no subset to run it on"
     study.timings["scaling_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    opt = routing_options(s, subs)
-    result = routing_analysis.routing_study(records, opt, about(meta, s, "routing_test"))
+    opt = routing_options(s.retrieval.k, a, subs)
+    result = routing_analysis.routing_study(records, opt, about(meta, a, "routing_test"))
     od.write_json(ROUTING_FILE, result.to_dict())
     study.timings["routing_s"] = time.perf_counter() - t
     return notes

@@ -98,7 +98,7 @@ async def collect(study: Any, profiles: dict[str, ModelProfile], cache_root: Pat
             engine = await stack.enter_async_context(LLMEngine(offline(p), cache_root=cache_root, api_key=""))
             collectors[n] = _Collector(engine, on_call)
         runner = StudyRunner(study, collectors, None, batcher)
-        await runner.run([Unit(m, r) for m in profiles for r in range(study.settings.runs)])
+        await runner.run([Unit(m, r) for m in profiles for r in range(study.run.runs)])
     return {n: [Request(k, p.body) for k, p in c.calls.items()] for n, c in collectors.items()}
 
 

@@ -26,8 +26,10 @@ from typing import NoReturn, TextIO
 from evaluator.analysis.routing import RoutingMeta
 from evaluator.analysis.scaling import ScalingMeta
 from evaluator.app import report, requests, study
+from evaluator.app import view as view_app
 from evaluator.batch.ray_engine import RayOptions
 from evaluator.batch.requests import import_files
+from evaluator.cli import view_server
 from evaluator.core.aio import interrupt_on_stop_signals, stop_signal
 from evaluator.core.errors import (
     EXIT_FAILED_CALLS,
@@ -40,20 +42,17 @@ from evaluator.core.errors import (
 from evaluator.core.progress import Reporter
 from evaluator.core.redact import RedactFilter, redact, redacted_traceback
 from evaluator.llm import cache_clear, cache_stats
-from evaluator.render import view as view_page
 from evaluator.results.schema import OutputDir
-from evaluator.settings.load import (
+from evaluator.settings.invocation import BATCH_FALLBACKS, STOP_GRACE_S, Invocation, ProfileOverrides
+from evaluator.settings.load import load, load_settings
+from evaluator.settings.paths import resolve_path
+from evaluator.settings.sections import (
     BACKEND_CHOICES,
-    BATCH_FALLBACKS,
     PRECISION_CHOICES,
     REGISTRY_CHOICES,
     RETRIEVER_CHOICES,
-    STOP_GRACE_S,
     TOOLS_FORMAT_CHOICES,
-    ProfileOverrides,
     Settings,
-    load_settings,
-    validate,
 )
 
 
@@ -149,46 +148,42 @@ def run_parser() -> Parser:
     return p
 
 
-# flag (argparse dest) -> Settings field
+# flag (argparse dest) -> setting, by section and key
 RUN_FLAGS = {
-    "subsets": "subsets", "k": "k", "ks": "ks", "registry": "registry", "embedder": "embedder", "device": "device",
-    "precision": "precision", "backend": "backend", "cache_dir": "cache_dir", "out": "out", "limit": "limit", "models": "models",
-    "runs": "runs", "archs": "archs", "fallback_to_query": "fallback_to_query", "tools_format": "tools_format",
-    "batch_fallback": "batch_fallback", "stop_grace": "stop_grace_s",
-    "retriever": "retriever",
+    "subsets": "data.subsets", "limit": "data.limit", "registry": "data.registry", "tools_format": "data.tools_format",
+    "embedder": "embed.model", "device": "embed.device", "precision": "embed.precision", "backend": "embed.backend",
+    "k": "retrieval.k", "ks": "retrieval.ks", "fallback_to_query": "retrieval.fallback_to_query",
+    "retriever": "retrieval.retriever",
+    "models": "run.models", "runs": "run.runs", "archs": "run.archs", "out": "run.out",
 }
+# flag (argparse dest) -> option of the invocation (`settings.invocation.Invocation`, not saved)
+OPTION_FLAGS = {"batch_fallback": "batch_fallback", "stop_grace": "stop_grace_s", "budget": "budget_usd"}
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    s = load_settings(args.config)
-    for dest, name in RUN_FLAGS.items():
-        value = getattr(args, dest, None)
-        if value is not None:
-            setattr(s, name, value)
-            s.cli_keys.add(name)
+def _absolute(path: str) -> str:
+    """A path typed on the command line is relative to where it is typed, existing or not."""
+    return str(Path(path).expanduser().absolute())
+
+
+def settings_from(args: argparse.Namespace) -> tuple[Settings, Invocation]:
+    flags = {name: value for dest, name in RUN_FLAGS.items() if (value := getattr(args, dest, None)) is not None}
     if args.cache_dir:
-        # a path typed on the command line is relative to where it is typed, existing or not
-        s.cache_dir = str(Path(args.cache_dir).expanduser().absolute())
+        flags["run.cache_dir"] = _absolute(args.cache_dir)
     if args.data:
-        s.data_dir, s.data_from_cli = args.data, True
-    # paths typed on the command line are relative to where they are typed
+        flags["data.dir"] = args.data
     if args.tools:
-        s.tools = str(Path(args.tools).expanduser().absolute())
-        s.cli_keys.add("tools")
+        flags["data.tools"] = _absolute(args.tools)
     if args.queries:
-        s.queries = [str(Path(q).expanduser().absolute()) for q in args.queries]
-        s.cli_keys.add("queries")
-    s.overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm,
-                                   tpm=args.tpm, max_tokens=args.max_tokens, timeout_s=args.timeout)
-    s.extras = not args.no_extras
-    s.batch = "cancel" if args.batch_cancel else ("submit" if args.batch else None)
-    s.dry_run = args.dry_run
-    if args.budget is not None:
-        s.budget_usd = args.budget
+        flags["data.queries"] = [_absolute(q) for q in args.queries]
+    options = {name: value for dest, name in OPTION_FLAGS.items() if (value := getattr(args, dest, None)) is not None}
     if args.rate_dir:
-        s.rate_dir = str(Path(args.rate_dir).expanduser().absolute())
-    validate(s)
-    return s
+        options["rate_dir"] = _absolute(args.rate_dir)
+    options |= {
+        "overrides": ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm,
+                                      tpm=args.tpm, max_tokens=args.max_tokens, timeout_s=args.timeout),
+        "extras": not args.no_extras, "dry_run": args.dry_run, "data_from_cli": bool(args.data),
+        "batch": "cancel" if args.batch_cancel else ("submit" if args.batch else None)}
+    return load(args.config, flags, options)
 
 
 # The folders the running command writes: a file-system error that names no file (a write to an open file, a
@@ -202,9 +197,9 @@ def _writing(*paths: object) -> None:
 
 def cmd_run(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
-    s = settings_from(args)
-    _writing(s.out or "results/", s.resolve_path(s.cache_dir))
-    outcome = study.run(s, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
+    s, inv = settings_from(args)
+    _writing(s.run.out or "results/", resolve_path(s.run.cache_dir))
+    outcome = study.run(s, inv, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
     if outcome.message:  # --batch-cancel: no study ran
         print(outcome.message)
         return 0
@@ -244,7 +239,7 @@ def cmd_cache(argv: list[str]) -> int:
     p.add_argument("--cache-dir", help="cache root (default: the config's)")
     args = p.parse_args(argv)
     s = load_settings()
-    root = s.resolve_path(args.cache_dir or s.cache_dir)
+    root = resolve_path(args.cache_dir or s.run.cache_dir)
     if root.exists() and not root.is_dir():
         raise ConfigError(f"--cache-dir {root} is a file, not a folder; pass the cache folder.")
     if args.action == "stats":
@@ -258,19 +253,17 @@ def cmd_cache(argv: list[str]) -> int:
 
 def _analysis_settings(args: argparse.Namespace, od: OutputDir) -> Settings:
     """The config's analysis settings with this command's flags, and the run's k."""
-    s = load_settings(args.config)
     meta = od.read_meta()
-    s.k = args.k or meta.k
+    flags = {"retrieval.k": args.k or meta.k}
     for dest in ("scaling_sizes", "scaling_seeds", "scaling_subsets", "divergence_subset", "routing_train",
                  "routing_test", "routing_folds", "routing_seed"):
         value = getattr(args, dest, None)
         if value is not None:
-            setattr(s, dest, value)
+            flags[f"analysis.{dest}"] = value
     # `routing` has no --cache-dir flag (it embeds nothing)
-    if cache_dir := getattr(args, "cache_dir", None) or meta.settings.cache_dir:
-        s.cache_dir = cache_dir
-    validate(s)
-    return s
+    if cache_dir := getattr(args, "cache_dir", None) or meta.settings.run.cache_dir:
+        flags["run.cache_dir"] = cache_dir
+    return load(args.config, flags)[0]
 
 
 def _analysis_command(prog: str, description: str, argv: list[str], add: Callable[[Parser], None],
@@ -336,7 +329,7 @@ the study exactly as if they had been fetched online, and online and batch resul
 
 def _cache_root(cache_dir: str | None, config: Path | None = None) -> Path:
     s = load_settings(config)
-    return Path(s.resolve_path(cache_dir or s.cache_dir))
+    return Path(resolve_path(cache_dir or s.run.cache_dir))
 
 
 def cmd_requests(argv: list[str]) -> int:
@@ -351,9 +344,9 @@ def _requests_export(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-"):
         raise ConfigError("requests export: name the output file first: `requests export OUT.jsonl [study flags]`")
     args = run_parser().parse_args(argv[1:])
-    s = settings_from(args)
-    _writing(Path(argv[0]).parent, s.resolve_path(s.cache_dir))
-    done = requests.export_requests(s, Path(argv[0]), make_reporter(not args.no_progress))
+    s, inv = settings_from(args)
+    _writing(Path(argv[0]).parent, resolve_path(s.run.cache_dir))
+    done = requests.export_requests(s, inv, Path(argv[0]), make_reporter(not args.no_progress))
     n = sum(done.per_model.values())
     if n:
         per = ", ".join(f"{name} {k:,}" for name, k in done.per_model.items())
@@ -450,10 +443,10 @@ def cmd_view(argv: list[str]) -> int:
     if len(args.out_dirs) > 1 and args.out is None:
         p.error("comparing runs writes one page for all of them: pass --out F.html")
     _writing(args.out.parent if args.out else args.out_dirs[0])
-    path, html = view_page.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
+    path, html = view_app.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
     print(path)
     if args.serve:
-        srv = view_page.server(html, args.port, path)
+        srv = view_server.server(html, args.port, path)
         print(f"Serving on http://127.0.0.1:{srv.server_address[1]}/ (Ctrl-C stops)", flush=True)
         try:
             srv.serve_forever()

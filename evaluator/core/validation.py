@@ -38,7 +38,7 @@ def _want(tp: Any) -> str:
         return " or ".join(_want(a) for a in get_args(tp) if a is not type(None))
     if origin is Literal:
         return "one of " + ", ".join(map(str, get_args(tp)))
-    if origin in (list, set):
+    if origin in (list, set, tuple):
         item = get_args(tp)[0]
         item = get_args(item)[0] if get_origin(item) is Annotated else item
         return f"a list of {_PLURAL.get(item) or _want(item)}"
@@ -98,8 +98,10 @@ def config_error(e: ValidationError, info: FieldInfo, key: str, value: Any, wher
 def _field_adapter(cls: type, key: str) -> TypeAdapter[Any]:
     # `cls` is a pydantic dataclass; `type` does not declare the fields pydantic gives it
     info: FieldInfo = cls.__pydantic_fields__[key]  # type: ignore[attr-defined]
-    tp = info.annotation
+    tp: Any = info.annotation
     assert tp is not None  # every field of a pydantic dataclass is annotated
+    if get_origin(tp) is tuple and get_args(tp)[1:] == (...,):  # a frozen list: TOML and argparse give lists
+        tp = list.__class_getitem__(get_args(tp)[0])
     form: Any = Annotated[(tp, *info.metadata)] if info.metadata else tp  # built at run time
     return TypeAdapter(form)
 

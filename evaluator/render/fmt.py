@@ -59,6 +59,24 @@ def better(a: Row | None, b: Row | None) -> tuple[bool, bool]:
     return a.mean > b.mean, b.mean > a.mean
 
 
+def best(rows: Sequence[Row | None]) -> list[bool]:
+    """Which rows have the highest mean (for bold): none when fewer than two have a value or all are equal
+    (with two rows, `better`)."""
+    means = [r.mean if r is not None else None for r in rows]
+    defined = [m for m in means if m is not None]
+    if len(defined) < 2 or len(set(defined)) == 1:
+        return [False] * len(rows)
+    return [m is not None and m == max(defined) for m in means]
+
+
+# How a report names an architecture: the paper's two by their abbreviations, any other by its own name.
+ARCH_LABELS = {"rtp": "RtP", "ptr": "PtR", "both": "both"}
+
+
+def arch_label(arch: str) -> str:
+    return ARCH_LABELS.get(arch, arch)
+
+
 def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]

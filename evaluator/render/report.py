@@ -8,7 +8,7 @@ from typing import Any
 
 from evaluator.analysis.main import MainResult
 from evaluator.data import EMBED_TEXT_RULE
-from evaluator.render import tables as T
+from evaluator.render import tables
 from evaluator.render.batch import cost_section_md
 from evaluator.render.fmt import models_or_none, table
 from evaluator.results.schema import CallStats, Meta, Runtime, WarningCount, plain, repeats_note
@@ -133,7 +133,7 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
         "L2-normalised; search is exact inner product (faiss.IndexFlatIP), re-scored in float64 so results do "
         "not depend on how queries were batched; exact ties go to the higher registry row, as FAISS orders them.",
     ]
-    if (retriever := meta.settings.retriever) != "dense":
+    if (retriever := meta.settings.retrieval.retriever) != "dense":
         out.append(f"Retriever `{retriever}`: {RETRIEVER_RULES[retriever]}. PtR merges its stubs' lists by the "
                    "best score any stub gives an API, with the retriever's own score (BM25 scores of different "
                    "stubs are not normalised: a stub with more matching words weighs more; RRF scores are "
@@ -146,21 +146,21 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
     return out
 
 
-def _model_desc(m: str, labels: T.Labels) -> str:
+def _model_desc(m: str, labels: tables.Labels) -> str:
     bits = [labels.model_ids[m]] if m in labels.model_ids else []
     bits += ["simulated"] if m in labels.simulated else []
     return f"`{m}`" + (f" ({', '.join(bits)})" if bits else "")
 
 
-def labels_of(meta: Meta, models: Sequence[str]) -> T.Labels:
+def labels_of(meta: Meta, models: Sequence[str]) -> tables.Labels:
     # the bundled simulator is simulated whatever meta says (an output folder with a bare meta.json)
     simulated = set(meta.simulated_models) | {m for m in models if m == "sim"}
     size = meta.registry.size
-    return T.Labels(simulated=simulated & set(models) if models else simulated, embedder=meta.embedder,
+    return tables.Labels(simulated=simulated & set(models) if models else simulated, embedder=meta.embedder,
                     registry_size=f"{size:,}" if isinstance(size, int) else "?",
                     registry_choice=meta.registry.choice, runs=str(meta.runs),
                     model_ids={m.name: m.model for m in meta.models if m.model and m.model != m.name},
-                    retriever=meta.settings.retriever)
+                    retriever=meta.settings.retrieval.retriever)
 
 
 def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), figures: Sequence[str] = (),
@@ -170,7 +170,7 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
     summary = result.summary
     models = sorted({m.name for m in meta.models} | set(summary.models))
     labels = labels_of(meta, models)
-    c = T.Ctx(result, labels)
+    c = tables.Ctx(result, labels)
     out: list[str] = ["# Tool discovery: Retrieve-then-Plan vs Plan-then-Retrieve\n"]
     for m in models:
         if m in labels.simulated:
@@ -198,34 +198,41 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
     out.append("## Retrieval: k-ablation\n")
     for model in models_or_none(models):
         for gold in result.golds:
-            out.append(T.metric_at_k(c, model, gold))
+            out.append(tables.metric_at_k(c, model, gold))
             if model is None:
-                out.append(T.metric_at_k(c, model, gold, "precision"))
-            out.append(T.rank_metrics_at_k(c, model, gold))
+                out.append(tables.metric_at_k(c, model, gold, "precision"))
+            out.append(tables.rank_metrics_at_k(c, model, gold))
     for m in models:
-        if not (T.has(summary, m, "ptr") or T.has(summary, m, "rtp")):
+        if not (tables.has(summary, m, "ptr") or tables.has(summary, m, "rtp")):
             continue
         out.append(f"## Model `{m}`" + (" (simulated LLM)" if m in labels.simulated else "") + "\n")
         if m in result.contrasts:
-            out.append(T.worked_contrasts(c, result.contrasts[m]))
+            out.append(tables.worked_contrasts(c, result.contrasts[m]))
         for gold in result.golds:
-            out.append(T.main_results(c, m, gold))
+            out.append(tables.main_results(c, m, gold))
         for gold in result.golds:
-            out.append(T.compact_results(c, m, gold))
-        if T.has(summary, m, "ptr"):
+            out.append(tables.compact_results(c, m, gold))
+        if result.comparison is not None and len(result.comparison.archs) >= 3:
             for gold in result.golds:
-                out.append(T.stub_generation(c, m, gold))
+                out.append(tables.architectures_compared(c, m, gold))
             for gold in result.golds:
-                out.append(T.search_width(c, m, gold))
-        out.append(T.trajectories(c, m))
-        if T.has(summary, m, "both"):
-            out.append(T.selection_divergence(c, m))
-        out.append(T.inference_cost(c, m))
+                out.append(tables.pairwise_tests(c, result.comparison, m, gold))
+            for gold in result.golds:
+                out.append(tables.friedman_tests(c, result.comparison, m, gold))
+        if tables.has(summary, m, "ptr"):
+            for gold in result.golds:
+                out.append(tables.stub_generation(c, m, gold))
+            for gold in result.golds:
+                out.append(tables.search_width(c, m, gold))
+        out.append(tables.trajectories(c, m))
+        if tables.has(summary, m, "both"):
+            out.append(tables.selection_divergence(c, m))
+        out.append(tables.inference_cost(c, m))
         if m in result.trajectories:
-            out.append(T.example_trajectory(c, result.trajectories[m], m))
-        out.append(T.errors_table(c, m))
+            out.append(tables.example_trajectory(c, result.trajectories[m], m))
+        out.append(tables.errors_table(c, m))
     if not models:
-        out.append(T.errors_table(c, None))
+        out.append(tables.errors_table(c, None))
 
     if figures:
         out.append("## Figures\n\n" + "\n".join(f"![{f.rsplit('.', 1)[0]}](figures/{f})" for f in figures) + "\n")
@@ -246,6 +253,10 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
                "fractions of queries). `tests`: one entry per test (`ttest_1samp`, `ttest_ind`, `wilcoxon`) "
                "with statistic, p-value (null when undefined), stars and n. `checks`: record counts and "
                "consistency checks. `meta`: only what the numbers depend on (paths, timings and accounting "
-               "are in meta.json).\n")
+               "are in meta.json)."
+               + (" `comparisons` (three architectures or more): `pairs`, every pair's paired Wilcoxon test with "
+                  "its Holm-adjusted p (`p_holm`), and `friedman`, one test across all architectures, per model, "
+                  "subset, metric and gold at the main k." if result.comparison is not None
+                  and len(result.comparison.archs) >= 3 else "") + "\n")
     out.extend(s.rstrip() + "\n" for s in sections)
     return "\n".join(out)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from evaluator.analysis.routing import ARCH_LABEL, SIGNALS, Policy, RoutingMeta, RoutingResult, Scored
+from evaluator.render.figures import png, pyplot
 from evaluator.render.fmt import DASH, fint, mean_pm, simulated_note, table
 from evaluator.results.schema import GOLDS
 
@@ -112,11 +112,9 @@ def section_md(result: RoutingResult) -> str:
     return "\n".join(out)
 
 
-def figure(result: RoutingResult, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless
-    import matplotlib.pyplot as plt
+def figure(result: RoutingResult) -> bytes:
+    """`routing.png`: recall against tokens per signal's sweep, the baselines and the oracle."""
+    plt = pyplot()
 
     meta = result.meta
     models = list(result.models)
@@ -150,11 +148,7 @@ def figure(result: RoutingResult, path: Path) -> Path:
     # One legend under the panels: inside, it hides the sweep's points.
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.1 / len(models), 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return png(fig, rect=(0, 0.1 / len(models), 1, 1))
 
 
 

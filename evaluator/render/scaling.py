@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from evaluator.analysis.scaling import FULL, Key, Point, ScalingResult
 from evaluator.analysis.stats import mean_std
+from evaluator.render.figures import png, pyplot
 from evaluator.render.fmt import DASH, fpct, mean_pm, models_or_none, simulated_note, table
 from evaluator.results.schema import GOLDS
 
@@ -108,11 +108,9 @@ def section_md(result: ScalingResult) -> str:
     return "\n".join(out)
 
 
-def figure(result: ScalingResult, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")  # headless
-    import matplotlib.pyplot as plt
+def figure(result: ScalingResult) -> bytes:
+    """`scaling.png`: recall against registry size per subset and gold, and the divergence."""
+    plt = pyplot()
 
     meta, points = result.meta, result.points
     subsets, models, k = meta.subsets, meta.models, meta.k
@@ -174,10 +172,6 @@ def figure(result: ScalingResult, path: Path) -> Path:
     if meta.simulated_models:
         title += " · SIMULATED LLM"
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return png(fig)
 
 

@@ -9,11 +9,25 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from evaluator.analysis import stats as S
+from evaluator.analysis import stats
+from evaluator.analysis.compare import Comparison
 from evaluator.analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
 from evaluator.analysis.main import MainResult
 from evaluator.analysis.metrics import RANK_METRICS, RETRIEVAL_METRICS
-from evaluator.render.fmt import DASH, better, bold, fms, fnum, fpct, ptest, section, table
+from evaluator.render.fmt import (
+    DASH,
+    arch_label,
+    best,
+    better,
+    bold,
+    fms,
+    fnum,
+    format_p,
+    fpct,
+    ptest,
+    section,
+    table,
+)
 
 
 @dataclass
@@ -35,7 +49,7 @@ class Ctx:
     info: Labels
 
     @property
-    def s(self) -> S.Summary:
+    def s(self) -> stats.Summary:
         return self.r.summary
 
     def label(self, model: str | None, gold: str | None = None) -> str:
@@ -60,6 +74,9 @@ class Ctx:
             parts.append(f"RtP planner {rtp.planner}")
         if model is not None and ptr is not None:
             parts += [f"PtR retrieval {ptr.retrieval}", f"PtR planner {ptr.planner}"]
+        for arch in extra_archs(self, model):  # any architecture beyond the paper's two, by its name
+            if (ex := sc.get((model, arch))) is not None:
+                parts += [f"{arch} retrieval {ex.retrieval}", f"{arch} planner {ex.planner}"]
         text = "; n scored (summed over runs): " + ", ".join(parts) if parts else ""
         if model is not None:
             text += f"; truncated replies (finish_reason length): {(rtp.truncated if rtp else 0) + (ptr.truncated if ptr else 0)}"
@@ -80,34 +97,53 @@ class Ctx:
         return DASH if r is None else str(int(math.fsum(r.values)))
 
 
-def has(s: S.Summary, model: str | None, arch: str) -> bool:
+def has(s: stats.Summary, model: str | None, arch: str) -> bool:
     return any(r.model == model and r.arch == arch for r in s.rows)
 
 
-def _at_k_cells(c: Ctx, model: str | None, sub: str, metric: str, k: int, gold: str, with_ptr: bool) -> list[str]:
-    """RtP's value (deterministic: the retrieval-only row) and, with PtR, PtR's beside it, the better bold."""
+def extra_archs(c: Ctx, model: str | None) -> list[str]:
+    """The architectures beyond RtP and PtR that ran for this model (their columns follow RtP's and PtR's)."""
+    if model is None:
+        return []
+    return [a for a in c.s.archs if a not in ("rtp", "ptr") and has(c.s, model, a)]
+
+
+def _at_k_cells(c: Ctx, model: str | None, sub: str, metric: str, k: int, gold: str, with_ptr: bool,
+                extra: Sequence[str] = ()) -> list[str]:
+    """RtP's value (deterministic: the retrieval-only row) and, with PtR and any other architecture, theirs
+    beside it, the best bold."""
     r = c.s.row(None, sub, "rtp", metric, k, gold)
-    if not with_ptr:
+    if not with_ptr and not extra:
         return [fms(r)]
-    p = c.s.row(model, sub, "ptr", metric, k, gold)
-    br, bp = better(r, p)
-    return [bold(fms(r), br), bold(fms(p), bp)]
+    rows = [r] + ([c.s.row(model, sub, "ptr", metric, k, gold)] if with_ptr else []) + [
+        c.s.row(model, sub, a, metric, k, gold) for a in extra]
+    return [bold(fms(x), on) for x, on in zip(rows, best(rows), strict=True)]
+
+
+def _at_k_archs(with_ptr: bool, extra: Sequence[str]) -> list[str]:
+    return ["RtP", *(["PtR"] if with_ptr else []), *extra]
+
+
+def _more_archs_note(extra: Sequence[str]) -> str:
+    return (f" {', '.join(f'`{a}`' for a in extra)}: mean±std over runs, as PtR." if extra else "")
 
 
 def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
     subs = c.s.subsets
     with_ptr = model is not None and has(c.s, model, "ptr")
-    header = ["k"] + [f"{sub} {a}" for sub in subs for a in (("RtP", "PtR") if with_ptr else ("RtP",))]
+    extra = extra_archs(c, model)
+    header = ["k"] + [f"{sub} {a}" for sub in subs for a in _at_k_archs(with_ptr, extra)]
     body = []
     for k in c.r.ks:
         line = [str(k)]
         for sub in subs:
-            line += _at_k_cells(c, model, sub, metric, k, gold, with_ptr)
+            line += _at_k_cells(c, model, sub, metric, k, gold, with_ptr, extra)
         body.append(line)
     name = "Recall" if metric == "recall" else "Precision"
     return section(f"Table 1{'' if metric == 'recall' else 'b'}: {name} at retrieval budget k",
                     f"{c.label(model, gold)}. RtP is deterministic (one value)"
-                    + ("; PtR mean±std over runs. Bold: better architecture." if with_ptr else "."),
+                    + ("; PtR mean±std over runs. Bold: better architecture." if with_ptr else ".")
+                    + _more_archs_note(extra),
                     table(header, body))
 
 
@@ -117,14 +153,14 @@ RANK_NAMES = {"ndcg": "NDCG", "mrr": "MRR", "comp": "COMP"}
 def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
     """NDCG@k, MRR@k and COMP@k per subset and k (the k-ablation of the rank metrics)."""
     with_ptr = model is not None and has(c.s, model, "ptr")
-    archs = (("rtp", "RtP"), ("ptr", "PtR")) if with_ptr else (("rtp", "RtP"),)
-    header = ["Subset", "k"] + [f"{RANK_NAMES[m]} {a}" for m in RANK_METRICS for _, a in archs]
+    extra = extra_archs(c, model)
+    header = ["Subset", "k"] + [f"{RANK_NAMES[m]} {a}" for m in RANK_METRICS for a in _at_k_archs(with_ptr, extra)]
     body = []
     for sub in c.s.subsets:
         for k in c.r.ks:
             line = [c.n(sub), str(k)]
             for metric in RANK_METRICS:
-                line += _at_k_cells(c, model, sub, metric, k, gold, with_ptr)
+                line += _at_k_cells(c, model, sub, metric, k, gold, with_ptr, extra)
             body.append(line)
     return section("Table 1c: Rank metrics at retrieval budget k",
                    f"{c.label(model, gold)}. Binary relevance. NDCG@k: DCG = Σ rel_i/log2(i+1) over the top k, "
@@ -132,7 +168,68 @@ def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
                    "none); COMP@k: 1 if every gold API is in the top k (0 whenever |G| > k). Per query, equal to "
                    "pytrec_eval's `ndcg_cut`, `recip_rank` (list cut to k) and `recall` = 1 (tests/test_metrics_ir.py). "
                    "RtP is deterministic (one value)" + ("; PtR mean±std over runs. Bold: better architecture."
-                                                        if with_ptr else "."), table(header, body))
+                                                        if with_ptr else ".") + _more_archs_note(extra),
+                   table(header, body))
+
+
+# The N-way tables' metrics at the main k: (metric, its name, depends on the gold set)
+NWAY_COLUMNS = (("recall", "Recall", True), ("precision", "Precision", True), ("ndcg", "NDCG", True),
+                ("mrr", "MRR", True), ("comp", "COMP", True), ("pass", "Pass rate", False))
+
+
+def architectures_compared(c: Ctx, model: str, gold: str) -> str:
+    """Every architecture of the run side by side at the main k: the retrieval metrics, pass rate and tokens."""
+    k = c.r.k
+    archs = [a for a in c.s.archs if has(c.s, model, a) or (a == "rtp" and has(c.s, None, a))]
+    header = ["Subset", "Architecture"] + [name for _, name, _ in NWAY_COLUMNS] + ["Tokens/query"]
+    body = []
+    for sub in c.s.subsets:
+        cols = [[c.s.row(None if a == "rtp" and m != "pass" else model, sub, a, m, k, gold if g else None)
+                 for a in archs] for m, _, g in NWAY_COLUMNS]
+        marks = [best(col) for col in cols]
+        for i, a in enumerate(archs):
+            tokens = c.s.row(model, sub, a, "tokens_total", k)
+            body.append([c.n(sub), arch_label(a)] + [bold(fms(col[i]), mk[i]) for col, mk in zip(cols, marks, strict=True)]
+                        + [fnum(tokens.mean if tokens else None, 0)])
+    return section("Table N1: Architectures compared",
+                   f"{c.label(model, gold)}. Every architecture of the run at k = {k}: mean±std over runs (RtP's "
+                   "retrieval: one deterministic value). Bold: best architecture of the subset. Tokens: all calls "
+                   "of the architecture per query (mean).", table(header, body))
+
+
+def pairwise_tests(c: Ctx, cmp: Comparison, model: str, gold: str) -> str:
+    """Every pair of architectures: paired Wilcoxon per metric, Holm-adjusted within each subset and metric."""
+    header = ["Subset", "Metric", "A", "B", "n", "mean A", "mean B", "wins A / B", "p (Wilcoxon)", "p (Holm)"]
+    body = []
+    for sub in c.s.subsets:
+        for metric, name, g in NWAY_COLUMNS:
+            for p in cmp.pairs_of(model, sub, metric, gold if g else None):
+                body.append([c.n(sub), name, arch_label(p.a), arch_label(p.b), str(p.n), fnum(p.mean_a), fnum(p.mean_b),
+                             f"{p.wins_a} / {p.wins_b}", format_p(p.pvalue),
+                             f"{format_p(p.p_holm)} {p.stars}".strip() if p.p_holm is not None else DASH])
+    return section("Table N2: Every pair of architectures",
+                   f"{c.label(model, gold)}. Paired Wilcoxon signed-rank test on run-averaged per-query values at "
+                   f"k = {cmp.k} (RtP's retrieval: its one value per query), the queries both architectures scored; "
+                   "p (Holm): adjusted with Holm's step-down correction over the pairs of one subset and metric. "
+                   "Stars on the adjusted p: * p<.05, ** p<.01, *** p<.001. The paper's RtP-vs-PtR tests "
+                   "(Table 3) are not adjusted.", table(header, body))
+
+
+def friedman_tests(c: Ctx, cmp: Comparison, model: str, gold: str) -> str:
+    """All architectures at once per subset and metric (Friedman)."""
+    header = ["Subset", "Metric", "Architectures", "n", "χ²", "p (Friedman)"]
+    body = []
+    for sub in c.s.subsets:
+        for metric, name, g in NWAY_COLUMNS:
+            f = cmp.friedman_of(model, sub, metric, gold if g else None)
+            if f is not None:
+                body.append([c.n(sub), name, ", ".join(arch_label(a) for a in f.archs), str(f.n),
+                             fnum(f.statistic, 2), f"{format_p(f.pvalue)} {f.stars}".strip()
+                             if f.pvalue is not None else DASH])
+    return section("Table N3: All architectures at once",
+                   f"{c.label(model, gold)}. Friedman's test (scipy.stats.friedmanchisquare) on the run-averaged "
+                   "per-query values of the queries every architecture scored; – when undefined (every query "
+                   "ties across the architectures).", table(header, body))
 
 
 def main_results(c: Ctx, model: str, gold: str) -> str:
@@ -188,7 +285,7 @@ def stub_generation(c: Ctx, model: str, gold: str) -> str:
     header = ["Subset", "Gen.%", "Stubs/q", "Unique%", "Match%", "Cos (correct)", "Cos (incorrect)"]
     body = []
     for sub in c.s.subsets:
-        def g(metric: str, gd: str | None = None, sub: str = sub) -> S.Row | None:
+        def g(metric: str, gd: str | None = None, sub: str = sub) -> stats.Row | None:
             return c.s.row(model, sub, "ptr", metric, None, gd)
         body.append([c.n(sub), fms(g("gen"), 1, True), fms(g("stubs_per_query"), 2), fms(g("stub_unique"), 1, True),
                      fms(g("stub_match", gold), 1, True), fms(g("stub_cos_correct", gold)),
@@ -223,7 +320,7 @@ def search_width(c: Ctx, model: str, gold: str) -> str:
 
 def trajectories(c: Ctx, model: str) -> str:
     k = c.r.k
-    spec: list[tuple[str, str, str, str | None, Callable[[S.Row | None], str]]] = [
+    spec: list[tuple[str, str, str, str | None, Callable[[stats.Row | None], str]]] = [
         ("Selection rate", "ptr", "selection_rate", None, lambda r: fms(r, 1, True)),
         ("Selection rate", "rtp", "selection_rate", None, lambda r: fms(r, 1, True)),
         ("Jaccard (selected)", "both", "jaccard_selected", None, lambda r: fms(r, 2)),
@@ -316,17 +413,18 @@ def errors_table(c: Ctx, model: str | None) -> str:
               "discovery LLM errors", "fallbacks (raw query)"]
     body = []
     for sub in c.s.subsets:
-        for arch in ("rtp", "ptr"):
+        for arch in ("rtp", "ptr", *extra_archs(c, model)):
             if c.s.row(model, sub, arch, "n_queries") is None:
                 continue
             cells = [c.count(model, sub, arch, m) for m in
                      ("n_queries", "planner_parse_error", "planner_llm_error")]
-            if arch == "ptr":
+            # PtR and any architecture with a discovery call (a block of PtR's shape) count its errors too
+            if arch == "ptr" or c.s.row(model, sub, arch, "discovery_llm_error") is not None:
                 cells += [c.count(model, sub, arch, m) for m in
                           ("discovery_parse_error", "discovery_llm_error", "fallback")]
             else:
                 cells += [DASH, DASH, DASH]
-            body.append([sub, arch.replace("rtp", "RtP").replace("ptr", "PtR")] + cells)
+            body.append([sub, arch_label(arch)] + cells)
     return section("Errors", f"{c.label(model)}. Counts summed over runs.", table(header, body))
 
 

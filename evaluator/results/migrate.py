@@ -13,6 +13,9 @@ Versions:
   `backend` was written before the embedding runtimes existed: by torch.
 - 1: meta.json carries `format_version`; scaling.json, routing.json and summary.json carry none.
 - 2: scaling.json, routing.json and summary.json carry `format_version` too.
+- 3: meta.json's `settings` (and summary.json's `meta.settings`) are nested by section, as the TOML tables
+  ([data], [embed], [retrieval], [run], [analysis]), each key named as in the file (`data.dir`, not
+  `data_dir`; `embed.model`, not `embedder`); meta.json may carry `fitted` (settings fitted to the data).
 
 `queries.jsonl` lines carry no version of their own: they are written only together with meta.json, and
 the folder's meta.json version applies to them (a field on every line would change every line of the
@@ -28,7 +31,7 @@ from typing import Any
 
 from evaluator.core.errors import OutputError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 JSON = dict[str, Any]  # a saved file's JSON object, as read: its shape is what this module checks
 
@@ -63,7 +66,43 @@ def meta(d: Mapping[str, Any]) -> JSON:
             out.pop("registry", None)
         out = _torch_if_unsaid(out)
     # 1 -> 2: meta.json's shape did not change.
+    if version < 3 and isinstance(out.get("settings"), Mapping):
+        out["settings"] = nested_settings(out["settings"])
     out["format_version"] = FORMAT_VERSION
+    return out
+
+
+# Versions 0-2 kept the settings flat: every flat name -> (table, key) of version 3. Names no longer saved
+# (`embed_threads`, per-invocation options) are dropped.
+_SECTION_OF = {
+    "data_dir": ("data", "dir"), "registry": ("data", "registry"), "subsets": ("data", "subsets"),
+    "limit": ("data", "limit"), "tools": ("data", "tools"), "queries": ("data", "queries"),
+    "tools_format": ("data", "tools_format"),
+    "embedder": ("embed", "model"), "device": ("embed", "device"), "precision": ("embed", "precision"),
+    "backend": ("embed", "backend"), "batch_size": ("embed", "batch_size"),
+    "k": ("retrieval", "k"), "ks": ("retrieval", "ks"), "fallback_to_query": ("retrieval", "fallback_to_query"),
+    "retriever": ("retrieval", "retriever"),
+    "models": ("run", "models"), "runs": ("run", "runs"), "archs": ("run", "archs"), "cache_dir": ("run", "cache_dir"),
+    "out": ("run", "out"),
+    **{name: ("analysis", name) for name in ("routing_train", "routing_test", "routing_folds", "routing_seed",
+                                              "scaling_subsets", "scaling_sizes", "scaling_seeds", "divergence_subset")},
+}
+
+
+_SECTIONS = {table for table, _ in _SECTION_OF.values()}
+
+
+def nested_settings(flat: Mapping[str, Any]) -> JSON:
+    """2 -> 3: the flat `settings` of meta.json (or of summary.json's study view) by section. A null stood for
+    "the default" in version 0 and is left out, as a name no longer saved."""
+    out: JSON = {}
+    for name, value in flat.items():
+        if name in _SECTIONS and isinstance(value, Mapping):  # nested already (a hand-made file of version 0)
+            out.setdefault(name, {}).update(value)
+            continue
+        where = _SECTION_OF.get(name)
+        if where is not None and value is not None:
+            out.setdefault(where[0], {})[where[1]] = value
     return out
 
 
@@ -112,6 +151,10 @@ def routing(d: Mapping[str, Any]) -> JSON:
 
 
 def summary(d: Mapping[str, Any]) -> JSON:
-    """`summary.json` of any version -> FORMAT_VERSION (rows, tests and checks unchanged since 0.1.0)."""
-    version_of(d, "summary.json")
+    """`summary.json` of any version -> FORMAT_VERSION (rows, tests and checks unchanged since 0.1.0; its
+    study view's settings nested by section since 3, as meta.json's)."""
+    version = version_of(d, "summary.json")
+    view = d.get("meta")
+    if version < 3 and isinstance(view, Mapping) and isinstance(view.get("settings"), Mapping):
+        d = {**d, "meta": {**view, "settings": nested_settings(view["settings"])}}
     return _stamped(d)

@@ -43,7 +43,7 @@ from evaluator.llm.reply import cut_cause
 from evaluator.results import migrate
 from evaluator.results.cost import BatchStats, Cost
 from evaluator.results.plans import ParseAudit, Stub
-from evaluator.settings.load import Settings
+from evaluator.settings.sections import Fitted, Settings
 
 # re-exported: query ids (int or str) and their sort key, a PtR stub, a model's call counters, the version
 __all__ = ["qid_key", "QueryId", "Stub", "CallStats", "FORMAT_VERSION"]
@@ -73,6 +73,10 @@ def round6(x: float) -> float:
 
 def _absent(v: Any) -> bool:
     return v is None
+
+
+def _empty(v: Any) -> bool:
+    return not v
 
 
 @dataclass
@@ -222,8 +226,25 @@ class Record:
     def retriever_name(self) -> str:
         return self.retriever or "dense"
 
+    # Further architectures' blocks by name (the archs work makes this the one mapping: `Record.archs`);
+    # absent from the line when None, so a record of RtP and PtR alone is written as before.
+    archs: dict[str, ArchBlock] | None = Field(default=None, exclude_if=_absent)
+
+    @property
+    def arch_names(self) -> list[str]:
+        """The architectures this record holds, in order: RtP, PtR, then the others as run."""
+        return [n for n, b in (("rtp", self.rtp), ("ptr", self.ptr)) if b is not None] + list(self.archs or {})
+
+    def arch(self, name: str) -> ArchBlock | None:
+        """One architecture's block by name (None: not run for this record)."""
+        if name == "rtp":
+            return self.rtp
+        if name == "ptr":
+            return self.ptr
+        return (self.archs or {}).get(name)
+
     def block(self, arch: str) -> ArchBlock | None:
-        return self.rtp if arch == "rtp" else self.ptr
+        return self.arch(arch)
 
     def gold_set(self, name: str) -> list[str]:
         return self.gold.get(name) or []
@@ -385,7 +406,9 @@ class Meta:
 
     format_version: int = FORMAT_VERSION
     version: str = "?"
-    settings: Settings = field(default_factory=lambda: Settings())
+    settings: Settings = field(default_factory=Settings)  # the study's settings, by section (no per-invocation options)
+    # Settings the study changed to fit its data, by dotted name ("retrieval.ks": config budgets above the registry).
+    fitted: dict[str, Fitted] = Field(default_factory=dict, exclude_if=_empty)
     data_dir: str = ""
     embedder: str = "?"
     precision: str = "?"
@@ -422,7 +445,7 @@ class Meta:
 
     def about(self, subsets_rule: str, split_rule: str) -> About:
         return About(self.embedder, self.precision, self.backend, self.registry.choice, self.simulated_models,
-                     subsets_rule, split_rule, self.settings.retriever)
+                     subsets_rule, split_rule, self.settings.retrieval.retriever)
 
     def to_dict(self) -> dict[str, Any]:
         return plain(self)
@@ -432,14 +455,16 @@ class Meta:
         return _META.validate_python(d)
 
     # settings that name places or machine resources, not the study: they stay out of summary.json
-    VOLATILE_SETTINGS = ("cache_dir", "out", "device", "batch_size", "data_dir", "embed_threads", "tools", "queries")
+    VOLATILE_SETTINGS = {"data": ("dir", "tools", "queries"), "embed": ("device", "batch_size"),
+                         "run": ("cache_dir", "out")}
 
     def study_view(self) -> dict[str, Any]:
         """What the study's numbers depend on (summary.json's `meta`): no paths, timings or accounting."""
         d = self.to_dict()
         for key in ("llm_stats", "runtime", "data_dir", "analysis_notes", "batch", "cost", "format_version"):
             d.pop(key, None)
-        d["settings"] = {k: v for k, v in d["settings"].items() if k not in self.VOLATILE_SETTINGS}
+        d["settings"] = {name: {k: v for k, v in section.items() if k not in self.VOLATILE_SETTINGS.get(name, ())}
+                         for name, section in d["settings"].items()}
         d["registry"] = {"choice": self.registry.choice, "size": self.registry.size}
         if self.registry.digest:  # absent from folders written before it was kept: their summary.json stays as it was
             d["registry"]["digest"] = self.registry.digest

@@ -27,12 +27,14 @@ from evaluator.retrieval.embed import Embedder
 from evaluator.retrieval.index import VectorIndex, searches_folder
 from evaluator.retrieval.lexical import load_index
 from evaluator.retrieval.retrievers import Dense, Hybrid, Lexical, Retriever
-from evaluator.settings.load import REPO_ROOT, Settings
+from evaluator.settings.paths import REPO_ROOT, resolve_path
+from evaluator.settings.sections import DataSettings, EmbedSettings, RetrievalSettings, RunSettings
 
 
 @dataclass
 class Study:
-    settings: Settings
+    retrieval: RetrievalSettings  # what the searches and the runner use (the k-ablation fitted to the registry)
+    run: RunSettings  # the models, runs and architectures
     data_dir: Path | None
     registry: Registry
     queries: list[Query]
@@ -53,14 +55,15 @@ class Study:
         return out
 
 
-def make_embedder(s: Settings, progress: bool = True, reporter: Reporter = SILENT) -> Embedder:
+def make_embedder(embed: EmbedSettings, cache_root: Path, progress: bool = True,
+                  reporter: Reporter = SILENT) -> Embedder:
     return Embedder(
-        s.embedder,
-        device=s.device,
-        precision=s.precision,
-        backend=s.backend,
-        batch_size=s.batch_size,
-        cache_dir=s.resolve_path(s.cache_dir),
+        embed.model,
+        device=embed.device,
+        precision=embed.precision,
+        backend=embed.backend,
+        batch_size=embed.batch_size,
+        cache_dir=cache_root,
         progress=progress,
         reporter=reporter,
     )
@@ -82,27 +85,28 @@ def _resolved(data_dir: Path | None) -> Path:
     return data_dir
 
 
-def load_inputs(s: Settings) -> Inputs:
+def load_inputs(data: DataSettings, *, data_from_cli: bool = False) -> Inputs:
+    """`data_from_cli`: `data.dir` came from --data or EVALUATOR_DATA, so it must exist (else it may fall back)."""
     t = time.perf_counter()
     warnings = Warnings()
     data_dir = None
-    if not (s.tools and s.queries) or s.data_from_cli:
-        data_dir = resolve_data_dir(s.data_dir if s.data_from_cli else None, s.data_dir, REPO_ROOT)
+    if not (data.tools and data.queries) or data_from_cli:
+        data_dir = resolve_data_dir(data.dir if data_from_cli else None, data.dir, REPO_ROOT)
     # without --tools and --queries both, the data folder was resolved above
-    tools = s.resolve_path(s.tools) if s.tools else _resolved(data_dir)
-    registry = load_registry(tools, s.registry, warnings, fmt=s.tools_format)
-    files = [s.resolve_path(q) for q in s.queries] if s.queries else find_query_files(_resolved(data_dir))
-    queries = load_query_files(files, registry, warnings, limit=s.limit or None, subsets=s.subsets or None)
+    tools = resolve_path(data.tools) if data.tools else _resolved(data_dir)
+    registry = load_registry(tools, data.registry, warnings, fmt=data.tools_format)
+    files = [resolve_path(q) for q in data.queries] if data.queries else find_query_files(_resolved(data_dir))
+    queries = load_query_files(files, registry, warnings, limit=data.limit or None, subsets=list(data.subsets) or None)
     return Inputs(data_dir, registry, queries, warnings, time.perf_counter() - t)
 
 
-def prepare(s: Settings, progress: bool = True, inputs: Inputs | None = None, *,
-            reporter: Reporter = SILENT) -> Study:
-    inputs = inputs or load_inputs(s)
+def prepare(inputs: Inputs, *, embed: EmbedSettings, retrieval: RetrievalSettings, run: RunSettings,
+            cache_root: Path, progress: bool = True, reporter: Reporter = SILENT) -> Study:
+    """`inputs` embedded by the `embed` section's model (vectors cached under `cache_root`) and RtP retrieved."""
     registry, queries = inputs.registry, inputs.queries
     timings: dict[str, float] = {"load_s": inputs.load_s}
 
-    embedder = make_embedder(s, progress, reporter)
+    embedder = make_embedder(embed, cache_root, progress, reporter)
     t = time.perf_counter()
     api_vecs = embedder.encode(registry.texts(), desc="embedding registry")
     query_vecs = embedder.encode([q.text for q in queries], desc="embedding queries")
@@ -110,21 +114,21 @@ def prepare(s: Settings, progress: bool = True, inputs: Inputs | None = None, *,
 
     t = time.perf_counter()
     index = VectorIndex(api_vecs)
-    retriever = make_retriever(s, embedder, index, registry, reporter)
+    retriever = make_retriever(retrieval, embedder, index, registry, reporter)
     if isinstance(retriever, Dense):
-        rtp = retrieve.rtp(index, query_vecs, s.k_max)  # the vectors are at hand: no second encode
+        rtp = retrieve.rtp(index, query_vecs, retrieval.k_max)  # the vectors are at hand: no second encode
     else:
-        rtp = retrieve.from_hits(retriever.search([q.text for q in queries], s.k_max))
+        rtp = retrieve.from_hits(retriever.search([q.text for q in queries], retrieval.k_max))
     timings["rtp_search_s"] = time.perf_counter() - t
-    return Study(s, inputs.data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp,
+    return Study(retrieval, run, inputs.data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp,
                  inputs.warnings, timings, retriever)
 
 
-def make_retriever(s: Settings, embedder: Embedder, index: VectorIndex, registry: Registry,
+def make_retriever(retrieval: RetrievalSettings, embedder: Embedder, index: VectorIndex, registry: Registry,
                    reporter: Reporter = SILENT) -> Retriever:
     """The `--retriever` of the settings over this registry; the BM25 index from the cache when there."""
     dense = Dense(embedder, index, searches_folder(embedder.cache_dir))
-    if s.retriever == "dense":
+    if retrieval.retriever == "dense":
         return dense
     lexical = Lexical(load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0])
-    return lexical if s.retriever == "bm25" else Hybrid(dense, lexical)
+    return lexical if retrieval.retriever == "bm25" else Hybrid(dense, lexical)

@@ -1,6 +1,6 @@
 """Pipeline stage: every (model, run, query) of the prepared study through RtP and PtR, concurrently.
 
-Takes the prepared `Study` (typed settings inside) and the chat clients, returns typed `Record`s; it
+Takes the prepared `Study` (its retrieval and run sections inside) and the chat clients, returns typed `Record`s; it
 writes nothing and knows nothing of the command line. The chat client of each model and the stub
 search are passed in through small protocols, so tests and benchmarks can hand in their own.
 """
@@ -105,7 +105,7 @@ class StubBatcher:
 
     def _search(self, per_query: list[list[str]]) -> list[Retrieved]:
         self.batches += 1
-        s = self.study.settings
+        s = self.study.retrieval
         texts = [t for ts in per_query for t in ts]
         owners = [q for q, ts in enumerate(per_query) for _ in ts]
         # every stub searched by the retriever; merged by the retriever's own score, the best over stubs
@@ -160,7 +160,7 @@ def _tokens(result: ChatResult | None) -> Tokens:
 def retrieval_only_records(study: Study) -> list[Record]:
     out = []
     for q, r in zip(study.queries, study.rtp, strict=True):
-        rec = base_record(q, None, 0, study.settings.retriever)
+        rec = base_record(q, None, 0, study.retrieval.retriever)
         rec.rtp = retrieval_block(r, study.registry)
         out.append(rec)
     return out
@@ -188,7 +188,7 @@ class StudyRunner:
         return result
 
     async def _plan(self, model: str, run: int, query: str, rows: list[int]) -> tuple[ChatResult, Plan | None]:
-        apis = [self.reg.apis[i] for i in rows[: self.study.settings.k]]
+        apis = [self.reg.apis[i] for i in rows[: self.study.retrieval.k]]
         msgs = prompts.planner_messages(query, [(a.tool_name, a.api_name, a.description) for a in apis])
         result = await self._chat(model, msgs, run, prompts.PLANNER_VERSION, prompts.PLANNER_SCHEMA)
         if result.error is not None:
@@ -209,7 +209,7 @@ class StudyRunner:
                                 prompts.DISCOVERY_SCHEMA)
         stubs, perr = parse_stubs(disc.content, query=q.text) if disc.error is None else ([], None)
         texts = [stub_text(st) for st in stubs]
-        fallback = not texts and self.study.settings.fallback_to_query
+        fallback = not texts and self.study.retrieval.fallback_to_query
         if fallback:
             texts = [q.text]
         block = PtrBlock(stubs=list(stubs),
@@ -219,7 +219,7 @@ class StudyRunner:
         if not texts:
             # No stub, no retrieval, no planner call: counted in Gen%, scored as retrieving nothing.
             self.progress.advance(unit.model)
-            empty = Retrieved([], [], width={k: 0 for k in self.study.settings.ks})
+            empty = Retrieved([], [], width={k: 0 for k in self.study.retrieval.ks})
             _ptr_retrieval(block, empty, self.reg)
             block.plan, block.tokens = plan_block(None, None), {"discovery": _tokens(disc), "planner": _tokens(None)}
             return block
@@ -230,12 +230,12 @@ class StudyRunner:
         return block
 
     async def _query(self, unit: Unit, qi: int) -> None:
-        archs = self.study.settings.archs
+        archs = self.study.run.archs
         rtp_t = asyncio.ensure_future(self._rtp(unit, qi) if "rtp" in archs else _none())
         ptr_t = asyncio.ensure_future(self._ptr(unit, qi) if "ptr" in archs else _none())
         await gather_all(rtp_t, ptr_t)  # a stop waits for both: each call on the wire keeps its grace
         rtp, ptr = rtp_t.result(), ptr_t.result()
-        rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.settings.retriever)
+        rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.retrieval.retriever)
         rec.rtp = rtp if rtp is not None else retrieval_block(self.study.rtp[qi], self.reg)
         rec.ptr = ptr
         self.records.append(rec)
@@ -268,5 +268,5 @@ async def _none() -> None:
 
 def calls_per_unit(study: Study) -> int:
     """LLM calls one (model, run) makes at most: the progress bar's total."""
-    archs = study.settings.archs
+    archs = study.run.archs
     return (("rtp" in archs) + 2 * ("ptr" in archs)) * len(study.queries)

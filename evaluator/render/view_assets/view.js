@@ -62,13 +62,20 @@ function recsOf(qi) { return D.records.map((r, i) => [r, i]).filter(([r]) => r.q
 
 // ------------------------------------------------------------------ navigation
 
-const state = {page: 0, pageSize: 100, search: "", subset: "", side: "", run: "", outcome: "", flag: "", gold: 0, sort: "diff-desc", cmpGold: 0};
+const state = {page: 0, pageSize: 100, search: "", subset: "", side: "", run: "", outcome: "", flag: "", gold: 0, sort: "diff-desc", cmpGold: 0,
+               archA: null, archB: null, archGold: 0, archSide: ""};
+// Every architecture any run of the page holds, in the runs' order (RtP, PtR, then the others).
+const ARCHS = [...new Set(D.datasets.flatMap((d) => d.archs || []))];
+const ARCH_NAMES = {rtp: "RtP", ptr: "PtR"};
+const archName = (a) => ARCH_NAMES[a] || a;
+const blockOf = (r, a) => (a === "rtp" || a === "ptr" ? r[a] : (r.blocks || {})[a]);
 
 function nav() {
   const tabs = [["overview", "Overview"], ["queries", "Queries"]];
+  if (ARCHS.length >= 2) tabs.push(["archs", "Architectures"]);
   if (D.compare) tabs.push(["compare", "Comparison"]);
   const P = new URLSearchParams(location.hash.replace(/^#/, ""));
-  const cur = P.has("q") ? "q" : P.has("queries") ? "queries" : P.has("compare") ? "compare" : "overview";
+  const cur = P.has("q") ? "q" : P.has("queries") ? "queries" : P.has("archs") ? "archs" : P.has("compare") ? "compare" : "overview";
   return `<nav>${tabs.map(([h, t]) => `<a href="#${h}" class="${cur === h || (h === "queries" && cur === "q") ? "on" : ""}">${t}</a>`).join("")}` +
     `<span class="title">${esc(document.title)}</span></nav>`;
 }
@@ -76,7 +83,8 @@ function nav() {
 function route() {
   const h = location.hash.replace(/^#/, "");
   const params = new URLSearchParams(h);
-  const view = params.has("q") ? "q" : params.has("queries") ? "queries" : params.has("compare") && D.compare ? "compare" : "overview";
+  const view = params.has("q") ? "q" : params.has("queries") ? "queries" : params.has("archs") && ARCHS.length >= 2 ? "archs"
+    : params.has("compare") && D.compare ? "compare" : "overview";
   if (PARTS && view !== "overview") {
     const want = Math.min(Math.max(Number(params.get("p") ?? part ?? 0) || 0, 0), PARTS.length - 1);
     if (want !== part) {
@@ -90,9 +98,11 @@ function route() {
   if (view === "q") body = queryPage(Number(params.get("q")), params.has("r") ? Number(params.get("r")) : null);
   else if (view === "queries") body = explorer();
   else if (view === "compare") body = compare();
+  else if (view === "archs") body = archCompare();
   else body = overview();
   app.innerHTML = nav() + `<main>${body}</main>`;
   if (view === "queries") bindExplorer();
+  if (view === "archs") bindArchCompare();
   if (view === "compare") bindCompare();
   window.scrollTo(0, 0);
   document.body.dataset.part = part === null ? "" : String(part);
@@ -340,11 +350,14 @@ function queryPage(qi, ri) {
   return `<p><a href="#${PARTS ? `queries&p=${part}` : "queries"}">← all queries</a></p><h2>${esc(q.subset)} · query ${esc(q.id)}</h2>` +
     `<blockquote class="query">${esc(q.text)}</blockquote><div class="golds">${gold}</div>` +
     `<h3>Across runs</h3>${runsTable(qi)}<h3>Record</h3><div class="picker">${picker}</div>` +
-    `<p class="status">R@${k}: RtP ${GOLDS.map((g, i) => `${g} ${num(r.recall.rtp[i])}`).join(", ")}; PtR ${GOLDS.map((g, i) => `${g} ${num(r.recall.ptr[i])}`).join(", ")} · ` +
+    `<p class="status">R@${k}: RtP ${GOLDS.map((g, i) => `${g} ${num(r.recall.rtp[i])}`).join(", ")}; PtR ${GOLDS.map((g, i) => `${g} ${num(r.recall.ptr[i])}`).join(", ")}` +
+    extraArchs(r).map((a) => `; ${esc(archName(a))} ${GOLDS.map((g, i) => `${g} ${num((r.recall[a] || [])[i])}`).join(", ")}`).join("") + ` · ` +
     `${r.flags.length ? "flags: " + r.flags.map((f) => FLAGS[f] || f).join(", ") : "no flags"}</p>` +
     `<p class="status">${rankLine(r, k)}</p>` +
     `<div class="archs"><section class="arch" id="rtp"><h3>RtP (retrieve, then plan)</h3>${rtp}</section>` +
-    `<section class="arch" id="ptr"><h3>PtR (plan, then retrieve)</h3>${ptr}</section></div>` +
+    `<section class="arch" id="ptr"><h3>PtR (plan, then retrieve)</h3>${ptr}</section>` +
+    extraArchs(r).map((a) => `<section class="arch" id="arch-${esc(a)}" data-arch="${esc(a)}"><h3>${esc(archName(a))}</h3>${anyBlock(blockOf(r, a), gsets, k)}</section>`).join("") +
+    `</div>` +
     `<h3>Raw replies, latency, cache</h3><p class="note">${esc(d.raw_replies)} Latency and cache hits are recorded per model, not per call: see the accounting on the overview.</p>`;
 }
 
@@ -404,9 +417,98 @@ route();
 window.viewReadyMs = performance.now();  // read by bench/view.py: script start to first view in the DOM
 document.body.dataset.ready = "1";
 
-// NDCG@k, MRR@k and COMP@k of both architectures, first gold set (the report's Table 1c definitions).
+// NDCG@k, MRR@k and COMP@k of every architecture, first gold set (the report's Table 1c definitions).
 function rankLine(r, k) {
   if (!r.rank) return "";
-  const part = (a, name) => ["ndcg", "mrr", "comp"].map((m) => `${m.toUpperCase()}@${k} ${num(r.rank[a][m][0])}`).join(", ");
-  return `${GOLDS[0]}: RtP ${part("rtp")}; PtR ${part("ptr")}`;
+  const part = (a) => ["ndcg", "mrr", "comp"].map((m) => `${m.toUpperCase()}@${k} ${num(r.rank[a][m][0])}`).join(", ");
+  return `${GOLDS[0]}: RtP ${part("rtp")}; PtR ${part("ptr")}` +
+    (r.archs || []).filter((a) => a !== "rtp" && a !== "ptr" && r.rank[a]).map((a) => `; ${esc(archName(a))} ${part(a)}`).join("");
+}
+
+// ------------------------------------------------------------------ architectures: every one of a query, any two compared
+
+// The architectures of a record beyond RtP and PtR (their sections follow RtP's and PtR's on the query page).
+function extraArchs(r) { return (r.archs || []).filter((a) => a !== "rtp" && a !== "ptr"); }
+
+// Any architecture's block: a stub-keeping one (PtR's shape) as PtR's, else its ranked list, planner and tokens.
+function anyBlock(b, gsets, k) {
+  if (!b) return "<p>Not run.</p>";
+  if (b.stubs) return ptrBlock(b, gsets, k);
+  return `<h4>Top ${list(b.top)[0].length} retrieved (k = ${k} marked)</h4>${topList(b.top, gsets, k)}` +
+    `<h4>Planner</h4>${planBlock(b.plan, gsets, list(b.top)[0].slice(0, k))}${tokensLine(b.tokens)}`;
+}
+
+// Run-averaged recall at k of architecture a per (side, query) on gold g, from the records shown.
+function archMeans(a, g) {
+  const acc = new Map();
+  for (const r of D.records) {
+    const v = (r.recall[a] || [])[g];
+    if (v === null || v === undefined) continue;
+    const key = `${r.side}|${r.q}`;
+    if (!acc.has(key)) acc.set(key, {side: r.side, q: r.q, sum: 0, n: 0});
+    const e = acc.get(key);
+    e.sum += v; e.n += 1;
+  }
+  return new Map([...acc].map(([key, e]) => [key, {side: e.side, q: e.q, v: e.sum / e.n}]));
+}
+
+function archCompare() {
+  const A = state.archA ?? ARCHS[0], B = state.archB ?? ARCHS[1];
+  const g = state.archGold;
+  const pick = (id, cur) => `<select id="${id}">${ARCHS.map((a) => `<option value="${esc(a)}"${a === cur ? " selected" : ""}>${esc(archName(a))}</option>`).join("")}</select>`;
+  const sides = D.sides.map((s, i) => [i, s.label || "retrieval only"]);
+  const head = `<h2>Architectures</h2><p class="note">Every architecture of a query is shown side by side on its page; ` +
+    `here any two are compared: pick A and B.</p><div class="abpick"><label>A ${pick("x-a", A)}</label><label>B ${pick("x-b", B)}</label>` +
+    `<label>gold <select id="x-gold">${GOLDS.map((x, i) => `<option value="${i}"${g === i ? " selected" : ""}>${x}</option>`).join("")}</select></label>` +
+    `<label>model <select id="x-side">${options(sides, state.archSide, "every model")}</select></label></div>`;
+  if (A === B) return head + "<p>Pick two different architectures.</p>";
+  // the paired tests of the analysis (analysis.compare): Wilcoxon per pair, Holm within a subset and metric
+  const tests = [];
+  D.datasets.forEach((d) => (d.arch_tests || []).forEach((t) => {
+    const same = t.a === A && t.b === B, swapped = t.a === B && t.b === A;
+    if ((same || swapped) && (t.gold === null || t.gold === GOLDS[g])) {
+      tests.push([d.name, t.model ?? "–", t.subset, t.metric, t.gold ?? "–", t.n, t.p === null ? "–" : (t.p < 0.001 ? "<0.001" : t.p.toFixed(3)),
+                  t.p_holm === null ? "–" : `${t.p_holm < 0.001 ? "<0.001" : t.p_holm.toFixed(3)} ${t.stars}`]);
+    }
+  }));
+  const fried = [];
+  D.datasets.forEach((d) => (d.friedman || []).forEach((f) => {
+    if (f.gold === null || f.gold === GOLDS[g]) {
+      fried.push([d.name, f.model ?? "–", f.subset, f.metric, f.gold ?? "–", f.archs.map(archName).join(", "), f.n,
+                  f.statistic === null ? "–" : f.statistic.toFixed(2), f.p === null ? "–" : `${f.p < 0.001 ? "<0.001" : f.p.toFixed(3)} ${f.stars}`]);
+    }
+  }));
+  const testTable = tests.length ? table(["run", "model", "subset", "metric", "gold", "n", "p (Wilcoxon)", "p (Holm)"], tests, 'class="num" id="x-tests"')
+    : "<p>No paired test of these two in summary.json.</p>";
+  const friedTable = fried.length ? `<h3>All architectures at once (Friedman)</h3>` +
+    table(["run", "model", "subset", "metric", "gold", "architectures", "n", "χ²", "p"], fried, 'class="num" id="x-friedman"') : "";
+  const ma = archMeans(A, g), mb = archMeans(B, g);
+  const rows = [...ma.keys()].filter((key) => mb.has(key)).map((key) => ({...ma.get(key), a: ma.get(key).v, b: mb.get(key).v}))
+    .filter((x) => state.archSide === "" || x.side === Number(state.archSide));
+  const outcome = (x) => (x.b > x.a ? "b" : x.a > x.b ? "a" : x.a === 0 ? "miss" : "tie");
+  const words = {a: `${archName(A)} wins`, b: `${archName(B)} wins`, tie: "tie", miss: "both miss"};
+  const count = {a: 0, b: 0, tie: 0, miss: 0};
+  rows.forEach((x) => { count[outcome(x)] += 1; });
+  rows.sort((x, y) => Math.abs(y.b - y.a) - Math.abs(x.b - x.a) || x.q - y.q);
+  const mean = (k) => (rows.length ? rows.reduce((s, x) => s + x[k], 0) / rows.length : null);
+  const inPartNote = PARTS ? `<p class="note">Per-query values: the records of part ${part + 1} of ${PARTS.length}; the tests cover every query.</p>` : "";
+  const body = rows.map((x) => {
+    const q = D.queries[x.q], d = x.b - x.a, o = outcome(x);
+    return `<tr data-href="${qhref(x.q)}" class="o-${o}"><td>${esc(q.subset)}</td><td>${esc(q.id)}</td><td class="qtext">${esc(q.text.slice(0, 120))}</td>` +
+      `<td>${esc(side(x.side).label)}</td><td>${num(x.a)}</td><td>${num(x.b)}</td><td>${(d > 0 ? "+" : "") + d.toFixed(3)}</td><td class="outcome">${words[o]}</td></tr>`;
+  }).join("");
+  return head + `<h3>${esc(archName(A))} (A) vs ${esc(archName(B))} (B): paired tests</h3>` +
+    `<p class="note">Paired Wilcoxon on run-averaged per-query values at each run's k; p (Holm): adjusted over every pair of the run's architectures within a subset and metric (analysis.compare).</p>${testTable}${friedTable}` +
+    `<h3>Per query: recall at k, gold ${GOLDS[g]} (run-averaged)</h3>${inPartNote}<p id="x-count">${rows.length} queries; mean A ${num(mean("a"))}, mean B ${num(mean("b"))}; ` +
+    `${words.a} ${count.a}, ${words.b} ${count.b}, ties ${count.tie}, both miss ${count.miss}</p>` +
+    `<table class="rows" id="x-rows"><thead><tr><th>subset</th><th>id</th><th>query</th><th>model</th><th>R@k ${esc(archName(A))}</th><th>R@k ${esc(archName(B))}</th><th>Δ (B−A)</th><th>outcome</th></tr></thead><tbody>${body}</tbody></table>`;
+}
+
+function bindArchCompare() {
+  const set = (id, key, conv = (v) => v) => document.getElementById(id)?.addEventListener("change", (e) => { state[key] = conv(e.target.value); route(); });
+  set("x-a", "archA"); set("x-b", "archB"); set("x-gold", "archGold", Number); set("x-side", "archSide");
+  document.getElementById("x-rows")?.addEventListener("click", (e) => {
+    const tr = e.target.closest("tr[data-href]");
+    if (tr) location.hash = tr.dataset.href;
+  });
 }

@@ -1,0 +1,119 @@
+"""The viewer's use case: an output folder's values gathered through `OutputDir`, the page made by `render.view`
+and written beside them (with its parts, each file atomic); the `view` command's page of one or several folders.
+Serving it is `cli.view_server`'s."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from evaluator.analysis import compare
+from evaluator.analysis.stats import Checks, Row, Summary, Test
+from evaluator.core.files import atomic_write
+from evaluator.render.view import PART_RECORDS, VIEW_FILE, Assets, Source, html, paged, parts_folder, sides
+from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, OutputError, Record
+
+_COMPARISON = TypeAdapter(compare.Comparison)
+_TESTS = TypeAdapter(list[Test])
+_ROWS = TypeAdapter(list[Row])
+_CHECKS = TypeAdapter(Checks)
+
+
+@functools.cache
+def assets() -> Assets:
+    """The viewer's script and style sheet, shipped in `evaluator/render/view_assets/`."""
+    folder = resources.files("evaluator.render").joinpath("view_assets")
+    return Assets(js=folder.joinpath("view.js").read_text(encoding="utf-8"),
+                  css=folder.joinpath("view.css").read_text(encoding="utf-8"))
+
+
+def saved_summary(summary: Mapping[str, Any] | None) -> Summary | None:
+    """summary.json's rows, tests and checks, typed (as `migrate.summary` returns the file)."""
+    if not summary:
+        return None
+    return Summary(_ROWS.validate_python(summary.get("rows") or []), _TESTS.validate_python(summary.get("tests") or []),
+                   _CHECKS.validate_python(summary.get("checks") or {}))
+
+
+def saved_comparison(summary: Mapping[str, Any] | None, k: int) -> compare.Comparison | None:
+    """The architectures' comparison summary.json keeps (three or more), else the paper's RtP-vs-PtR Wilcoxon
+    tests as the one pair (`analysis.compare.from_paper_tests`)."""
+    if not summary:
+        return None
+    if summary.get("comparisons") is not None:
+        return _COMPARISON.validate_python(summary["comparisons"])
+    return compare.from_paper_tests(_TESTS.validate_python(summary.get("tests") or []), k)
+
+
+def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
+           records: list[Record] | None = None, figures: Sequence[str] | None = None) -> Source:
+    """One output folder's values (the ones already read may be passed in; `figures`: the names a render drew,
+    so a stale PNG left in the folder is not shown); its summary.json read back, as the report's tables."""
+    od.require()
+    saved = meta is None or records is None
+    meta = meta if meta is not None else od.read_meta()
+    records = records if records is not None else od.read_records()
+    if saved:
+        od.check_agree(meta, records)  # another run's meta.json is not shown over these records
+    summary = od.read_json(SUMMARY_FILE)
+    return Source(name or od.path.name or str(od.path), meta, records, saved_summary(summary),
+                  dict((summary or {}).get("meta") or {}), od.read_figures(figures), saved_comparison(summary, meta.k))
+
+
+def write(od: OutputDir, meta: Meta, records: list[Record], figures: Sequence[str] | None,
+          part_records: int = PART_RECORDS) -> None:
+    """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run), with its parts."""
+    write_paged(od.path / VIEW_FILE, [source(od, meta=meta, records=records, figures=figures)],
+                part_records=part_records)
+
+
+def write_page(folders: Sequence[OutputDir], out: Path | None = None,
+               part_records: int = PART_RECORDS) -> tuple[Path, str]:
+    """The `view` command: one folder's `view.html`, or a comparison page at `out`. Returns its path and text."""
+    names = [od.path.name or str(od.path) for od in folders]
+    # two folders of the same name (a/out, b/out) are told apart by the path as given
+    names = [str(od.path) if names.count(n) > 1 else n for od, n in zip(folders, names, strict=True)]
+    page = folders[0].path / VIEW_FILE if out is None else out
+    return page, write_paged(page, [source(od, n) for od, n in zip(folders, names, strict=True)],
+                             part_records=part_records)
+
+
+def runs_compared(sources: Sequence[Source]) -> compare.RunsComparison | None:
+    """Every side of the page (output folder x model) against the first (`analysis.compare.runs`); a page of
+    sides with no query in common is one line, before anything is written."""
+    page_sides = sides(sources)
+    runs = compare.runs([([r for r in sources[s["ds"]].records if r.model == s["model"]], sources[s["ds"]].meta.k)
+                         for s in page_sides])
+    if runs is not None and not any(p.shared for p in runs.pairs):
+        names = " and ".join(s["label"] for s in page_sides)
+        raise OutputError(f"{names} have no query in common (same subset and query id); "
+                          "compare runs of the same query files.")
+    return runs
+
+
+def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,
+                part_records: int = PART_RECORDS) -> str:
+    """A page and its parts, each file atomic and each part written as soon as it is made; the parts come
+    first (the page names them), and parts of an earlier, larger page are removed, so the folder holds exactly
+    what the page loads. Returns the page's text."""
+    folder = page.parent / parts_folder(page.name)
+    written: set[str] = set()
+
+    def emit(name: str, body: str) -> None:
+        atomic_write(folder / name, body)
+        written.add(name)
+
+    text = html(sources, paged(sources, page.name, emit, runs_compared(sources), part_records), assets(), title)
+    if folder.is_dir():
+        for old in folder.glob("part-*.js"):
+            if old.name not in written:
+                old.unlink()
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    atomic_write(page, text)
+    return text

@@ -1,0 +1,57 @@
+"""What one invocation asks beyond the study's settings: a dry run, the batch APIs, a budget, the profile
+flags, where the pacing is shared, which settings were typed as flags. Never saved in meta.json (the
+numbers do not depend on it); held by `cli` and `app` only, which hand each stage the values it needs."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from evaluator.llm.engine import STOP_GRACE_S
+
+# --batch-fallback: requests the batch API did not answer stop the run, or go online at the online price
+BATCH_FALLBACKS = ("stop", "online")
+BatchFallback = Literal[BATCH_FALLBACKS]  # type: ignore[valid-type]
+
+
+@dataclass(frozen=True)
+class ProfileOverrides:
+    """Flags that replace a model profile's request settings for this invocation (None = keep the profile's)."""
+
+    base_url: str | None = None
+    concurrency: int | None = None
+    rpm: float | None = None
+    tpm: float | None = None
+    max_tokens: int | None = None
+    timeout_s: float | None = None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The flags given; their types and ranges are the profile's (`ModelProfile`), checked in `settings.load`."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """This invocation's options. The first four may also come from the config's [run] table."""
+
+    # --budget: the most this invocation may spend (USD, online prices)
+    budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    # --rate-dir: share RPM/TPM pacing with other processes here (else the cache folder)
+    rate_dir: str = ""
+    # --batch-fallback: requests the batch API did not answer stop the run ("stop") or go online ("online")
+    batch_fallback: BatchFallback = "stop"
+    # --stop-grace: seconds a call on the wire at a stop signal (SIGTERM, SIGHUP, Ctrl-C) gets to arrive and be cached
+    stop_grace_s: float = Field(default=STOP_GRACE_S, ge=0, le=600)
+    # command line only
+    data_from_cli: bool = False  # --data or EVALUATOR_DATA must exist; else may fall back
+    extras: bool = True  # the scaling and routing studies after a full run
+    # --batch: "submit" through the profiles' batch APIs; --batch-cancel: "cancel"
+    batch: Literal["submit", "cancel"] | None = None
+    dry_run: bool = False  # --dry-run: plan the calls, tokens, cost and time; send nothing
+    overrides: ProfileOverrides = field(default_factory=ProfileOverrides)
+    # settings given as flags (not from the file), by dotted name ("retrieval.ks")
+    cli_keys: frozenset[str] = frozenset()

@@ -1,0 +1,133 @@
+"""The study's settings as saved in meta.json: one frozen section per table of `configs/default.toml`
+([data], [embed], [retrieval], [run], [analysis]), each field named as its TOML key.
+
+Each stage is handed the section it needs (data loading the data section, the embedder the embed section,
+the searches and the runner the retrieval section, the analyses the analysis section); only `cli` and `app`
+hold the whole `Settings`. Nothing changes a section once it is checked: a value fitted to the data is a new
+section (`dataclasses.replace`), and meta.json says what was fitted (`Fitted`). What one invocation asks
+beyond the study (dry run, batch, budget, profile overrides, ...) is `settings.invocation.Invocation`, never
+saved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias, get_args
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from evaluator.data import TOOLS_FORMATS
+from evaluator.retrieval.backends import BACKENDS, PRECISIONS
+
+# The choices of each setting, declared once (the config file, the flags' `choices` and the checks use these).
+if TYPE_CHECKING:  # a Literal built from the tables is no type to a static checker: it sees strings
+    Backend: TypeAlias = str
+    Precision: TypeAlias = str
+    ToolsFormat: TypeAlias = str
+else:  # pydantic checks the choices
+    Backend = Literal[("auto", *BACKENDS)]  # auto: see evaluator/retrieval/embed.py AUTO_CPU
+    Precision = Literal[("auto", *dict.fromkeys(p for ps in PRECISIONS.values() for p in ps))]
+    ToolsFormat = Literal[TOOLS_FORMATS]  # auto: detected per file
+RegistryChoice = Literal["full", "described"]
+Arch = Literal["rtp", "ptr"]
+RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrieval/retrievers.py
+BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
+PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
+TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
+REGISTRY_CHOICES: tuple[str, ...] = get_args(RegistryChoice)
+ARCHS: tuple[str, ...] = get_args(Arch)
+RETRIEVER_CHOICES: tuple[str, ...] = get_args(RetrieverChoice)
+AtLeast1 = Annotated[int, Field(ge=1)]
+
+# Lists are tuples: a frozen section holds no value that could be changed in place. TOML and argparse
+# give lists; `core.validation` checks them as lists and the section stores them as tuples.
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """[data]: where the registry and the queries come from, and which of them."""
+
+    dir: str = "../shared/toolbench"
+    registry: RegistryChoice = "full"
+    subsets: tuple[str, ...] = ()
+    limit: int = Field(default=0, ge=0)  # 0: all
+    tools: str = ""  # a registry file or folder in any supported format (else the data folder's)
+    queries: tuple[str, ...] = ()  # query files or folders (else the data folder's)
+    tools_format: ToolsFormat = "auto"
+
+
+@dataclass(frozen=True)
+class EmbedSettings:
+    """[embed]: the embedding model and how it runs."""
+
+    model: str = "bundled:all-MiniLM-L6-v2"
+    device: str = "auto"
+    precision: Precision = "auto"
+    backend: Backend = "auto"
+    batch_size: int = Field(default=128, ge=1)
+
+
+@dataclass(frozen=True)
+class RetrievalSettings:
+    """[retrieval]: the planner's budget, the k-ablation and what every architecture searches with."""
+
+    k: int = Field(default=5, ge=1)
+    ks: tuple[AtLeast1, ...] = (1, 3, 5, 10, 20)
+    fallback_to_query: bool = False
+    retriever: RetrieverChoice = "dense"
+
+    @property
+    def k_max(self) -> int:
+        """The deepest list any budget reads (the searches keep this many)."""
+        return max([self.k, *self.ks])
+
+
+_BOTH: tuple[Arch, ...] = ("rtp", "ptr")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """[run]: the models, runs and architectures of the study, and where its files go."""
+
+    models: tuple[str, ...] = ("sim",)
+    runs: int = Field(default=4, ge=1)
+    archs: tuple[Arch, ...] = Field(default=_BOTH, min_length=1)
+    cache_dir: str = "cache"
+    out: str = ""
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """[analysis]: subset names or prefixes (empty = derived from the subsets present, see
+    `settings.subsets.analysis_subsets`), routing's folds and seed, scaling's sizes and draws."""
+
+    routing_train: tuple[str, ...] = ()
+    routing_test: tuple[str, ...] = ()
+    routing_folds: int = Field(default=5, ge=2)
+    routing_seed: int = 0
+    scaling_subsets: tuple[str, ...] = ()
+    scaling_sizes: tuple[AtLeast1, ...] = (1000, 2000, 5000, 10000, 20000)
+    scaling_seeds: int = Field(default=5, ge=1)
+    divergence_subset: str = ""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The study's settings, one section per TOML table: what meta.json saves (no per-invocation options)."""
+
+    data: DataSettings = field(default_factory=DataSettings)
+    embed: EmbedSettings = field(default_factory=EmbedSettings)
+    retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
+    run: RunSettings = field(default_factory=RunSettings)
+    analysis: AnalysisSettings = field(default_factory=AnalysisSettings)
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A setting the study changed to fit its data (meta.json `fitted`, by dotted name): what the
+    config asked for, what the study used, and why."""
+
+    asked: tuple[int, ...]
+    used: tuple[int, ...]
+    why: str
