@@ -71,6 +71,8 @@ def fmt(x: Any, digits: int = 3) -> str:
     if isinstance(x, int):
         return f"{x:,}"
     if isinstance(x, float):
+        if x != x:  # NaN: a figure not measured (e.g. embed_first_run --order now-only has no 'before')
+            return "-"
         if abs(x) >= 1000:
             return f"{x:,.0f}"
         return f"{x:.{digits}g}" if abs(x) < 1 else f"{x:,.{max(1, digits - len(str(int(abs(x)))))}f}"

@@ -56,6 +56,7 @@ _SHARD_ROWS = 4096  # vectors per write: bounds the work a crash can lose
 # ascending order; also bounding texts x tokens^2 (16 texts of 256 tokens) saved 0.3 GiB but cost ~9%.
 _BATCH_TOKENS = eb.BATCH_TOKENS
 
+
 def _key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
