@@ -1,7 +1,11 @@
 """Shared fixtures and helpers for the LLM engine and simulator tests (imported by those tests only).
 
-One simulator process serves the whole session; each test gets it back with default knobs and
-zeroed stats. Also the child program that the resume and shared-cache tests run in subprocesses.
+Two simulators with one interface (`configure`, `stats`, `reset_stats`, `base_url`, `engine(profile)`):
+`local_sim`, the simulator's handlers in this process behind the engine's in-process `MockTransport` (no
+socket: most engine tests), and `socket_sim`, one simulator process serving the whole session over
+loopback through the engine's aiohttp transport, handed back to each test with default knobs and zeroed
+stats (`sim`, the same process, for tests that talk to it directly). `any_sim` runs a test on both.
+Also the child program that the resume and shared-cache tests run in subprocesses.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from evaluator.llm import LLMEngine, ModelProfile, load_profile  # noqa: E402
+from evaluator.llm.transport import MockTransport, NoReply, Request, Response  # noqa: E402
 from simulator.harness import SimHandle, start_simulator  # noqa: E402
+from simulator.inprocess import InProcessSimulator  # noqa: E402
 
 FAKE_KEY = "sk-test-FAKEKEY-0123456789abcdef"
 
@@ -41,7 +47,58 @@ def sim(sim_server: SimHandle) -> SimHandle:
     return sim_server
 
 
-def sim_profile(sim: SimHandle, **overrides: Any) -> ModelProfile:
+class LocalSim(InProcessSimulator):
+    """The simulator in this process; its engines send through a `MockTransport` (no socket)."""
+
+    async def answer(self, request: Request) -> Response:
+        """The `MockTransport` handler: the server's answer, its connection cut as the transport's `NoReply`."""
+        try:
+            status, headers, body = await self.handle(request.method, request.url, request.headers, request.body)
+        except ConnectionResetError as e:
+            raise NoReply("connection", type(e).__name__) from None
+        return Response(status, body, headers)
+
+    def engine(self, profile: ModelProfile, **kw: Any) -> LLMEngine:
+        return LLMEngine(profile, transport=MockTransport(self.answer), **kw)
+
+
+class SocketSim:
+    """The session's simulator process seen through the same interface; its engines use aiohttp."""
+
+    def __init__(self, handle: SimHandle) -> None:
+        self.handle = handle
+        self.base_url = handle.base_url
+        self.configure, self.stats, self.reset_stats = handle.configure, handle.stats, handle.reset_stats
+
+    def engine(self, profile: ModelProfile, **kw: Any) -> LLMEngine:
+        return LLMEngine(profile, **kw)
+
+
+@pytest.fixture
+def local_sim() -> LocalSim:
+    return LocalSim()
+
+
+@pytest.fixture
+def socket_sim(sim_server: SimHandle) -> SocketSim:
+    sim_server.configure(reset=True)
+    sim_server.reset_stats()
+    return SocketSim(sim_server)
+
+
+@pytest.fixture(params=["in-process", "socket"])
+def any_sim(request: pytest.FixtureRequest) -> LocalSim | SocketSim:
+    """A test run on both transports: the fake must answer as the real one does (same assertions).
+    A module using it imports `sim_server` too."""
+    if request.param == "in-process":
+        return LocalSim()
+    handle: SimHandle = request.getfixturevalue("sim_server")
+    handle.configure(reset=True)
+    handle.reset_stats()
+    return SocketSim(handle)
+
+
+def sim_profile(sim: SimHandle | LocalSim | SocketSim | Any, **overrides: Any) -> ModelProfile:
     """The sim profile pointed at `sim`, with fast backoff so retry tests take milliseconds."""
     base = load_profile("sim", base_url=sim.base_url)
     fast = {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 5.0, "max_retries": 4}

@@ -12,14 +12,18 @@ import llm_fixtures as F
 import orjson
 import pytest
 
-from evaluator.llm import ConfigError, FatalLLMError, LLMEngine
+from evaluator.llm import ConfigError, FatalLLMError
 from evaluator.llm.cache import CacheEntry, ResponseCache, cache_dir, decode_entry, encode_entry
 
-sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
+
+@pytest.fixture
+def sim() -> F.LocalSim:
+    """The simulator in this process, behind the engine's in-process transport (no socket)."""
+    return F.LocalSim()
 
 
 async def _run(sim, root, idx, **kw):
-    async with LLMEngine(F.sim_profile(sim, **kw), cache_root=root) as llm:
+    async with sim.engine(F.sim_profile(sim, **kw), cache_root=root) as llm:
         rs = await asyncio.gather(*(llm.chat(F.msgs(i), run=0, prompt_version="v1") for i in idx))
     return llm, rs
 
@@ -105,7 +109,7 @@ def test_a_file_that_is_not_a_database_is_one_line_at_open(tmp_path):
 
 
 async def test_a_database_damaged_mid_run_stops_with_one_line(sim, tmp_path):
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim), cache_root=tmp_path) as llm:
         await llm.chat(F.msgs(1), run=0, prompt_version="v1")
 
         def malformed(*_a, **_k):
@@ -123,7 +127,7 @@ async def test_a_full_disk_stops_the_run_and_keeps_what_was_received(sim, tmp_pa
     sim.reset_stats()
     root = tmp_path / "cache"
     stored = 0
-    async with LLMEngine(F.sim_profile(sim, concurrency=4), cache_root=root) as llm:
+    async with sim.engine(F.sim_profile(sim, concurrency=4), cache_root=root) as llm:
         real_set, real_delete = llm._cache._db.set, llm._cache._claims.delete
 
         def fills_up(*a, **k):

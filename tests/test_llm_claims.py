@@ -13,10 +13,17 @@ import llm_fixtures as F
 import orjson
 import pytest
 
-from evaluator.llm import ConfigError, FatalLLMError, LLMEngine
+from evaluator.llm import ConfigError, FatalLLMError
 from evaluator.llm.cache import CacheEntry, ResponseCache, new_owner
 
-sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
+sim_server, any_sim, socket_sim = F.sim_server, F.any_sim, F.socket_sim  # pytest finds fixtures by module attribute
+
+
+@pytest.fixture
+def sim() -> F.LocalSim:
+    """The simulator in this process, behind the engine's in-process transport (no socket)."""
+    return F.LocalSim()
+
 
 N, CONCURRENCY = 120, 8
 
@@ -25,32 +32,32 @@ def _rows(path):
     return orjson.loads(path.read_bytes())
 
 
-def test_two_processes_started_together_pay_each_call_once(sim, tmp_path):
-    sim.configure(latency_s=0.02)
+def test_two_processes_started_together_pay_each_call_once(socket_sim, tmp_path):
+    socket_sim.configure(latency_s=0.02)
     outs = [tmp_path / "a.json", tmp_path / "b.json"]
-    procs = [F.spawn_child(sim.base_url, tmp_path / "cache", o, n=N, concurrency=CONCURRENCY) for o in outs]
+    procs = [F.spawn_child(socket_sim.base_url, tmp_path / "cache", o, n=N, concurrency=CONCURRENCY) for o in outs]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     a, b = (_rows(o) for o in outs)
-    st = sim.stats()
+    st = socket_sim.stats()
     assert st["requests"] == N and st["distinct_ok"] == N  # each distinct call sent once, by one of them
     assert a["rows"] == b["rows"] and all(r[4] is None for r in a["rows"])
     assert a["stats"]["requests"] + b["stats"]["requests"] == N
 
 
-def test_second_process_started_midway_waits_for_the_first(sim, tmp_path):
-    sim.configure(latency_s=0.2)  # ~3 s of work for the first one: the second starts mid-way
+def test_second_process_started_midway_waits_for_the_first(socket_sim, tmp_path):
+    socket_sim.configure(latency_s=0.2)  # ~3 s of work for the first one: the second starts mid-way
     cache = tmp_path / "cache"
-    first = F.spawn_child(sim.base_url, cache, tmp_path / "a.json", n=N, concurrency=CONCURRENCY)
+    first = F.spawn_child(socket_sim.base_url, cache, tmp_path / "a.json", n=N, concurrency=CONCURRENCY)
     deadline = time.monotonic() + 60
-    while sim.stats()["ok"] < N // 4:  # the first one is well under way (~1-2 s in)
+    while socket_sim.stats()["ok"] < N // 4:  # the first one is well under way (~1-2 s in)
         assert time.monotonic() < deadline and first.poll() is None
         time.sleep(0.01)
-    second = F.spawn_child(sim.base_url, cache, tmp_path / "b.json", n=N, concurrency=CONCURRENCY)
+    second = F.spawn_child(socket_sim.base_url, cache, tmp_path / "b.json", n=N, concurrency=CONCURRENCY)
     # The rest of the first one's work now takes ~7 s: the second has time to start on a loaded machine.
-    sim.configure(latency_s=0.6)
+    socket_sim.configure(latency_s=0.6)
     assert [first.wait(timeout=120), second.wait(timeout=120)] == [0, 0]
     b = _rows(tmp_path / "b.json")
-    assert sim.stats()["requests"] == N and b["rows"] == _rows(tmp_path / "a.json")["rows"]
+    assert socket_sim.stats()["requests"] == N and b["rows"] == _rows(tmp_path / "a.json")["rows"]
     assert b["stats"]["shared_elsewhere"] > 0  # it waited for replies the first one was buying
 
 
@@ -58,7 +65,7 @@ async def test_a_long_call_keeps_its_claim_past_the_lease(sim, tmp_path):
     # Lease 0.3 s, call 1.2 s: the owner renews, so a second engine (another owner) waits for it.
     sim.configure(latency_s=1.2)
     prof = F.sim_profile(sim)
-    async with LLMEngine(prof, cache_root=tmp_path, claim_lease_s=0.3) as a, LLMEngine(
+    async with sim.engine(prof, cache_root=tmp_path, claim_lease_s=0.3) as a, sim.engine(
         prof, cache_root=tmp_path, claim_lease_s=0.3
     ) as b:
         first = asyncio.create_task(a.chat(F.msgs(1), run=0, prompt_version="v1"))

@@ -11,7 +11,7 @@ import llm_fixtures as F
 import orjson
 import pytest
 
-from evaluator.llm import FatalLLMError, LLMEngine, load_profile
+from evaluator.llm import FatalLLMError, load_profile
 from evaluator.llm.decide import (
     CallState,
     DowngradeSchema,
@@ -27,7 +27,12 @@ from evaluator.llm.decide import (
 )
 from evaluator.llm.retry import jittered_backoff
 
-sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
+
+@pytest.fixture
+def sim() -> F.LocalSim:
+    """The simulator in this process, behind the engine's in-process transport (no socket)."""
+    return F.LocalSim()
+
 
 ONLINE = Path(__file__).parent / "fixtures" / "providers" / "online"
 NOW = 1_780_000_000.0  # a fixed clock: decide is pure
@@ -193,7 +198,7 @@ def test_resume_time_is_rounded_up_and_dated_when_not_today():
 async def test_a_wait_past_max_wait_is_told_once_and_the_calls_still_finish(sim, caplog):
     sim.configure(script=["429", "429", "429"], retry_value="200", retry_headers="seconds")
     caplog.set_level(logging.WARNING, logger="evaluator.llm")
-    async with LLMEngine(F.sim_profile(sim, max_wait_s=0.05, give_up_after_s=3600.0)) as llm:
+    async with sim.engine(F.sim_profile(sim, max_wait_s=0.05, give_up_after_s=3600.0)) as llm:
         rs = [await llm.chat(F.msgs(i), run=0, prompt_version="v1") for i in range(2)]
     assert all(r.error is None for r in rs) and llm.stats.http_429 == 3
     told = [r.getMessage() for r in caplog.records if "asks to wait" in r.getMessage()]
@@ -202,7 +207,7 @@ async def test_a_wait_past_max_wait_is_told_once_and_the_calls_still_finish(sim,
 
 async def test_a_wait_past_give_up_after_stops_the_run_with_the_time(sim, tmp_path):
     sim.configure(script=["429"], retry_value="86400", retry_headers="seconds")
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim), cache_root=tmp_path) as llm:
         t0 = time.time()
         with pytest.raises(FatalLLMError) as e:
             await llm.chat(F.msgs(1), run=0, prompt_version="v1")

@@ -1,4 +1,8 @@
-"""LLMEngine against a real simulator on loopback: replies, every error class, 429 forms, the gate."""
+"""LLMEngine against the simulator: replies, every error class, 429 forms, the gate.
+
+In this process (no socket) unless a test takes `any_sim` (each error family once more through the aiohttp
+transport and the simulator's server on loopback) or needs a socket itself (a refused connection).
+"""
 
 from __future__ import annotations
 
@@ -14,11 +18,17 @@ from evaluator.llm import FatalLLMError, LLMEngine
 from evaluator.llm.decide import resume_time
 from simulator import behaviour
 
-sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
+sim_server, any_sim, socket_sim = F.sim_server, F.any_sim, F.socket_sim  # pytest finds fixtures by module attribute
+
+
+@pytest.fixture
+def sim() -> F.LocalSim:
+    """The simulator in this process, behind the engine's in-process transport (no socket)."""
+    return F.LocalSim()
 
 
 async def test_reply_tokens_and_cache_hit(sim, tmp_path):
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim), cache_root=tmp_path) as llm:
         first = await llm.chat(F.msgs(1), run=2, prompt_version="v1")
         again = await llm.chat(F.msgs(1), run=2, prompt_version="v1")
     assert first.error is None and not first.cached
@@ -33,7 +43,7 @@ async def test_reply_tokens_and_cache_hit(sim, tmp_path):
 
 async def test_request_carries_seed_model_sampling(sim, tmp_path):
     prof = F.sim_profile(sim, temperature=0.7, max_tokens=77, extra_body={"top_p": 0.5})
-    async with LLMEngine(prof) as llm:
+    async with sim.engine(prof) as llm:
         r = await llm.chat(F.msgs(3), run=3, prompt_version="v1")
     assert r.content == behaviour.answer(F.msgs(3), seed=3, temperature=0.7)
 
@@ -49,9 +59,9 @@ async def test_request_carries_seed_model_sampling(sim, tmp_path):
     ],
     ids=["5xx", "5xx-list-body", "malformed-json", "connection-drop", "timeout"],
 )
-async def test_transient_errors_are_retried(sim, tmp_path, knobs):
-    sim.configure(**knobs)
-    async with LLMEngine(F.sim_profile(sim, timeout_s=0.3), cache_root=tmp_path) as llm:
+async def test_transient_errors_are_retried(any_sim, tmp_path, knobs):
+    any_sim.configure(**knobs)
+    async with any_sim.engine(F.sim_profile(any_sim, timeout_s=0.3), cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(4), run=0, prompt_version="v1")
     assert r.error is None and r.content == behaviour.answer(F.msgs(4), seed=0, temperature=0.0)
     assert llm.stats.retries == len(knobs["script"])
@@ -60,7 +70,7 @@ async def test_transient_errors_are_retried(sim, tmp_path, knobs):
 
 async def test_retries_exhausted_is_nonfatal_and_not_cached(sim, tmp_path):
     sim.configure(p_503=1.0)
-    async with LLMEngine(F.sim_profile(sim, max_retries=2), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim, max_retries=2), cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(5), run=0, prompt_version="v1")
         assert r.content is None and "HTTP 503" in r.error and "after 3 tries" in r.error
         sim.configure(p_503=0.0)
@@ -69,14 +79,19 @@ async def test_retries_exhausted_is_nonfatal_and_not_cached(sim, tmp_path):
     assert llm.stats.errors == 1 and sim.stats()["by_status"] == {"503": 3, "200": 1}
 
 
+FORMS = [("seconds", 0.95, 1.8), ("date", 0.0, 2.5), ("ms", 0.05, 0.6), ("reset", 0.05, 0.6)]
+
+
+# Every form in process; on the socket the two sub-second ones (the headers cross aiohttp alike, waits aside).
 @pytest.mark.parametrize(
-    ("form", "least", "most"),
-    [("seconds", 0.95, 1.8), ("date", 0.0, 2.5), ("ms", 0.05, 0.6), ("reset", 0.05, 0.6)],
+    ("any_sim", "form", "least", "most"),
+    [("in-process", *f) for f in FORMS] + [("socket", *f) for f in FORMS[2:]],
+    indirect=["any_sim"],
 )
-async def test_429_honours_each_retry_after_form(sim, form, least, most):
+async def test_429_honours_each_retry_after_form(any_sim, form, least, most):
     # A scripted 429 asks for 50 ms; "seconds" rounds up to 1 s, "date" to the next whole second.
-    sim.configure(script=["429"], retry_headers=form)
-    async with LLMEngine(F.sim_profile(sim)) as llm:
+    any_sim.configure(script=["429"], retry_headers=form)
+    async with any_sim.engine(F.sim_profile(any_sim)) as llm:
         t0 = time.monotonic()
         r = await llm.chat(F.msgs(6), run=0, prompt_version="v1")
         waited = time.monotonic() - t0
@@ -86,7 +101,7 @@ async def test_429_honours_each_retry_after_form(sim, form, least, most):
 
 async def test_429_gemini_body_form(sim):
     sim.configure(rate_style="gemini", rpm=60, burst_s=1.0)  # 1 request, then 1 per second
-    async with LLMEngine(F.sim_profile(sim)) as llm:
+    async with sim.engine(F.sim_profile(sim)) as llm:
         t0 = time.monotonic()
         rs = await asyncio.gather(*(llm.chat(F.msgs(i), run=0, prompt_version="v1") for i in range(2)))
         waited = time.monotonic() - t0
@@ -96,7 +111,7 @@ async def test_429_gemini_body_form(sim):
 
 async def test_429_pauses_the_whole_model(sim):
     sim.configure(script=["429"], retry_headers="seconds")  # Retry-After: 1
-    async with LLMEngine(F.sim_profile(sim)) as llm:
+    async with sim.engine(F.sim_profile(sim)) as llm:
         t0 = time.monotonic()
         first = asyncio.create_task(llm.chat(F.msgs(7), run=0, prompt_version="v1"))
         await asyncio.sleep(0.15)  # the 429 has arrived; these new calls must wait with it
@@ -109,7 +124,7 @@ async def test_429_pauses_the_whole_model(sim):
 
 async def test_client_rpm_pacing_avoids_429s(sim):
     sim.configure(rpm=1200, burst_s=1.0)  # 20/s
-    async with LLMEngine(F.sim_profile(sim, rpm=1200)) as llm:
+    async with sim.engine(F.sim_profile(sim, rpm=1200)) as llm:
         t0 = time.monotonic()
         rs = await asyncio.gather(*(llm.chat(F.msgs(i), run=0, prompt_version="v1") for i in range(40)))
         elapsed = time.monotonic() - t0
@@ -121,18 +136,18 @@ async def test_client_rpm_pacing_avoids_429s(sim):
 
 
 async def test_client_tpm_budget(sim):
-    async with LLMEngine(F.sim_profile(sim, tpm=60 * 400, max_tokens=100)) as llm:  # ~400 tokens/s
+    async with sim.engine(F.sim_profile(sim, tpm=60 * 400, max_tokens=100)) as llm:  # ~400 tokens/s
         t0 = time.monotonic()
         await asyncio.gather(*(llm.chat(F.msgs(i), run=0, prompt_version="v1") for i in range(8)))
         elapsed = time.monotonic() - t0
     assert elapsed >= 0.9  # 8 x (~40 prompt + 100) tokens > the one-second bucket
 
 
-async def test_fatal_401_stops_and_redacts_key(sim, tmp_path, caplog):
-    sim.configure(api_key="sk-the-right-key-000000000000")
-    prof = F.sim_profile(sim, api_key_env="SIM_API_KEY")
+async def test_fatal_401_stops_and_redacts_key(any_sim, tmp_path, caplog):
+    any_sim.configure(api_key="sk-the-right-key-000000000000")
+    prof = F.sim_profile(any_sim, api_key_env="SIM_API_KEY")
     caplog.set_level("DEBUG")
-    async with LLMEngine(prof, cache_root=tmp_path, api_key=F.FAKE_KEY) as llm:
+    async with any_sim.engine(prof, cache_root=tmp_path, api_key=F.FAKE_KEY) as llm:
         with pytest.raises(FatalLLMError) as e:
             await llm.chat(F.msgs(8), run=0, prompt_version="v1")
         with pytest.raises(FatalLLMError):  # later fresh calls stop at once, sending nothing
@@ -141,19 +156,19 @@ async def test_fatal_401_stops_and_redacts_key(sim, tmp_path, caplog):
     msg = str(e.value)
     assert "HTTP 401" in msg and "set SIM_API_KEY" in msg
     assert F.FAKE_KEY not in msg and F.FAKE_KEY not in caplog.text
-    assert sim.stats()["by_status"] == {"401": 1}
+    assert any_sim.stats()["by_status"] == {"401": 1}
 
 
 async def test_right_key_is_accepted(sim):
     sim.configure(api_key=F.FAKE_KEY)
-    async with LLMEngine(F.sim_profile(sim), api_key=F.FAKE_KEY) as llm:
+    async with sim.engine(F.sim_profile(sim), api_key=F.FAKE_KEY) as llm:
         r = await llm.chat(F.msgs(10), run=0, prompt_version="v1")
     assert r.error is None
 
 
 async def test_daily_quota_is_fatal_and_keeps_finished_calls(sim, tmp_path):
     sim.configure(daily_quota=2)
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim), cache_root=tmp_path) as llm:
         for i in range(2):
             assert (await llm.chat(F.msgs(i), run=0, prompt_version="v1")).error is None
         with pytest.raises(FatalLLMError, match="daily quota exhausted; resume after ") as e:
@@ -167,9 +182,9 @@ async def test_daily_quota_is_fatal_and_keeps_finished_calls(sim, tmp_path):
 
 async def test_reasoning_only_reply_is_cached_and_marked(sim, tmp_path):
     sim.configure(script=["null"])  # content null, the text only in reasoning_content
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim), cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(11), run=0, prompt_version="v1")
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:  # a resume
+    async with sim.engine(F.sim_profile(sim), cache_root=tmp_path) as llm:  # a resume
         again = await llm.chat(F.msgs(11), run=0, prompt_version="v1")
     expected = behaviour.answer(F.msgs(11), seed=0, temperature=0.0)
     assert r.error is None and r.content == expected and r.reasoning_only and not r.cached
@@ -179,7 +194,7 @@ async def test_reasoning_only_reply_is_cached_and_marked(sim, tmp_path):
 
 async def test_truncated_reply_is_returned_and_cached_after_its_retries(sim, tmp_path):
     sim.configure(script=["length", "length"])  # cut twice: the retry is cut too
-    async with LLMEngine(F.sim_profile(sim, truncation_retries=1), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim, truncation_retries=1), cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(12), run=0, prompt_version="v1")
         again = await llm.chat(F.msgs(12), run=0, prompt_version="v1")
     full = behaviour.answer(F.msgs(12), seed=0, temperature=0.0)
@@ -191,14 +206,14 @@ async def test_truncated_reply_is_returned_and_cached_after_its_retries(sim, tmp
 
 async def test_truncated_reasoning_only_reply_keeps_its_text(sim, tmp_path):
     sim.configure(p_null=1.0, null_finish="length")  # gpt-oss out of tokens while reasoning
-    async with LLMEngine(F.sim_profile(sim, truncation_retries=0), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim, truncation_retries=0), cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(13), run=0, prompt_version="v1")
     assert r.error is None and r.truncated and r.reasoning_only and r.content
 
 
 async def test_identical_concurrent_calls_share_one_request(sim):
     sim.configure(latency_s=0.05)
-    async with LLMEngine(F.sim_profile(sim)) as llm:
+    async with sim.engine(F.sim_profile(sim)) as llm:
         rs = await asyncio.gather(*(llm.chat(F.msgs(13), run=0, prompt_version="v1") for _ in range(5)))
     assert len({r.content for r in rs}) == 1 and sim.stats()["requests"] == 1
     assert sum(r.cached for r in rs) == 4
@@ -206,7 +221,7 @@ async def test_identical_concurrent_calls_share_one_request(sim):
 
 async def test_concurrency_limit(sim):
     sim.configure(latency_s=0.05)
-    async with LLMEngine(F.sim_profile(sim, concurrency=3)) as llm:
+    async with sim.engine(F.sim_profile(sim, concurrency=3)) as llm:
         await asyncio.gather(*(llm.chat(F.msgs(i), run=0, prompt_version="v1") for i in range(12)))
     assert sim.stats()["max_in_flight"] == 3
 
@@ -216,17 +231,17 @@ async def test_unreachable_endpoint_is_fatal_after_retries(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     prof = F.sim_profile(SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1"), max_retries=1)
-    async with LLMEngine(prof, cache_root=tmp_path) as llm:
+    async with LLMEngine(prof, cache_root=tmp_path) as llm:  # the aiohttp transport: a refused connection
         with pytest.raises(FatalLLMError, match="does not answer"):
             await llm.chat(F.msgs(0), run=0, prompt_version="v1")
     assert llm.stats.requests == 2
 
 
-async def test_endpoint_rejecting_seed_is_retried_without_it(sim, tmp_path):
-    sim.configure(reject_seed=True)
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
+async def test_endpoint_rejecting_seed_is_retried_without_it(any_sim, tmp_path):
+    any_sim.configure(reject_seed=True)
+    async with any_sim.engine(F.sim_profile(any_sim), cache_root=tmp_path) as llm:
         r0 = await llm.chat(F.msgs(21), run=0, prompt_version="v1")
         r1 = await llm.chat(F.msgs(21), run=1, prompt_version="v1")
     assert r0.error is None and r1.error is None
     assert not r1.cached  # runs stay separate samples in the cache without the seed on the wire
-    assert sim.stats()["by_status"] == {"400": 1, "200": 2}  # one rejection, then never sent again
+    assert any_sim.stats()["by_status"] == {"400": 1, "200": 2}  # one rejection, then never sent again

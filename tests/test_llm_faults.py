@@ -1,6 +1,6 @@
-"""Provider faults of the fault campaign (issue 11) and the real-server behaviours of issue 10,
-each against the simulator on loopback: rejected fields, useless retry hints, failure counts,
-structured outputs, adaptive concurrency on a serial server, honest latency."""
+"""Provider faults of the fault campaign (issue 11) and the real-server behaviours of issue 10, each against
+the simulator in this process (`any_sim` tests once more on loopback): rejected fields, useless retry hints,
+failure counts, structured outputs, adaptive concurrency on a serial server, honest latency."""
 
 from __future__ import annotations
 
@@ -12,11 +12,17 @@ import time
 import llm_fixtures as F
 import pytest
 
-from evaluator.llm import LLMEngine
 from evaluator.llm.cache import call_key
 from simulator import behaviour
 
-sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
+sim_server, any_sim, socket_sim = F.sim_server, F.any_sim, F.socket_sim  # pytest finds fixtures by module attribute
+
+
+@pytest.fixture
+def sim() -> F.LocalSim:
+    """The simulator in this process, behind the engine's in-process transport (no socket)."""
+    return F.LocalSim()
+
 
 SCHEMA = {"name": "plan", "schema": {"type": "object", "properties": {"steps": {"type": "array"}}}}
 
@@ -31,7 +37,7 @@ async def test_seed_rejected_mid_run_is_dropped_for_queued_and_in_flight_calls(s
     # it must each be retried once without it, not lost.
     sim.configure(reject_seed=True, reject_after=3, latency_s=0.05)
     caplog.set_level(logging.WARNING, logger="evaluator.llm")
-    async with LLMEngine(F.sim_profile(sim, concurrency=4), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim, concurrency=4), cache_root=tmp_path) as llm:
         rs = await _all(llm, range(12))
     assert all(r.error is None for r in rs)
     assert [r.content for r in rs] == [behaviour.answer(F.msgs(i), seed=0, temperature=0.0) for i in range(12)]
@@ -41,7 +47,7 @@ async def test_seed_rejected_mid_run_is_dropped_for_queued_and_in_flight_calls(s
     assert sum("rejects `seed`" in r.message for r in caplog.records) == 1  # one warning
     # Keys are those of the logical request: a resume finds every reply, with or without the seed sent.
     before = sim.stats()["requests"]
-    async with LLMEngine(F.sim_profile(sim, concurrency=4), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim, concurrency=4), cache_root=tmp_path) as llm:
         again = await _all(llm, range(12))
     assert all(r.cached for r in again) and sim.stats()["requests"] == before
 
@@ -49,7 +55,7 @@ async def test_seed_rejected_mid_run_is_dropped_for_queued_and_in_flight_calls(s
 async def test_any_rejected_optional_field_is_dropped(sim):
     # Not a case list: an extra_body field the host does not know goes the same way.
     sim.configure(reject_params=["top_p"])
-    async with LLMEngine(F.sim_profile(sim, extra_body={"top_p": 0.5})) as llm:
+    async with sim.engine(F.sim_profile(sim, extra_body={"top_p": 0.5})) as llm:
         rs = await _all(llm, range(3))
         rejected_once = sim.stats()["by_status"]["400"]
         later = await _all(llm, range(3, 6))  # built after the drop: never sent with it
@@ -63,7 +69,7 @@ async def test_response_format_rejected_falls_back_to_free_text_once(sim, tmp_pa
     sim.configure(reject_params=["response_format"])
     caplog.set_level(logging.WARNING, logger="evaluator.llm")
     prof = F.sim_profile(sim, structured="json_schema")
-    async with LLMEngine(prof, cache_root=tmp_path) as llm:
+    async with sim.engine(prof, cache_root=tmp_path) as llm:
         first = await llm.chat(F.msgs(0), run=0, prompt_version="v1", schema=SCHEMA)
         assert sim.stats()["by_status"] == {"400": 2, "200": 1}
         rs = await _all(llm, range(1, 4), schema=SCHEMA)
@@ -79,7 +85,7 @@ async def test_json_schema_rejected_is_sent_as_json_object_with_its_schema(sim, 
     # llama-cpp-python takes response_format only as text/json_object (+ "schema"), and reports a
     # json_schema one as a 500 carrying a validation error; FastAPI servers as a 422.
     sim.configure(reject_json_schema=True, reject_status=status)
-    async with LLMEngine(F.sim_profile(sim, structured="json_schema", max_retries=0), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim, structured="json_schema", max_retries=0), cache_root=tmp_path) as llm:
         p = llm.prepare(F.msgs(1), run=0, prompt_version="v1", schema=SCHEMA)
         r = await llm.send(p)
         again = await llm.chat(F.msgs(1), run=0, prompt_version="v1", schema=SCHEMA)
@@ -92,25 +98,25 @@ async def test_json_schema_rejected_is_sent_as_json_object_with_its_schema(sim, 
 
 
 @pytest.mark.parametrize("status", [422, 500])
-async def test_a_validation_error_naming_a_field_is_handled_like_a_400(sim, status):
+async def test_a_validation_error_naming_a_field_is_handled_like_a_400(any_sim, status):
     # FastAPI servers answer 422 with pydantic's error list; llama-cpp-python turns the same report
     # into a 500. Either way: the field goes, at once, with no retry budget spent.
-    sim.configure(reject_params=["top_p"], reject_status=status)
-    async with LLMEngine(F.sim_profile(sim, extra_body={"top_p": 0.5}, max_retries=0)) as llm:
+    any_sim.configure(reject_params=["top_p"], reject_status=status)
+    async with any_sim.engine(F.sim_profile(any_sim, extra_body={"top_p": 0.5}, max_retries=0)) as llm:
         r = await llm.chat(F.msgs(1), run=0, prompt_version="v1")
     assert r.error is None and llm.stats.dropped_params == ["top_p"]
-    assert sim.stats()["by_status"] == {str(status): 1, "200": 1}
+    assert any_sim.stats()["by_status"] == {str(status): 1, "200": 1}
 
 
 async def test_an_ordinary_500_mentioning_a_field_drops_nothing(sim):
     sim.configure(script=["500"])
-    async with LLMEngine(F.sim_profile(sim)) as llm:
+    async with sim.engine(F.sim_profile(sim)) as llm:
         r = await llm.chat(F.msgs(1), run=0, prompt_version="v1")
     assert r.error is None and llm.stats.dropped_params == [] and llm.stats.retries == 1
 
 
 async def test_a_400_naming_no_optional_field_fails_that_call_only(sim):
-    async with LLMEngine(F.sim_profile(sim)) as llm:
+    async with sim.engine(F.sim_profile(sim)) as llm:
         bad = await llm.send(llm.prepare_body({"model": "sim-1"}))  # no messages: the request itself is wrong
         ok = await llm.chat(F.msgs(1), run=0, prompt_version="v1")
     assert bad.error and bad.error_kind == "http_400" and ok.error is None
@@ -124,7 +130,7 @@ async def test_a_400_naming_no_optional_field_fails_that_call_only(sim):
 async def test_useless_retry_hints_fall_back_to_backoff_with_a_floor(sim, value, style):
     sim.configure(script=["429"] * 3, retry_value=value, rate_style=style)
     prof = F.sim_profile(sim, backoff_base_s=0.2, backoff_max_s=5.0)
-    async with LLMEngine(prof) as llm:
+    async with sim.engine(prof) as llm:
         t0 = time.monotonic()
         r = await llm.chat(F.msgs(1), run=0, prompt_version="v1")
         waited = time.monotonic() - t0
@@ -136,7 +142,7 @@ async def test_useless_retry_hints_fall_back_to_backoff_with_a_floor(sim, value,
 async def test_rate_limited_host_answering_retry_after_0_is_not_hammered(sim):
     # 2 requests/s with `Retry-After: 0` and no announced limit: the engine must back off, not spin.
     sim.configure(rpm=120, burst_s=0.5, retry_value="0", retry_headers="seconds")
-    async with LLMEngine(F.sim_profile(sim, backoff_base_s=0.2, backoff_max_s=2.0)) as llm:
+    async with sim.engine(F.sim_profile(sim, backoff_base_s=0.2, backoff_max_s=2.0)) as llm:
         rs = await _all(llm, range(4))
     assert all(r.error is None for r in rs)
     assert sim.stats()["requests"] <= 4 + 20  # before the fix: hundreds of 429s in a few seconds
@@ -146,7 +152,7 @@ async def test_rate_limited_host_answering_retry_after_0_is_not_hammered(sim):
 async def test_failed_calls_are_counted_by_kind_and_not_cached(sim, tmp_path):
     sim.configure(script=["503", "503", "hang"], hang_s=2.0)
     prof = F.sim_profile(sim, max_retries=1, timeout_s=0.3)
-    async with LLMEngine(prof, cache_root=tmp_path) as llm:
+    async with sim.engine(prof, cache_root=tmp_path) as llm:
         first = await llm.chat(F.msgs(1), run=0, prompt_version="v1")  # 503, 503: gives up
         second = await llm.chat(F.msgs(2), run=0, prompt_version="v1")  # hang (timeout), then a reply
         bad = await llm.send(llm.prepare_body({"model": "sim-1"}))
@@ -168,7 +174,7 @@ async def test_failed_calls_are_counted_by_kind_and_not_cached(sim, tmp_path):
     ],
 )
 def test_schema_becomes_response_format_per_profile(sim, mode, expected):
-    llm = LLMEngine(F.sim_profile(sim, structured=mode))
+    llm = sim.engine(F.sim_profile(sim, structured=mode))
     with_schema = llm.prepare(F.msgs(1), run=0, prompt_version="v1", schema=SCHEMA)
     plain = llm.prepare(F.msgs(1), run=0, prompt_version="v1")
     assert with_schema.body.get("response_format") == expected and "response_format" not in plain.body
@@ -178,7 +184,7 @@ def test_schema_becomes_response_format_per_profile(sim, mode, expected):
 
 
 async def test_structured_call_reaches_the_server_with_its_schema(sim, tmp_path):
-    async with LLMEngine(F.sim_profile(sim, structured="json_schema"), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim, structured="json_schema"), cache_root=tmp_path) as llm:
         p = llm.prepare(F.msgs(1), run=0, prompt_version="v1", schema=SCHEMA)
         r = await llm.send(p)
         again = await llm.chat(F.msgs(1), run=0, prompt_version="v1", schema=SCHEMA)
@@ -192,22 +198,24 @@ async def test_adaptive_concurrency_keeps_a_serial_server_from_queueing(sim):
     # on the server and pass the 1 s timeout; adaptive stays near one request in flight.
     sim.configure(serial=True, latency_s=0.1)
     prof = F.sim_profile(sim, concurrency=16, adaptive_concurrency=True, timeout_s=1.0, max_retries=0)
-    async with LLMEngine(prof) as llm:
+    async with sim.engine(prof) as llm:
         rs = await _all(llm, range(16))
     st = sim.stats()
     assert all(r.error is None for r in rs) and llm.stats.timeouts == 0 and st["abandoned"] == 0
     assert st["max_waiting"] <= 4 and st["requests"] == 16 and llm.stats.concurrency_limit <= 4  # fixed: 15 waiting
 
 
-@pytest.mark.parametrize("slots", [1, 3])
-async def test_adaptive_concurrency_settles_at_the_slots_a_llama_cpp_server_announces(sim, slots):
+# The socket run takes 3 slots only: 1 slot is 40 calls one after another (the slowest case), in process.
+@pytest.mark.parametrize(("any_sim", "slots"), [("in-process", 1), ("in-process", 3), ("socket", 3)],
+                         indirect=["any_sim"])
+async def test_adaptive_concurrency_settles_at_the_slots_a_llama_cpp_server_announces(any_sim, slots):
     # llama.cpp's /props says `total_slots` (tests/fixtures/providers/llama_cpp/props.json): more requests in
     # flight only queue there, each adding its wait to every latency (issue 31: a 1-slot server, limit 4, p50 9 s -> 32 s).
-    sim.configure(slots=slots, latency_s=0.05, latency="lognormal", latency_sigma=0.6)
-    prof = F.sim_profile(sim, concurrency=16, adaptive_concurrency=True)
-    async with LLMEngine(prof) as llm:
+    any_sim.configure(slots=slots, latency_s=0.05, latency="lognormal", latency_sigma=0.6)
+    prof = F.sim_profile(any_sim, concurrency=16, adaptive_concurrency=True)
+    async with any_sim.engine(prof) as llm:
         rs = await _all(llm, range(40))
-    st = sim.stats()
+    st = any_sim.stats()
     assert all(r.error is None for r in rs)
     assert llm.stats.concurrency_limit <= slots and llm.stats.max_in_flight <= slots
     assert st["max_waiting"] == 0 and st["max_in_flight"] <= slots
@@ -216,7 +224,7 @@ async def test_adaptive_concurrency_settles_at_the_slots_a_llama_cpp_server_anno
 async def test_adaptive_concurrency_grows_on_a_parallel_server(sim):
     sim.configure(latency_s=0.05)
     prof = F.sim_profile(sim, concurrency=32, adaptive_concurrency=True)
-    async with LLMEngine(prof) as llm:
+    async with sim.engine(prof) as llm:
         await _all(llm, range(120))
     assert llm.stats.concurrency_limit >= 8 and sim.stats()["max_in_flight"] >= 8
 
@@ -224,7 +232,7 @@ async def test_adaptive_concurrency_grows_on_a_parallel_server(sim):
 async def test_adaptive_concurrency_halves_on_429s(sim):
     sim.configure(latency_s=0.02)
     prof = F.sim_profile(sim, concurrency=32, adaptive_concurrency=True)
-    async with LLMEngine(prof) as llm:
+    async with sim.engine(prof) as llm:
         await _all(llm, range(60))
         grown = llm.stats.concurrency_limit
         sim.configure(script=["429"], retry_headers="ms")
@@ -232,33 +240,33 @@ async def test_adaptive_concurrency_halves_on_429s(sim):
     assert grown >= 4 and llm.stats.concurrency_limit <= grown / 2 + 1
 
 
-async def test_timed_out_slot_is_not_reused_while_the_server_still_works(sim):
+async def test_timed_out_slot_is_not_reused_while_the_server_still_works(any_sim):
     # The server needs 0.45 s; the client gives up at 0.3 s. The next request must not be queued
     # behind the abandoned one: its slot stays taken another timeout_s.
-    sim.configure(serial=True, latency_s=0.45)
-    prof = F.sim_profile(sim, concurrency=1, timeout_s=0.3, max_retries=0)
-    async with LLMEngine(prof) as llm:
+    any_sim.configure(serial=True, latency_s=0.45)
+    prof = F.sim_profile(any_sim, concurrency=1, timeout_s=0.3, max_retries=0)
+    async with any_sim.engine(prof) as llm:
         first = await llm.chat(F.msgs(1), run=0, prompt_version="v1")
         second = asyncio.create_task(llm.chat(F.msgs(2), run=0, prompt_version="v1"))
         await asyncio.sleep(0.2)
-        waiting_meanwhile = sim.stats()["max_waiting"]
+        waiting_meanwhile = any_sim.stats()["max_waiting"]
         await second
     assert first.error_kind == "timeout" and waiting_meanwhile == 0
-    assert sim.stats()["abandoned"] >= 1
+    assert any_sim.stats()["abandoned"] >= 1
 
 
 async def test_attempt_timeout_counts_from_send_not_from_queueing(sim):
     # Six calls through one slot, 0.2 s each: the last waits ~1 s for its turn, well past the 0.5 s
     # timeout, and must still not time out — its clock starts when it is sent.
     sim.configure(latency_s=0.2)
-    async with LLMEngine(F.sim_profile(sim, concurrency=1, timeout_s=0.5, max_retries=0)) as llm:
+    async with sim.engine(F.sim_profile(sim, concurrency=1, timeout_s=0.5, max_retries=0)) as llm:
         rs = await _all(llm, range(6))
     assert all(r.error is None for r in rs) and llm.stats.timeouts == 0 and sim.stats()["requests"] == 6
 
 
 async def test_latency_is_server_time_and_queueing_is_reported_apart(sim):
     sim.configure(latency_s=0.1)
-    async with LLMEngine(F.sim_profile(sim, concurrency=1)) as llm:
+    async with sim.engine(F.sim_profile(sim, concurrency=1)) as llm:
         await _all(llm, range(5))
     s = llm.stats.as_dict()
     assert s["latency_s"]["n"] == 5 and s["queue_s"]["n"] == 5
@@ -268,9 +276,9 @@ async def test_latency_is_server_time_and_queueing_is_reported_apart(sim):
 
 # -- batch import parity ----------------------------------------------------------------------------
 async def test_store_reply_caches_exactly_as_the_online_path(sim, tmp_path):
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path / "a") as llm:
+    async with sim.engine(F.sim_profile(sim), cache_root=tmp_path / "a") as llm:
         online = await llm.send(llm.prepare(F.msgs(1), run=0, prompt_version="v1"), keep_raw=True)
-    offline = LLMEngine(F.sim_profile(sim), cache_root=tmp_path / "b")  # no HTTP session
+    offline = sim.engine(F.sim_profile(sim), cache_root=tmp_path / "b")  # no HTTP session
     p = offline.prepare(F.msgs(1), run=0, prompt_version="v1")
     stored = offline.store_reply(p.key, online.raw)
     hit = offline.lookup(p.key)

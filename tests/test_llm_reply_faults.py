@@ -16,13 +16,19 @@ import pytest
 from data_fixtures import make_data_dir
 
 from evaluator.core.tokens import prompt_tokens, text_tokens
-from evaluator.llm import LLMEngine
 from evaluator.llm.cache import CacheEntry, ResponseCache, cache_dir, encode_entry
 from evaluator.llm.decide import GiveUp, Outcome, Reply, decide
 from evaluator.llm.limits import read_server_facts
 from evaluator.llm.reply import read_reply
 
-sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
+sim_server, any_sim, socket_sim = F.sim_server, F.any_sim, F.socket_sim  # pytest finds fixtures by module attribute
+
+
+@pytest.fixture
+def sim() -> F.LocalSim:
+    """The simulator in this process, behind the engine's in-process transport (no socket)."""
+    return F.LocalSim()
+
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA = Path(__file__).parent / "fixtures" / "providers" / "llama_cpp"
@@ -37,11 +43,11 @@ def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def study(sim, tmp_path):
+def study(socket_sim, tmp_path):
     """(args of a small study against the shared simulator, its output folder)."""
     data = make_data_dir(tmp_path / "data")
     prof = tmp_path / "srv.toml"
-    prof.write_text(f'model = "sim-1"\nbase_url = "{sim.base_url}"\nsimulated = true\nconcurrency = 4\n'
+    prof.write_text(f'model = "sim-1"\nbase_url = "{socket_sim.base_url}"\nsimulated = true\nconcurrency = 4\n'
                     "max_retries = 1\nbackoff_base_s = 0.01\nbackoff_max_s = 0.02\n")
     out = tmp_path / "out"
     args = ["--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--model", str(prof), "--runs", "1",
@@ -63,14 +69,14 @@ def _strip(recs: list[dict]) -> list[dict]:
 
 
 # -- item 3: reply shapes ---------------------------------------------------------------------------------
-def test_content_as_a_list_of_parts_gives_the_same_results_as_a_string(sim, study, tmp_path):
+def test_content_as_a_list_of_parts_gives_the_same_results_as_a_string(socket_sim, study, tmp_path):
     args, out = study
-    sim.configure(content_form="parts")
+    socket_sim.configure(content_form="parts")
     parts = _cli(args, tmp_path)
     assert parts.returncode == 0, parts.stderr
     assert "Traceback" not in parts.stderr
     got = _strip(_records(out))
-    sim.configure(content_form="string")
+    socket_sim.configure(content_form="string")
     args2 = [a if a != str(tmp_path / "cache") else str(tmp_path / "cache2") for a in args]
     args2[args2.index(str(out))] = str(tmp_path / "out2")
     plain = _cli(args2, tmp_path)
@@ -79,9 +85,9 @@ def test_content_as_a_list_of_parts_gives_the_same_results_as_a_string(sim, stud
 
 
 @pytest.mark.parametrize("form", ["number", "object"])
-def test_an_undocumented_content_shape_is_one_counted_malformed_reply(sim, study, tmp_path, form):
+def test_an_undocumented_content_shape_is_one_counted_malformed_reply(socket_sim, study, tmp_path, form):
     args, out = study
-    sim.configure(content_form=form)
+    socket_sim.configure(content_form=form)
     r = _cli(args, tmp_path)
     assert r.returncode == 3, r.stderr  # done, some calls failed for good
     assert "Traceback" not in r.stderr and "ValidationError" not in r.stderr
@@ -90,7 +96,7 @@ def test_an_undocumented_content_shape_is_one_counted_malformed_reply(sim, study
     assert meta["llm_stats"]["srv"]["failed"].get("malformed_reply", 0) > 0
 
 
-def test_tool_call_replies_are_read_from_their_arguments(sim):
+def test_tool_call_replies_are_read_from_their_arguments():
     body = {"choices": [{"message": {"content": None, "tool_calls": [
         {"type": "function", "function": {"name": "plan", "arguments": '{"steps": [], "selected_apis": ["a/b"]}'}}]},
         "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 3, "completion_tokens": 4}}
@@ -104,7 +110,7 @@ def test_tool_call_replies_are_read_from_their_arguments(sim):
 
 
 async def test_an_old_cache_entry_of_another_shape_is_a_miss_not_a_crash(sim, tmp_path):
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim), cache_root=tmp_path) as llm:
         key = llm.prepare(F.msgs(1), run=0, prompt_version="v1").key
     cache = ResponseCache(tmp_path)
     # What an older release could have kept: the provider's list of parts as the content.
@@ -112,16 +118,16 @@ async def test_an_old_cache_entry_of_another_shape_is_a_miss_not_a_crash(sim, tm
                         "completion_tokens": 1})
     cache.set_raw(key, raw, tag="sim")
     cache.close()
-    async with LLMEngine(F.sim_profile(sim), cache_root=tmp_path) as llm:
+    async with sim.engine(F.sim_profile(sim), cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(1), run=0, prompt_version="v1")
     assert r.error is None and isinstance(r.content, str) and not r.cached
     assert llm.stats.cache_damaged == 1 and sim.stats()["ok"] == 1
 
 
 # -- item 4: cut replies ------------------------------------------------------------------------------------
-def test_a_content_filter_cut_is_reported_by_cause_and_sent_again_by_the_next_run(sim, study, tmp_path):
+def test_a_content_filter_cut_is_reported_by_cause_and_sent_again_by_the_next_run(socket_sim, study, tmp_path):
     args, out = study
-    sim.configure(p_filter=1.0)
+    socket_sim.configure(p_filter=1.0)
     first = _cli(args, tmp_path)
     assert first.returncode == 0, first.stderr
     assert "content filter" in first.stderr and "content_filter" in first.stderr
@@ -131,18 +137,18 @@ def test_a_content_filter_cut_is_reported_by_cause_and_sent_again_by_the_next_ru
                 [b["plan"].get("cut") if b.get("plan") else None, b.get("discovery_cut")] if c == "content_filter")
     assert n_cut > 0
     # The filter is lifted: the rerun sends the filtered calls again, and only those.
-    sim.configure(p_filter=0.0)
-    sim.reset_stats()
+    socket_sim.configure(p_filter=0.0)
+    socket_sim.reset_stats()
     second = _cli(args, tmp_path)
     assert second.returncode == 0, second.stderr
-    assert sim.stats()["ok"] >= n_cut
+    assert socket_sim.stats()["ok"] >= n_cut
     assert "cut replies: 0" in (out / "report.md").read_text()
 
 
-def test_a_reply_cut_by_the_servers_context_is_sent_again_once_the_context_is_larger(sim, study, tmp_path):
+def test_a_reply_cut_by_the_servers_context_is_sent_again_once_the_context_is_larger(socket_sim, study, tmp_path):
     args, out = study
     # Discovery prompts (~175-195 tokens) fit in 200 and their replies are cut; planner prompts (~300) do not.
-    sim.configure(n_ctx=200)
+    socket_sim.configure(n_ctx=200)
     first = _cli(args, tmp_path)
     assert first.returncode == 3, first.stderr
     assert "context_exceeded" in first.stderr and "exceeds the available context size" in first.stderr
@@ -150,14 +156,14 @@ def test_a_reply_cut_by_the_servers_context_is_sent_again_once_the_context_is_la
     report = (out / "report.md").read_text()
     assert "context " in report.split("cut replies:")[1].split("\n")[0]
     # Same server, same context: the cut replies are what it answers; only the failed calls go again.
-    sim.reset_stats()
+    socket_sim.reset_stats()
     same = _cli(args, tmp_path)
     assert same.returncode == 3
     failed = json.loads((out / "meta.json").read_text())["llm_stats"]["srv"]["failed"]["context_exceeded"]
-    assert sim.stats()["requests"] == failed
+    assert socket_sim.stats()["requests"] == failed
     # The user restarts the server with a proper context: every cut reply and failed call is sent again.
-    sim.configure(n_ctx=8192)
-    sim.reset_stats()
+    socket_sim.configure(n_ctx=8192)
+    socket_sim.reset_stats()
     fixed = _cli(args, tmp_path)
     assert fixed.returncode == 0, fixed.stderr
     recs = _records(out)
@@ -199,7 +205,7 @@ def F_state():
 async def test_a_reply_without_usage_gets_estimated_tokens_and_says_so(sim, tmp_path, caplog):
     sim.configure(usage=False)
     prof = F.sim_profile(sim)
-    async with LLMEngine(prof, cache_root=tmp_path) as llm:
+    async with sim.engine(prof, cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(3), run=0, prompt_version="v1")
     body = llm.prepare(F.msgs(3), run=0, prompt_version="v1").body
     assert r.prompt_tokens == prompt_tokens(body, prof.chars_per_token) > 0
@@ -208,9 +214,9 @@ async def test_a_reply_without_usage_gets_estimated_tokens_and_says_so(sim, tmp_
     assert any("no token usage" in rec.getMessage() for rec in caplog.records)
 
 
-def test_a_study_without_usage_reports_estimates_on_stderr(sim, study, tmp_path):
+def test_a_study_without_usage_reports_estimates_on_stderr(socket_sim, study, tmp_path):
     args, out = study
-    sim.configure(usage=False)
+    socket_sim.configure(usage=False)
     r = _cli(args, tmp_path)
     assert r.returncode == 0, r.stderr
     assert "no token usage" in r.stderr

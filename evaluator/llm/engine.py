@@ -1,20 +1,18 @@
-"""`LLMEngine`: the async chat client for one model (session, limits, retries, cache, accounting).
+"""`LLMEngine`: the async chat client for one model; it puts the engine's parts together in order.
 
 A call is prepared (`prepare`: its cache key and JSON body), then sent (`send`). Order of a send,
 cheapest first: cache lookup (no lock, no await), an identical call already in flight in this
 process, then the fresh path, one attempt at a time in named steps:
 
-1. `_attempt`: 429 gate -> concurrency slot -> the call's cross-process claim (another process already
-   sending it: wait for its reply instead; stored meanwhile: a hit) -> RPM/TPM pacing -> budget ->
-   `_send_once` (HTTP; returns a typed `Outcome` and gives the limits their signals).
+1. `_attempt`: 429 gate -> concurrency slot -> the call's cross-process claim (claims.py: another process
+   already sending it: wait for its reply instead; stored meanwhile: a hit) -> RPM/TPM pacing (pacing.py)
+   -> budget -> `_send_once` (one HTTP exchange through the `Transport`, transport.py; returns a typed
+   `Outcome` and gives the limits their signals).
 2. `decide` (decide.py, a pure function): outcome + the call's state + profile -> one decision.
-3. `_apply`: store and return the reply, retry (a 429 closes the model's gate), drop fields, send the
-   schema in another form, give up on this call, or stop the run.
+3. `Decisions.apply` (decisions.py): store and return the reply, retry (a 429 closes the model's gate),
+   drop fields or send the schema in another form (wire.py), give up on this call, or stop the run.
 
-A host that rejects a request field (a 400 or 422 naming `seed`, `response_format`, or any other optional
-field) gets it dropped for every later attempt of this model — calls already queued or in flight
-included, each retried once without it — with a warning; cache keys stay those of the logical
-request (see cache.py).
+The transport is aiohttp's unless one is passed (`transport=`, e.g. transport.MockTransport in tests).
 
 A call cancelled while its request is on the wire (Ctrl-C, SIGTERM, a run stopping) gets `grace_s`
 to receive its reply and store it, so the rerun does not pay for it again. A reply the cache cannot
@@ -29,18 +27,16 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
 
 from evaluator.core.money import capped_usd
-from evaluator.core.redact import redact
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.accounting import ModelStats
 from evaluator.llm.budget import CONTEXT_EXCEEDED, context_overflow, worst_case_usd
@@ -52,43 +48,25 @@ from evaluator.llm.cache import (
     body_key,
     call_key,
     key_prefix,
-    new_owner,
     profile_shaped,
     reusable,
 )
-from evaluator.llm.decide import (
-    CallState,
-    Decision,
-    DowngradeSchema,
-    DropFields,
-    GiveUp,
-    Outcome,
-    Reply,
-    Retry,
-    StopRun,
-    TransportError,
-    decide,
-    resume_time,
-)
+from evaluator.llm.claims import CLAIM_LEASE_S, Claims
+from evaluator.llm.decide import Outcome, Reply, Retry, TransportError, decide
+from evaluator.llm.decisions import Call, Decisions
 from evaluator.llm.errors import BudgetExhausted, ConfigError, FatalLLMError, mask
-from evaluator.llm.limits import (
-    ConcurrencyLimit,
-    RequestPacer,
-    ServerFacts,
-    SlowDownGate,
-    TokenBucket,
-    read_server_facts,
-)
+from evaluator.llm.limits import ConcurrencyLimit, ServerFacts, ask_server_facts
+from evaluator.llm.pacing import PacerFactory, Pacing, TokenPacerFactory, local_pacer, local_token_pacer
 from evaluator.llm.profiles import ModelProfile, resolve_api_key
-from evaluator.llm.reply import CONTEXT, MAX_TOKENS, ChatResult, cut_cause, describe_cut, read_reply
-from evaluator.llm.retry import is_validation_error
+from evaluator.llm.reply import CONTEXT, ChatResult, cut_cause, read_reply
+from evaluator.llm.tally import Tally
+from evaluator.llm.transport import AiohttpTransport, NoReply, Request, Response, Transport
+from evaluator.llm.wire import WireShape, is_json_schema
 
-__all__ = ["ChatResult", "LLMEngine", "Pacer", "Prepared", "SpendingCap", "TokenPacer", "local_pacer",
-           "local_token_pacer"]
+__all__ = ["ChatResult", "LLMEngine", "Prepared", "SpendingCap"]
 
 log = logging.getLogger("evaluator.llm")
 
-CLAIM_LEASE_S = 30.0  # a claim not renewed for this long is free for another process to take
 # A cancelled call whose request is on the wire gets this long to receive and store its reply (`--stop-grace`):
 # under the 10 s a container runtime (docker stop) waits between SIGTERM and SIGKILL; Slurm and Kubernetes
 # wait 30 s. The 3 s we had first dropped replies of 4-8 s that a CPU server takes (issue 31).
@@ -99,34 +77,6 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
     """The completion limit a request asked for (tells a cut at max_tokens from one by the server)."""
     v = body.get("max_tokens", body.get("max_completion_tokens"))
     return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-class Pacer(Protocol):
-    """Paces requests to `rpm` per minute; `acquire` returns when the next one may go."""
-
-    rpm: float
-
-    async def acquire(self) -> None: ...
-
-
-PacerFactory = Callable[[ModelProfile, float], Pacer]
-
-
-def local_pacer(profile: ModelProfile, rpm: float) -> Pacer:
-    """The default pacer: this process only (llm/limits.py). A shared one is passed as `pacer_factory`."""
-    return RequestPacer(rpm)
-
-
-class TokenPacer(Protocol):
-    """Paces tokens to a per-minute budget; `acquire(n)` returns when `n` more may go."""
-
-    async def acquire(self, n: float) -> None: ...
-
-
-def local_token_pacer(profile: ModelProfile, tpm: float) -> TokenPacer:
-    """The default TPM pacer: this process only. A shared one (llm/limits.py `SharedRates.tpm`) is passed
-    as `token_pacer_factory`."""
-    return TokenBucket(tpm)
 
 
 class SpendingCap(Protocol):
@@ -144,14 +94,6 @@ class SpendingCap(Protocol):
         ...
 
 
-def _is_json_schema(rf: Any) -> bool:
-    return isinstance(rf, dict) and rf.get("type") == "json_schema" and isinstance(rf.get("json_schema"), dict)
-
-
-def _as_json_object(rf: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "json_object", "schema": rf["json_schema"].get("schema", {})}
-
-
 @dataclass(frozen=True)
 class Prepared:
     """One request: its cache key and the JSON body the online path sends (no secrets in either).
@@ -167,24 +109,13 @@ class Prepared:
     logical: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
-@dataclass
-class _Call:
-    """One fresh call on its way: what it sends and what it went through."""
-
-    key: str
-    logical: dict[str, Any]  # the provider request body (see `Prepared.body`)
-    keep_raw: bool
-    est_tokens: int  # for the TPM budget only
-    started: float
-    queued: bool = True  # until the first send
-    state: CallState = field(default_factory=CallState)
-
-
 class LLMEngine:
     """One per model. Use as `async with LLMEngine(profile, cache_root=...) as llm: await llm.chat(...)`.
 
     Without `async with`, the engine is usable for what needs no HTTP: `prepare`, `prepare_body`,
-    `lookup` and `store_reply` (batch import); call `close_cache()` afterwards.
+    `lookup` and `store_reply` (batch import); call `close_cache()` afterwards. `transport`: how requests
+    reach the server (transport.py); by default aiohttp's, made on entry and closed on exit; one passed in
+    stays the caller's to close.
     """
 
     def __init__(
@@ -198,7 +129,8 @@ class LLMEngine:
         grace_s: float = STOP_GRACE_S,
         budget: SpendingCap | None = None,
         pacer_factory: PacerFactory = local_pacer,
-        token_pacer_factory: Callable[[ModelProfile, float], TokenPacer] = local_token_pacer,
+        token_pacer_factory: TokenPacerFactory = local_token_pacer,
+        transport: Transport | None = None,
     ) -> None:
         self.profile = profile
         self._key = api_key if api_key is not None else resolve_api_key(profile)
@@ -215,29 +147,27 @@ class LLMEngine:
         payload.update(profile.extra_body)
         self._payload = payload
         self._url = profile.base_url.rstrip("/") + "/chat/completions"
+        self._headers = {"Content-Type": "application/json"}
+        if self._key:
+            self._headers["Authorization"] = f"Bearer {self._key}"
         self._rng = random.Random(seed)
-        self._gate = SlowDownGate(self._rng)
-        self._new_pacer = pacer_factory
-        self._pacer = pacer_factory(profile, profile.rpm) if profile.rpm else None
-        self._tpm = token_pacer_factory(profile, profile.tpm) if profile.tpm else None
+        self._pacing = Pacing(profile, self._rng, pacer_factory, token_pacer_factory)
         self._limit = ConcurrencyLimit(profile.concurrency, adaptive=profile.adaptive_concurrency)
         self._inflight: dict[str, asyncio.Future[ChatResult]] = {}
         self._fatal: FatalLLMError | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._dropped: set[str] = set()  # fields this host rejected; never sent again
-        self._schema_as_object = False  # json_schema rejected: send the schema in json_object form
-        self._owner = new_owner()
-        self._lease = claim_lease_s
-        self._claimed: set[str] = set()
-        self._renewer: asyncio.Task[None] | None = None
+        self._given = transport  # a transport passed in is the caller's to close
+        self._transport: Transport | None = None  # set while open (`async with`)
+        self._shape = WireShape(profile.name, self.stats, self._key)
+        self._claims = Claims(self._cache, profile.name, claim_lease_s) if self._cache is not None else None
+        self._tally = Tally(profile, self.stats, self._limit)
+        self._decisions = Decisions(profile, self.stats, self._pacing, self._shape, self._key, self._keep,
+                                    self._tally.tell_once)
         self._grace_s = grace_s
         self._budget = budget
         self._unstored: dict[str, tuple[str, CacheEntry]] = {}  # replies the cache could not store
-        self._long_wait_told = False
         self._damage_told = False
         self._facts: ServerFacts | None = None  # what the server says of its slots and context (asked once)
         self._probe: asyncio.Future[ServerFacts] | None = None
-        self._told: set[str] = set()  # cut causes / failure kinds already warned about
         self._stale: set[str] = set()  # cached replies cut short that the server could now answer in full
 
     def __repr__(self) -> str:
@@ -247,18 +177,12 @@ class LLMEngine:
     async def __aenter__(self) -> LLMEngine:
         if not self.profile.base_url:
             raise ConfigError(f"model {self.profile.name!r} has no base_url (start the simulator or pass --base-url)")
-        headers = {"Content-Type": "application/json"}
-        if self._key:
-            headers["Authorization"] = f"Bearer {self._key}"
-        self._session = aiohttp.ClientSession(
-            headers=headers,
-            # Per attempt: the clock starts when the request is sent (after the slot and pacing).
-            timeout=aiohttp.ClientTimeout(total=self.profile.timeout_s),
-            connector=aiohttp.TCPConnector(limit=self.profile.concurrency, ttl_dns_cache=300),
+        self._transport = self._given or AiohttpTransport(
+            limit=self.profile.concurrency,
             trust_env=not self._loopback(),  # honour HTTP(S)_PROXY for real providers, never for local servers
         )
-        if self._cache is not None:
-            self._renewer = asyncio.create_task(self._renew_claims())
+        if self._claims is not None:
+            self._claims.start()
         if self.profile.adaptive_concurrency:
             facts = await self.server_facts()
             if facts.slots is not None and facts.slots < self._limit.maximum:
@@ -273,21 +197,18 @@ class LLMEngine:
         await self.close()
 
     async def close(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
-            self._renewer = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._claims is not None:
+            await self._claims.stop()
+        if self._transport is not None:
+            if self._transport is not self._given:
+                await self._transport.aclose()
+            self._transport = None
         self.close_cache()
 
     def close_cache(self) -> None:
         if self._cache is not None:
-            if self._claimed:  # cancelled calls: let other processes take them at once
-                self._cache.release(list(self._claimed), self._owner)
-                self._claimed.clear()
+            if self._claims is not None:
+                self._claims.release_all()  # cancelled calls: let other processes take them at once
             self._cache.close()
             if self.stats.cache_damaged and not self._damage_told:
                 self._damage_told = True
@@ -327,19 +248,11 @@ class LLMEngine:
         body = {**self._payload, "messages": messages, **({"seed": run} if self.profile.send_seed else {})}
         if rf is not None:
             body["response_format"] = rf
-        return Prepared(key, self._wire(body), body)
+        return Prepared(key, self._shape.wire(body), body)
 
     def prepare_body(self, body: dict[str, Any]) -> Prepared:
         """An arbitrary OpenAI chat-completions body (request files), keyed on endpoint + body."""
-        return Prepared(body_key(self._endpoint, body), self._wire(body), body)
-
-    def _wire(self, body: dict[str, Any]) -> dict[str, Any]:
-        """`body` without the fields this host rejected (and with a schema it can take, see `_downgrade`)."""
-        if self._schema_as_object and _is_json_schema(body.get("response_format")):
-            body = {**body, "response_format": _as_json_object(body["response_format"])}
-        if not self._dropped:
-            return body
-        return {k: v for k, v in body.items() if k not in self._dropped}
+        return Prepared(body_key(self._endpoint, body), self._shape.wire(body), body)
 
     # -- cache access without HTTP -----------------------------------------------------------------
     def lookup(self, key: str) -> ChatResult | None:
@@ -379,21 +292,9 @@ class LLMEngine:
         return facts
 
     async def _ask_server(self) -> ServerFacts:
-        if self._session is None or not self.profile.base_url:
+        if self._transport is None or not self.profile.base_url:
             return ServerFacts()
-        base = self.profile.base_url.rstrip("/")
-        root = base[: -len("/v1")] if base.endswith("/v1") else base
-        bodies: list[Any] = []
-        for url in (f"{root}/props", f"{root}/slots", f"{base}/models"):
-            try:
-                async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
-                    bodies.append(orjson.loads(await resp.read()) if resp.status == 200 else None)
-            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
-                bodies.append(None)
-            facts = read_server_facts(*bodies)
-            if facts.slots is not None and facts.n_ctx is not None:
-                break
-        return read_server_facts(*bodies)
+        return await ask_server_facts(self._transport, self.profile.base_url, self._headers)
 
     def store_reply(self, key: str, response_body: dict[str, Any], request: dict[str, Any] | None = None) -> ChatResult:
         """Parse a chat.completion body (e.g. from a batch output) and cache it as the online path would.
@@ -408,7 +309,7 @@ class LLMEngine:
         if read.usage_missing:
             read.completion_tokens = text_tokens(read.content or "", self.profile.chars_per_token)
             read.prompt_tokens = prompt_tokens(request, self.profile.chars_per_token) if request else 0
-        self._count_cut(read)
+        self._tally.cut(read)
         self._store(key, read, dropped=())
         return read
 
@@ -483,52 +384,53 @@ class LLMEngine:
         try:
             return await self._attempts(prepared, keep_raw)
         finally:
-            if prepared.key in self._claimed and self._cache is not None:
-                self._claimed.discard(prepared.key)
-                self._cache.release([prepared.key], self._owner)  # never raises
+            if self._claims is not None:
+                self._claims.release(prepared.key)  # never raises
 
     async def _attempts(self, prepared: Prepared, keep_raw: bool) -> ChatResult:
         """Attempt, decide, apply, until a decision ends the call."""
-        if self._session is None:
+        if self._transport is None:
             raise RuntimeError("LLMEngine used outside `async with`")
         logical = prepared.logical or prepared.body
         # Only a TPM budget needs the estimate: no extra JSON encoding per call otherwise.
         prof = self.profile  # the one token rule (dry run, budget, TPM pacing): core.tokens.prompt_tokens
-        est = prompt_tokens(logical, prof.chars_per_token) + (prof.max_tokens or 0) if self._tpm is not None else 0
-        call = _Call(prepared.key, logical, keep_raw, est, time.perf_counter())
+        est = prompt_tokens(logical, prof.chars_per_token) + (prof.max_tokens or 0) if self._pacing.tpm is not None else 0
+        call = Call(prepared.key, logical, keep_raw, est, time.perf_counter())
         while True:
             if self._fatal is not None:
                 raise self._fatal
-            await self._gate.wait()
+            await self._pacing.gate.wait()
             got = await self._attempt(call)
             if got is None:  # another process holds the call: wait for its reply
-                shared = await self._await_other(call.key)
+                assert self._claims is not None
+                shared = await self._claims.wait_for_other(call.key, self.lookup, lambda: self._fatal)
                 if shared is not None:
+                    self.stats.cache_hits += 1
+                    self.stats.shared_elsewhere += 1
                     return shared
                 continue  # the other process gave the call up (or died): make it ourselves
             if isinstance(got, ChatResult):
                 return got
             decision = decide(got, call.state, self.profile, now=time.time(), jitter=self._rng.random())
-            result = await self._apply(decision, call)
+            result = await self._decisions.apply(decision, call)
             if result is not None:
                 return result
 
     # -- step 1: claim/lookup, pace, send once -----------------------------------------------------
-    async def _attempt(self, call: _Call) -> Outcome | ChatResult | None:
+    async def _attempt(self, call: Call) -> Outcome | ChatResult | None:
         """One attempt in a concurrency slot: an `Outcome`, a reply another process stored just
         before we claimed the call, or None when another process holds its claim."""
         hold = 0.0
         epoch = await self._limit.acquire()
         try:
-            if self._cache is not None and call.key not in self._claimed:
-                if not self._cache.claim(call.key, self._owner, self._lease):
+            if self._claims is not None and not self._claims.holds(call.key):
+                if not self._claims.take(call.key):
                     return None
-                self._claimed.add(call.key)
                 if (hit := self.lookup(call.key)) is not None:  # stored just before we claimed it
                     self.stats.cache_hits += 1
                     self.stats.shared_elsewhere += 1
                     return hit
-            await self._pace(call)
+            await self._pacing.pace(call.est_tokens)
             outcome = await self._send_once(call, epoch)
             if outcome.error is not None and outcome.error.kind == "timeout":
                 hold = self.profile.timeout_s  # the server most likely still works on it: keep its slot a while
@@ -537,18 +439,8 @@ class LLMEngine:
             self._limit.release(hold)
             self.stats.concurrency_limit = self._limit.limit
 
-    async def _pace(self, call: _Call) -> None:
-        if self._pacer is not None:
-            await self._pacer.acquire()
-        if self._tpm is not None:
-            await self._tpm.acquire(call.est_tokens)
-        if self._gate.closed():
-            # A 429 arrived while we queued: wait it out with everyone, then use the pacing slot
-            # we already hold rather than throwing it away and queueing again.
-            await self._gate.wait()
-
-    async def _send_once(self, call: _Call, epoch: int) -> Outcome:
-        wire = self._wire(call.logical)
+    async def _send_once(self, call: Call, epoch: int) -> Outcome:
+        wire = self._shape.wire(call.logical)
         body = orjson.dumps(wire)
         reserved = await self._reserve(wire)
         if call.queued:
@@ -557,37 +449,33 @@ class LLMEngine:
         self.stats.requests += 1
         self.stats.max_in_flight = max(self.stats.max_in_flight, self._limit.in_use)
         sent = frozenset(wire)
-        schema = _is_json_schema(wire.get("response_format"))
+        schema = is_json_schema(wire.get("response_format"))
         t_send = time.perf_counter()
         exchange = asyncio.ensure_future(self._exchange(body))
         try:
-            status, headers, raw, error = await asyncio.shield(exchange)
+            got = await asyncio.shield(exchange)
         except asyncio.CancelledError:
             await self._grace(exchange, call, sent, schema, reserved)
             raise
         latency = time.perf_counter() - t_send
-        if error is not None:
-            outcome = Outcome(error=error, latency_s=latency, sent=sent, sent_json_schema=schema)
+        if isinstance(got, TransportError):
+            outcome = Outcome(error=got, latency_s=latency, sent=sent, sent_json_schema=schema)
         else:
-            outcome = Outcome.http(status, headers, raw, latency_s=latency, sent=sent,
+            outcome = Outcome.http(got.status, got.headers, got.body, latency_s=latency, sent=sent,
                                    sent_json_schema=schema, keep_raw=call.keep_raw, max_tokens=_max_tokens(wire), max_tokens_known=True)
-        self._signal(outcome, epoch)
+        self._tally.signal(outcome, epoch)
         self._count_reply(outcome, reserved, call)
         return outcome
 
-    async def _exchange(self, body: bytes) -> tuple[int, Mapping[str, str], bytes, TransportError | None]:
-        assert self._session is not None
+    async def _exchange(self, body: bytes) -> Response | TransportError:
+        """One POST of the chat body; the transport's `NoReply` as a `TransportError` value."""
+        assert self._transport is not None
         try:
-            async with self._session.post(self._url, data=body) as resp:
-                return resp.status, resp.headers, await resp.read(), None
-        except TimeoutError:
-            return 0, {}, b"", TransportError("timeout")
-        except aiohttp.ClientConnectorError as e:
-            return 0, {}, b"", TransportError("connect", type(e).__name__)
-        except aiohttp.ClientError as e:
-            return 0, {}, b"", TransportError("connection", type(e).__name__)
+            return await self._transport.send(Request("POST", self._url, body, self._headers, self.profile.timeout_s))
+        except NoReply as e:
+            return e.error
 
-    async def _grace(self, exchange: asyncio.Future[Any], call: _Call, sent: frozenset[str], schema: bool,
+    async def _grace(self, exchange: asyncio.Future[Response | TransportError], call: Call, sent: frozenset[str], schema: bool,
                      reserved: float) -> None:
         """Cancelled with the request on the wire: give its reply `grace_s` to arrive, and store it."""
         loop = asyncio.get_running_loop()
@@ -605,77 +493,25 @@ class LLMEngine:
         if exchange.cancelled() or exchange.exception() is not None:
             self._settle(reserved, None)
             return
-        status, headers, raw, error = exchange.result()
-        if error is not None:
+        got = exchange.result()
+        if isinstance(got, TransportError):
             self._settle(reserved, None)
             return
-        outcome = Outcome.http(status, headers, raw, sent=sent, sent_json_schema=schema,
-                               max_tokens=_max_tokens(self._wire(call.logical)), max_tokens_known=True)
+        outcome = Outcome.http(got.status, got.headers, got.body, sent=sent, sent_json_schema=schema,
+                               max_tokens=_max_tokens(self._shape.wire(call.logical)), max_tokens_known=True)
         self._count_reply(outcome, reserved, call)
         decision = decide(outcome, call.state, self.profile, now=time.time(), jitter=0.0)
         if isinstance(decision, Retry) and decision.cause == "truncated" and outcome.reply is not None:
             decision = Reply(outcome.reply)  # no time for another try: keep the cut reply (marked as cut)
         if isinstance(decision, Reply):
             with contextlib.suppress(FatalLLMError):  # kept in memory and spilled; the stop is under way
-                self._store(call.key, decision.result, dropped=sorted(self._dropped & set(call.logical)))
+                self._store(call.key, decision.result, dropped=self._shape.dropped_from(call.logical))
 
-    def _signal(self, o: Outcome, epoch: int) -> None:
-        """What the concurrency limit learns from an attempt (timeouts, 429s, latency, 5xx bursts)."""
-        if o.error is not None:
-            if o.error.kind == "timeout":
-                self.stats.timeouts += 1
-                self._limit.congested(epoch)
-            return
-        if o.status == 200:
-            self.stats.latencies.append(o.latency_s)
-        if o.status == 200 or (o.status >= 500 and not is_validation_error(o.body)):
-            self._limit.answered(epoch, o.latency_s, server_error=o.status >= 500)
-        if o.status == 429:
-            self.stats.http_429 += 1
-            self._limit.congested(epoch)
-
-    def _count_reply(self, o: Outcome, reserved: float, call: _Call) -> None:
-        """Tokens of a 200 (billed whether or not the reply is usable), and what it cost the budget.
-
-        A body without `usage` gets its tokens by core/tokens.py's rule (the prompt from the request, the
-        completion from the reply's text), counted in `usage_estimated` and told once per model.
-        """
-        r = o.reply
-        if r is not None and r.usage_missing:
-            cpt = self.profile.chars_per_token
-            r.prompt_tokens = prompt_tokens(call.logical, cpt)
-            r.completion_tokens = text_tokens(r.content or "", cpt)
-            self.stats.usage_estimated += 1
-            self._tell_once("usage", "%s: the server's replies carry no token usage; their tokens (and cost) are "
-                            "estimates by the token rule (characters / chars_per_token), counted in usage_estimated",
-                            self.profile.name)
-        self._settle(reserved, r)
-        if r is None:
-            return
-        self.stats.prompt_tokens += r.prompt_tokens
-        self.stats.completion_tokens += r.completion_tokens
-        if r.error is None:
-            self.stats.reasoning_only += r.reasoning_only
-            self.stats.truncated += r.truncated
-            self._count_cut(r)
-
-    def _count_cut(self, r: ChatResult) -> None:
-        """A reply cut short, by cause; each cause but max_tokens is told at once (once per model)."""
-        if r.cut is None:
-            return
-        self.stats.cut[r.cut] = self.stats.cut.get(r.cut, 0) + 1
-        if r.cut == MAX_TOKENS:
-            return
-        fix = {CONTEXT: "restart the server with a larger context (llama.cpp: --ctx-size) and rerun: such replies are "
-                        "sent again once the server's context is larger"}.get(
-            r.cut, "a later run sends such replies again")
-        self._tell_once(f"cut:{r.cut}", "%s: a reply was %s; counted in the report (cut replies) and %s",
-                        self.profile.name, describe_cut(r.cut), fix)
-
-    def _tell_once(self, what: str, msg: str, *args: Any) -> None:
-        if what not in self._told:
-            self._told.add(what)
-            log.warning(msg, *args)
+    def _count_reply(self, o: Outcome, reserved: float, call: Call) -> None:
+        """Tokens of a 200 (estimated where the body has none), and what it cost the budget (tally.py)."""
+        self._tally.estimate_usage(o.reply, call.logical)
+        self._settle(reserved, o.reply)
+        self._tally.tokens(o.reply)
 
     # -- budget --------------------------------------------------------------------------------------
     async def _reserve(self, wire: dict[str, Any]) -> float:
@@ -693,133 +529,11 @@ class LLMEngine:
             spent = capped_usd(self.profile, reply.prompt_tokens, reply.completion_tokens) if reply is not None else 0.0
             self._budget.settle(reserved, spent)
 
-    # -- step 3: apply a decision --------------------------------------------------------------------
-    async def _apply(self, d: Decision, call: _Call) -> ChatResult | None:
-        """Carry out `d`; the call's result, or None to attempt again."""
-        st = call.state
-        if isinstance(d, Reply):
-            if d.result.cut == CONTEXT:
-                await self.server_facts()  # stored with the context it was cut under
-            self._store(call.key, d.result, dropped=sorted(self._dropped & set(call.logical)))
-            return d.result
-        if isinstance(d, Retry):
-            if d.cause == "truncated":
-                st.truncations += 1
-            elif d.cause == "daily_quota":
-                st.daily_quota += 1
-                st.rate_limited += 1
-            elif d.is_429:
-                st.rate_limited += 1
-            else:
-                st.failures += 1
-            self.stats.retries += 1
-            if d.limit_rpm:
-                self._learn_rpm(d.limit_rpm)
-            if d.hint_s is not None and d.hint_s > self.profile.max_wait_s:
-                self._tell_long_wait(d)
-            if d.cause != "truncated":
-                log.debug("%s: retry in %.2fs: %s", self.profile.name, d.after_s, redact(d.reason, self._key))
-            if d.is_429:
-                self._gate.close_for(d.after_s)  # everyone waits, this call included (at the gate)
-            elif d.after_s > 0:
-                await asyncio.sleep(d.after_s)
-            return None
-        if isinstance(d, DowngradeSchema | DropFields):
-            if isinstance(d, DowngradeSchema):
-                self._downgrade(d.reason)
-            names = d.also_drop if isinstance(d, DowngradeSchema) else d.names
-            if names:
-                self._drop(names, d.reason)
-                st.retried_without |= names
-            self.stats.retries += 1
-            return None  # at once, without them; not a failure of this call
-        if isinstance(d, GiveUp):
-            self.stats.fail(d.kind)
-            if d.kind == CONTEXT_EXCEEDED:
-                self._tell_once(CONTEXT_EXCEEDED, "%s: the server refuses requests longer than its context [%s]; "
-                                "those calls failed (counted as context_exceeded): restart the server with a larger "
-                                "context (llama.cpp: --ctx-size) and rerun", self.profile.name,
-                                redact(d.reason, self._key)[:200])
-            return ChatResult(None, None, error=redact(d.reason, self._key), error_kind=d.kind)
-        assert isinstance(d, StopRun)
-        if d.is_429:
-            st.rate_limited += 1
-        self._fatal = FatalLLMError(redact(d.message, self._key))
-        raise self._fatal
-
-    def _tell_long_wait(self, d: Retry) -> None:
-        """Once per model: what the server asked for and when it expects requests again."""
-        if self._long_wait_told or d.hint_s is None:
-            return
-        self._long_wait_told = True
-        p = self.profile
-        log.warning(
-            "%s: the server asks to wait %.0f s before the next request (requests again after %s) [%s]; "
-            "retrying every %g s (max_wait_s) meanwhile; a longer wait than %s s (give_up_after_s) stops the run",
-            p.name, d.hint_s, resume_time(time.time() + d.hint_s, time.time()), redact(d.reason, self._key)[:200],
-            p.max_wait_s, f"{getattr(p, 'give_up_after_s', None) or 0:g}",
-        )
-
-    async def _await_other(self, key: str) -> ChatResult | None:
-        """Another process holds `key`'s claim: poll for its reply; None once the claim is free."""
-        delay = 0.02
-        while True:
-            if self._fatal is not None:
-                raise self._fatal
-            await asyncio.sleep(delay)
-            delay = min(1.0, delay * 1.5)
-            if (hit := self.lookup(key)) is not None:
-                self.stats.cache_hits += 1
-                self.stats.shared_elsewhere += 1
-                return hit
-            assert self._cache is not None
-            if not self._cache.held_elsewhere(key, self._owner):
-                return None
-
-    async def _renew_claims(self) -> None:
-        assert self._cache is not None
-        while True:
-            await asyncio.sleep(self._lease / 3)
-            if self._claimed:
-                try:
-                    self._cache.renew(list(self._claimed), self._owner, self._lease)
-                except Exception as e:  # noqa: BLE001 - a lost renewal costs at most a duplicate request
-                    log.warning("%s: cannot renew in-flight claims in the cache (%s)", self.profile.name, e)
-
-    def _downgrade(self, reason: str) -> None:
-        """The host rejects `{"type": "json_schema", ...}`: send `{"type": "json_object", "schema": ...}`.
-
-        That is the form llama-cpp-python (and Together, Anyscale) constrain output with; a host that
-        rejects that too gets free text (`_drop`). The cache key stays that of the requested schema.
-        """
-        if self._schema_as_object:
-            return
-        self._schema_as_object = True
-        self.stats.dropped_params.append("response_format:json_schema")
-        log.warning(
-            "%s: the endpoint rejects response_format json_schema; sending each schema as "
-            '{"type": "json_object", "schema": ...} instead (llama-cpp-python\'s form) [%s]',
-            self.profile.name, redact(reason, self._key)[:200],
-        )
-
-    def _drop(self, names: frozenset[str], reason: str) -> None:
-        new = sorted(names - self._dropped)
-        if not new:
-            return  # already dropped by another call: this one was in flight with it
-        self._dropped.update(new)
-        self.stats.dropped_params.extend(new)
-        what = ", ".join(f"`{n}`" for n in new)
-        extra = " (structured output off: free text for this model)" if "response_format" in new else ""
-        log.warning(
-            "%s: the endpoint rejects %s; sending every request of this model without it from now on%s [%s]",
-            self.profile.name, what, extra, redact(reason, self._key)[:200],
-        )
-
-    def _learn_rpm(self, rpm: float) -> None:
-        """Pace to a limit the server announced when we had none or a higher one (blind profiles)."""
-        if self._pacer is None or rpm < self._pacer.rpm:
-            log.info("%s: server announces %g requests/min; pacing to it", self.profile.name, rpm)
-            self._pacer = self._new_pacer(self.profile, rpm)
+    # -- step 3 (decisions.py) keeps a reply through this -------------------------------------------------
+    async def _keep(self, call: Call, r: ChatResult) -> None:
+        if r.cut == CONTEXT:
+            await self.server_facts()  # stored with the context it was cut under
+        self._store(call.key, r, dropped=self._shape.dropped_from(call.logical))
 
     # -- step 4: store -------------------------------------------------------------------------------
     def _store(self, key: str, r: ChatResult, *, dropped: list[str] | tuple[()]) -> None:

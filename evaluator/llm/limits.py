@@ -1,6 +1,6 @@
 """Client-side pacing for one model: RPM throttle, optional TPM budget, the shared 429 gate, and the
 concurrency limit (fixed, or adaptive AIMD when the server's capacity is unknown, capped at the slots
-a llama.cpp server announces: `read_server_facts`). `SharedPacer`
+a llama.cpp server announces: `read_server_facts`, asked through the transport by `ask_server_facts`). `SharedPacer`
 paces RPM or TPM for every process that shares one folder (one API key, several terminals)."""
 
 from __future__ import annotations
@@ -13,13 +13,17 @@ import random
 import sqlite3
 import statistics
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from evaluator.core.cache_layout import CacheLayout
 from evaluator.llm.errors import ConfigError
 from evaluator.llm.profiles import ModelProfile, resolve_api_key
+from evaluator.llm.transport import NoReply, Request, Transport
 
 # Pace a little under the nominal limit: the server's clock sees our requests with network and
 # event-loop jitter, and a request that lands 1 ms early costs a 429 and a full Retry-After wait.
@@ -338,3 +342,21 @@ def read_server_facts(props: Any = None, slots: Any = None, models: Any = None) 
         meta = data[0].get("meta")
         n_ctx = n_ctx or (_count(meta.get("n_ctx")) if isinstance(meta, dict) else None) or _count(data[0].get("max_model_len"))
     return ServerFacts(n_slots, n_ctx)
+
+
+async def ask_server_facts(transport: Transport, base_url: str, headers: Mapping[str, str]) -> ServerFacts:
+    """Ask the server at `base_url` (…/v1) for its facts: `/props`, then `/slots` and `/v1/models` while a
+    fact is still unknown. Hosted providers answer 404 to these (nothing is billed): their facts are unknown."""
+    base = base_url.rstrip("/")
+    root = base[: -len("/v1")] if base.endswith("/v1") else base
+    bodies: list[Any] = []
+    for url in (f"{root}/props", f"{root}/slots", f"{base}/models"):
+        try:
+            resp = await transport.send(Request("GET", url, headers=headers, timeout_s=5.0))
+            bodies.append(orjson.loads(resp.body) if resp.status == 200 else None)
+        except (NoReply, orjson.JSONDecodeError):
+            bodies.append(None)
+        facts = read_server_facts(*bodies)
+        if facts.slots is not None and facts.n_ctx is not None:
+            break
+    return read_server_facts(*bodies)
