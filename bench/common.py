@@ -71,6 +71,8 @@ def fmt(x: Any, digits: int = 3) -> str:
     if isinstance(x, int):
         return f"{x:,}"
     if isinstance(x, float):
+        if x != x:  # NaN: a figure not measured (e.g. embed_first_run --order now-only has no 'before')
+            return "-"
         if abs(x) >= 1000:
             return f"{x:,.0f}"
         return f"{x:.{digits}g}" if abs(x) < 1 else f"{x:,.{max(1, digits - len(str(int(abs(x)))))}f}"
@@ -89,7 +91,8 @@ def machine() -> dict[str, Any]:
                 cpu = line.split(":", 1)[1].strip()
             if line.startswith("flags") and not vector:
                 vector = sorted(f for f in line.split(":", 1)[1].split()
-                                if f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "avx_vnni"))
+                                if f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16",
+                                         "amx_int8", "amx_tile", "avx_vnni"))
     versions = {}
     for p in PACKAGES:
         try:

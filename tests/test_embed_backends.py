@@ -162,3 +162,24 @@ def test_a_tokenizer_that_does_not_match_is_not_kept(monkeypatch, tmp_path):
     assert e._tokenizer is None
     ref = Embedder(backend="torch", precision="fp32", cache_dir=None, progress=False).encode(TEXTS)
     assert np.abs(vecs - ref).max() < 1e-5
+
+
+def test_openvino_streams_batches_in_their_order_and_a_stream_left_part_way_does_no_harm(cache):
+    pytest.importorskip("openvino")
+    from evaluator.retrieval import backends as eb
+
+    e = Embedder(backend="openvino", precision="fp32", cache_dir=cache, progress=False)
+    e.encode(["warm: the runtime is compiled"])
+    run, tok = e._runner, e._tokenizer
+    assert run is not None and tok is not None
+    texts = TEXTS + [t.upper() + " again" for t in TEXTS]
+    batches = [tok.features(tok.ids(texts[i : i + 2])) for i in range(0, len(texts), 2)]  # widths differ
+    one_by_one = [run(f) for f in batches]
+    streamed = list(eb.stream(run, enumerate(batches)))
+    assert [k for k, _ in streamed] == list(range(len(batches)))  # in order, though two run at once
+    assert all(np.abs(v - ref).max() < 1e-6 for (_, v), ref in zip(streamed, one_by_one, strict=True))
+    left = eb.stream(run, enumerate(batches))
+    next(left)  # its caller fails after the first batch: the others are still in flight
+    eb.release(run)
+    del left
+    assert np.abs(run(batches[-1]) - one_by_one[-1]).max() < 1e-6

@@ -39,7 +39,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -396,12 +396,30 @@ def onnxruntime_runner(model_file: Path, threads: int) -> tuple[Runner, str]:
     return run, f"onnxruntime {ort.__version__}, {threads} thread{'s' if threads > 1 else ''}"
 
 
+# Padded tokens per forward pass at most, for a runner that does not say otherwise (`batch_tokens`).
+BATCH_TOKENS = 8192
+# OpenVINO's streamed batches (`openvino_runner`'s `stream`): one request's batch, as each stream ran half
+# of an 8,192-token batch before, so each stream's buffers stay as large as they were (memory unchanged).
+STREAM_BATCH_TOKENS = 4096
+
+
 def openvino_runner(model_file: Path, precision: str, threads: int) -> tuple[Runner, str]:
-    """One single-threaded stream per CPU, each batch split between them. Measured on the 2-core
-    machine (AVX2), 5,120 token-sorted registry texts in windows across the length range: one
-    2-thread stream (LATENCY) 92 texts/s at batch 128 and 93 at 64; two 1-thread streams
-    (THROUGHPUT) 115/s at 64 and 100/s at 128; two later rounds 108 vs 96/s and 99 vs 95/s (vectors
-    equal to 1e-7): one thread per product wastes less on synchronisation than two sharing each."""
+    """One single-threaded stream per CPU. Measured on the 2-core machine (AVX2), 5,120 token-sorted
+    registry texts in windows across the length range: one 2-thread stream (LATENCY) 92 texts/s at batch
+    128 and 93 at 64; two 1-thread streams (THROUGHPUT) 115/s at 64 and 100/s at 128; two later rounds 108
+    vs 96/s and 99 vs 95/s (vectors equal to 1e-7): one thread per product wastes less on synchronisation
+    than two sharing each.
+
+    `run(features)` splits one batch between the streams and waits for both. `run.stream(batches)` keeps
+    every stream busy instead: each batch whole to the next free stream, the next batch padded while the
+    last ones run, the vectors handed back in order. Measured on the AVX-512 host (AMD EPYC, avx512f/bw/vl/
+    vnni/bf16, no AMX), a stride sample of 2,500 registry texts (62,487 tokens), alternated in one process,
+    load 4-12 on 2 cores, so per CPU second (wall time is the neighbours'): 4,096-token batches streamed did
+    1.00-1.13x the work per CPU second of 8,192-token batches split (8 rounds), 0.89-1.77x in wall time;
+    bench/embed_runtime.py, 5,000 texts, 3 rounds, load 8.5-11.5: 1.025-1.050x per CPU second, 0.91-1.42x
+    wall. 2,048 tokens per request 1.04-1.21x, 8,192 0.99-1.54x (wall); 1 stream x 2 threads 0.99-1.07x;
+    more than 128 texts a batch no gain; CPU_DENORMALS_OPTIMIZATION none (0.90, 1.55 wall); ONNX Runtime
+    0.74-0.79x (bench/README.md, issue 29)."""
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
@@ -419,32 +437,67 @@ def openvino_runner(model_file: Path, precision: str, threads: int) -> tuple[Run
     actual = compiled.get_property(hints.inference_precision).get_type_name()  # what the CPU really runs
     names = [p.get_any_name() for p in compiled.inputs]
     queue = ov.AsyncInferQueue(compiled, streams)
-    parts: dict[int, np.ndarray] = {}
-    queue.set_callback(lambda request, i: parts.__setitem__(i, request.get_output_tensor(0).data.copy()))
-    lock = threading.Lock()  # one queue: calls from several threads take turns
+    # Each call's vectors go to its own dict (the request's userdata: (dict, position)), so a stream in
+    # progress and a call from another thread never mix their results.
+    queue.set_callback(lambda request, into: into[0].__setitem__(into[1], request.get_output_tensor(0).data.copy()))
+    lock = threading.Lock()  # one queue: calls from several threads take turns submitting
 
     def run(feats: dict[str, np.ndarray]) -> np.ndarray:
         n = len(feats[names[0]])
         bounds = [round(i * n / streams) for i in range(streams + 1)]
+        parts: dict[int, np.ndarray] = {}
         with lock:
-            parts.clear()
             for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
                 if hi > lo:
-                    queue.start_async({name: feats[name][lo:hi] for name in names}, i)
+                    queue.start_async({name: feats[name][lo:hi] for name in names}, (parts, i))
             queue.wait_all()
-            return np.concatenate([parts[i] for i in sorted(parts)])
+        return np.concatenate([parts[i] for i in sorted(parts)])
+
+    def stream(batches: Iterable[tuple[Any, dict[str, np.ndarray]]]) -> Iterator[tuple[Any, np.ndarray]]:
+        done: dict[int, np.ndarray] = {}
+        keys: list[Any] = []
+        given = 0
+        for key, feats in batches:  # padded here, on this thread, while the streams run the earlier ones
+            with lock:
+                queue.start_async({name: feats[name] for name in names}, (done, len(keys)))  # waits for a stream
+            keys.append(key)
+            while given in done:
+                yield keys[given], done.pop(given)
+                given += 1
+        with lock:
+            queue.wait_all()
+        for i in range(given, len(keys)):  # the rest, in order
+            yield keys[i], done.pop(i)
 
     def release() -> None:
         # The activations of the largest batch stay allocated for the next one; once a call's batches are
         # done they are handed back (655 MiB after 8,192 tokens of 256-token texts: RSS 965 -> 304 MiB),
         # so the rest of a run does not carry them.
         with lock:
+            queue.wait_all()  # a stream its caller left part-way (an error writing a shard) may still be running
             compiled.release_memory()
         trim_heap()
 
     run.release = release  # type: ignore[attr-defined]
+    run.stream = stream  # type: ignore[attr-defined]
+    run.batch_tokens = STREAM_BATCH_TOKENS  # type: ignore[attr-defined]
     return run, (f"openvino {ov.get_version().split('-')[0]}, {actual} compute, "
-                 f"{streams} stream{'s' if streams > 1 else ''} x 1 thread")
+                 f"{streams} stream{'s' if streams > 1 else ''} x 1 thread, batches streamed")
+
+
+def stream(run: Runner, batches: Iterable[tuple[Any, dict[str, np.ndarray]]]) -> Iterator[tuple[Any, np.ndarray]]:
+    """(key, vectors) for each (key, features) of `batches`, in their order: pipelined where the runner
+    can (OpenVINO's streams), one batch after another otherwise."""
+    if callable(own := getattr(run, "stream", None)):
+        yield from own(batches)
+        return
+    for key, feats in batches:
+        yield key, run(feats)
+
+
+def batch_tokens(run: Runner) -> int:
+    """Padded tokens per forward pass at most for `run` (`BATCH_TOKENS` unless it says otherwise)."""
+    return int(getattr(run, "batch_tokens", BATCH_TOKENS))
 
 
 def release(run: Runner) -> None:

@@ -25,7 +25,7 @@ import time
 import uuid
 import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,10 +50,11 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 # (bench/README.md). The bf16 and int8 paths are faster still but change 9-85% of the top-5 lists.
 AUTO_CPU: tuple[tuple[str, str], ...] = (("openvino", "fp32"), ("onnx", "fp32"))
 _SHARD_ROWS = 4096  # vectors per write: bounds the work a crash can lose
-# Padded tokens per forward pass at most (see `Embedder._batches`). Measured on 2,351 registry texts across
-# the length range (load ~15 on 2 cores, 2 alternating rounds): 1.02-1.25x the speed of 128-text batches in
+# Padded tokens per forward pass at most (see `Embedder._batches`) where the runtime does not set its own
+# (`eb.batch_tokens`: OpenVINO streams 4,096-token batches). Measured on 2,351 registry texts across the
+# length range (load ~15 on 2 cores, 2 alternating rounds): 1.02-1.25x the speed of 128-text batches in
 # ascending order; also bounding texts x tokens^2 (16 texts of 256 tokens) saved 0.3 GiB but cost ~9%.
-_BATCH_TOKENS = 8192
+_BATCH_TOKENS = eb.BATCH_TOKENS
 
 
 def _key(text: str) -> bytes:
@@ -460,8 +461,8 @@ class Embedder:
             pending.clear()
 
         try:
-            for idx in self._batches(order, lengths):
-                pending.append((idx, self._encode_raw([texts[i] for i in idx], None if ids is None else [ids[i] for i in idx])))
+            for idx, vecs in self._vectors(self._batches(order, lengths), texts, ids):
+                pending.append((idx, vecs))
                 bar.update(len(idx))
                 if sum(len(p) for p, _ in pending) >= _SHARD_ROWS:
                     flush()
@@ -474,17 +475,49 @@ class Embedder:
         return out
 
     def _batches(self, order: list[int], lengths: np.ndarray):
-        """Runs of `order` (longest first) of at most `batch_size` texts and `_BATCH_TOKENS` padded tokens.
+        """Runs of `order` (longest first) of at most `batch_size` texts and the runtime's padded-token budget
+        (`eb.batch_tokens`; `_BATCH_TOKENS` for torch).
         The token bound keeps a batch of long texts from holding 64 x 256-token activations per stream
         (OpenVINO kept 3.3 GiB for one such batch); longest first, the runtime's buffers are allocated once
         at their largest and reused by every later, smaller batch (ascending, each wider batch allocated
         anew and the heap grew to 6.2 GiB on the 47k registry)."""
+        budget = eb.batch_tokens(self._runner) if self._runner is not None and self.backend != "torch" else _BATCH_TOKENS
         lo = 0
         while lo < len(order):
             width = max(1, int(lengths[order[lo]]))  # the batch's longest: every text is padded to it
-            n = max(1, min(self.batch_size, _BATCH_TOKENS // width))
+            n = max(1, min(self.batch_size, budget // width))
             yield order[lo : lo + n]
             lo += n
+
+    def _vectors(self, batches: Iterable[list[int]], texts: list[str],
+                 ids: eb.TokenIds | None) -> Iterator[tuple[list[int], np.ndarray]]:
+        """(batch, its unit vectors) for each batch of `batches` (lists of indices into `texts`), in order.
+        With the export's tokenizer's ids the runtime gets them as a stream (`eb.stream`: OpenVINO pads the
+        next batch while its streams run the last ones); the seconds spent padding count as tokenising, the
+        rest of the time waiting for vectors as forward passes."""
+        if self.backend == "torch" or ids is None or self._tokenizer is None:
+            for idx in batches:
+                yield idx, self._encode_raw([texts[i] for i in idx], None if ids is None else [ids[i] for i in idx])
+            return
+        tokenizer = self._tokenizer
+
+        def padded() -> Iterator[tuple[list[int], dict[str, np.ndarray]]]:
+            for idx in batches:
+                t0 = time.perf_counter()
+                feats = tokenizer.features([ids[i] for i in idx])
+                self.stats.tokenize_s += time.perf_counter() - t0
+                yield idx, feats
+
+        made = eb.stream(self._runtime_runner(), padded())
+        while True:
+            t0, tokenized = time.perf_counter(), self.stats.tokenize_s
+            try:
+                idx, vecs = next(made)
+            except StopIteration:
+                return
+            finally:
+                self.stats.infer_s += time.perf_counter() - t0 - (self.stats.tokenize_s - tokenized)
+            yield idx, _unit(vecs)
 
     def _order(self, texts: list[str]) -> tuple[list[int], eb.TokenIds | None, np.ndarray]:
         """Texts by token count, longest first, across the whole call: every batch is padded to the
@@ -534,10 +567,15 @@ class Embedder:
                 parts.append(run(feats))
                 self.stats.tokenize_s += t1 - t0
                 self.stats.infer_s += time.perf_counter() - t1
-        vecs = np.concatenate(parts).astype(np.float32, copy=False)
-        # Reduced-precision output is only approximately unit length; cosine needs exact norms.
-        norms = np.linalg.norm(vecs, axis=1, keepdims=True)
-        return vecs / np.maximum(norms, 1e-12)
+        return _unit(np.concatenate(parts))
+
+
+def _unit(vecs: np.ndarray) -> np.ndarray:
+    """float32 rows scaled to unit length: reduced-precision output is only approximately so, and cosine
+    needs exact norms."""
+    vecs = vecs.astype(np.float32, copy=False)
+    norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+    return vecs / np.maximum(norms, 1e-12)
 
 
 # Device nodes of a GPU torch.cuda can drive: NVIDIA, AMD ROCm (HIP builds answer as torch.cuda),
