@@ -13,11 +13,11 @@ import pytest
 
 from evaluator.llm import FatalLLMError, load_profile
 from evaluator.llm.decide import (
+    AttemptOutcome,
     CallState,
     DowngradeSchema,
     DropFields,
     GiveUp,
-    Outcome,
     Reply,
     Retry,
     StopRun,
@@ -48,7 +48,7 @@ def _recorded(name: str) -> tuple[int, dict[str, str], bytes]:
 
 def _decide(name: str, *, sent=SENT, state: CallState | None = None, jitter: float = 0.5):
     status, headers, body = _recorded(name)
-    outcome = Outcome.http(status, headers, body, sent=frozenset(sent))
+    outcome = AttemptOutcome.http(status, headers, body, sent=frozenset(sent))
     return decide(outcome, state or CallState(), PROFILE, now=NOW, jitter=jitter)
 
 
@@ -137,9 +137,9 @@ def _reply(finish: str = "stop", content: str | None = "ok") -> bytes:
 
 
 def test_a_usable_reply_is_returned_and_a_cut_one_retried_once():
-    ok = decide(Outcome.http(200, {}, _reply()), CallState(), PROFILE, now=NOW, jitter=0.0)
+    ok = decide(AttemptOutcome.http(200, {}, _reply()), CallState(), PROFILE, now=NOW, jitter=0.0)
     assert isinstance(ok, Reply) and ok.result.content == "ok" and ok.result.prompt_tokens == 3
-    cut = Outcome.http(200, {}, _reply("length"))
+    cut = AttemptOutcome.http(200, {}, _reply("length"))
     first = decide(cut, CallState(), PROFILE, now=NOW, jitter=0.0)
     assert isinstance(first, Retry) and first.cause == "truncated" and first.after_s == 0
     last = decide(cut, CallState(truncations=1), PROFILE, now=NOW, jitter=0.0)
@@ -148,16 +148,16 @@ def test_a_usable_reply_is_returned_and_a_cut_one_retried_once():
 
 def test_malformed_and_empty_replies_are_transient():
     for body, kind in ((b'{"choices": [', "malformed"), (_reply(content=None), "empty reply")):
-        got = decide(Outcome.http(200, {}, body), CallState(), PROFILE, now=NOW, jitter=0.0)
+        got = decide(AttemptOutcome.http(200, {}, body), CallState(), PROFILE, now=NOW, jitter=0.0)
         assert isinstance(got, Retry) and kind in got.reason and got.after_s == _backoff(0, 0.0)
-        spent = decide(Outcome.http(200, {}, body), CallState(failures=4), PROFILE, now=NOW, jitter=0.0)
+        spent = decide(AttemptOutcome.http(200, {}, body), CallState(failures=4), PROFILE, now=NOW, jitter=0.0)
         assert isinstance(spent, GiveUp) and "(after 5 tries)" in spent.reason
 
 
 def test_transport_errors():
-    timeout = decide(Outcome(error=TransportError("timeout")), CallState(), PROFILE, now=NOW, jitter=1.0)
+    timeout = decide(AttemptOutcome(error=TransportError("timeout")), CallState(), PROFILE, now=NOW, jitter=1.0)
     assert isinstance(timeout, Retry) and timeout.reason == f"timeout after {PROFILE.timeout_s:g}s" and timeout.after_s == _backoff(0, 1.0)
-    down = Outcome(error=TransportError("connect", "ClientConnectorError"))
+    down = AttemptOutcome(error=TransportError("connect", "ClientConnectorError"))
     assert isinstance(decide(down, CallState(failures=3), PROFILE, now=NOW, jitter=0.0), Retry)
     stop = decide(down, CallState(failures=4), PROFILE, now=NOW, jitter=0.0)
     assert isinstance(stop, StopRun) and "the endpoint does not answer" in stop.message
@@ -166,17 +166,17 @@ def test_transport_errors():
 def test_rejected_json_schema_is_downgraded_before_it_is_dropped():
     body = orjson.dumps({"error": {"message": "'response_format' of type json_schema is not supported", "param": "response_format"}})
     sent = SENT | {"response_format"}
-    down = decide(Outcome.http(400, {}, body, sent=sent, sent_json_schema=True), CallState(), PROFILE, now=NOW, jitter=0)
+    down = decide(AttemptOutcome.http(400, {}, body, sent=sent, sent_json_schema=True), CallState(), PROFILE, now=NOW, jitter=0)
     assert isinstance(down, DowngradeSchema) and not down.also_drop
-    drop = decide(Outcome.http(400, {}, body, sent=sent, sent_json_schema=False), CallState(), PROFILE, now=NOW, jitter=0)
+    drop = decide(AttemptOutcome.http(400, {}, body, sent=sent, sent_json_schema=False), CallState(), PROFILE, now=NOW, jitter=0)
     assert isinstance(drop, DropFields) and drop.names == {"response_format"}
 
 
 def test_a_hint_past_max_wait_is_capped_and_one_past_give_up_after_stops_the_run():
     body = orjson.dumps({"error": {"message": "Rate limit reached for requests"}})
-    capped = decide(Outcome.http(429, {"retry-after": "600"}, body), CallState(), PROFILE, now=NOW, jitter=0)
+    capped = decide(AttemptOutcome.http(429, {"retry-after": "600"}, body), CallState(), PROFILE, now=NOW, jitter=0)
     assert isinstance(capped, Retry) and capped.after_s == 120.0 and capped.hint_s == 600.0
-    stop = decide(Outcome.http(429, {"retry-after": "86400"}, body), CallState(), PROFILE, now=NOW, jitter=0)
+    stop = decide(AttemptOutcome.http(429, {"retry-after": "86400"}, body), CallState(), PROFILE, now=NOW, jitter=0)
     assert isinstance(stop, StopRun)
     assert f"resume after {resume_time(NOW + 86400, NOW)} with the same command" in stop.message
     assert "24.0 h" in stop.message
@@ -184,7 +184,7 @@ def test_a_hint_past_max_wait_is_capped_and_one_past_give_up_after_stops_the_run
 
 def test_decide_is_pure():
     status, headers, body = _recorded("gemini_429_plain")
-    o = Outcome.http(status, headers, body, sent=SENT)
+    o = AttemptOutcome.http(status, headers, body, sent=SENT)
     runs = {repr(decide(o, CallState(rate_limited=2), PROFILE, now=NOW, jitter=0.25)) for _ in range(5)}
     assert len(runs) == 1
 

@@ -18,7 +18,7 @@ from records_fixtures import flat
 
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.cache import CacheEntry, ResponseCache, cache_dir, encode_entry
-from evaluator.llm.decide import GiveUp, Outcome, Reply, decide
+from evaluator.llm.decide import AttemptOutcome, GiveUp, Reply, decide
 from evaluator.llm.limits import read_server_facts
 from evaluator.llm.reply import read_reply
 
@@ -185,10 +185,10 @@ def test_recorded_llama_cpp_bodies_tell_the_cut_causes_apart():
     assert read_reply(body("200_stop"), max_tokens=16, max_tokens_known=True).cut is None
     # A cut by the context is not retried as a max_tokens cut would be: the same request is cut the same way.
     prof = F.load_profile("sim", base_url="http://127.0.0.1:9/v1", truncation_retries=2)
-    d = decide(Outcome.http(200, {}, body("200_cut_by_context"), max_tokens=2000), F_state(), prof, now=0.0, jitter=0.0)
+    d = decide(AttemptOutcome.http(200, {}, body("200_cut_by_context"), max_tokens=2000), F_state(), prof, now=0.0, jitter=0.0)
     assert isinstance(d, Reply)
     rec = orjson.loads((ONLINE / "llama_cpp_400_exceeds_context.json").read_bytes())
-    d = decide(Outcome.http(400, {}, orjson.dumps(rec["body"]), sent=frozenset({"model", "messages", "max_tokens"})),
+    d = decide(AttemptOutcome.http(400, {}, orjson.dumps(rec["body"]), sent=frozenset({"model", "messages", "max_tokens"})),
                F_state(), prof, now=0.0, jitter=0.0)
     assert isinstance(d, GiveUp) and d.kind == "context_exceeded"
     facts = read_server_facts(*(orjson.loads((LLAMA / f"{n}.json").read_bytes())["body"] for n in ("props", "slots", "v1_models")))

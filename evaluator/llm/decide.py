@@ -50,7 +50,7 @@ class TransportError:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class AttemptOutcome:
     """What one send got back. `reply` is the parsed body of a 200 (parsed once, here)."""
 
     status: int = 0  # 0: no HTTP answer (see `error`)
@@ -67,7 +67,7 @@ class Outcome:
         cls, status: int, headers: Mapping[str, str], body: bytes, *, latency_s: float = 0.0,
         sent: frozenset[str] = frozenset(), sent_json_schema: bool = False, keep_raw: bool = False,
         max_tokens: int | None = None, max_tokens_known: bool | None = None,
-    ) -> Outcome:
+    ) -> AttemptOutcome:
         """`max_tokens`: what the request asked for (with `max_tokens_known`, None is no limit), which tells
         a cut at max_tokens from one by the server's context (reply.cut_cause)."""
         known = max_tokens is not None if max_tokens_known is None else max_tokens_known
@@ -128,7 +128,7 @@ class StopRun:
 Decision = Reply | Retry | DropFields | DowngradeSchema | GiveUp | StopRun
 
 
-def decide(outcome: Outcome, state: CallState, p: ModelProfile, *, now: float, jitter: float) -> Decision:
+def decide(outcome: AttemptOutcome, state: CallState, p: ModelProfile, *, now: float, jitter: float) -> Decision:
     """The next step for a call after `outcome` (see the module doc)."""
     if outcome.error is not None:
         return _on_verdict(_transport_verdict(outcome.error, p), outcome, state, p, now, jitter)
@@ -168,7 +168,7 @@ def _transport_verdict(e: TransportError, p: ModelProfile) -> Verdict:
     return Verdict(Kind.RETRY, f"connection error ({e.detail})", label="connection")
 
 
-def _on_verdict(v: Verdict, o: Outcome, state: CallState, p: ModelProfile, now: float, jitter: float) -> Decision:
+def _on_verdict(v: Verdict, o: AttemptOutcome, state: CallState, p: ModelProfile, now: float, jitter: float) -> Decision:
     failures = state.failures
     rate_limited = state.rate_limited + (1 if v.is_429 else 0)
     give_up_after = getattr(p, "give_up_after_s", None)

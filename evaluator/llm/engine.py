@@ -7,7 +7,7 @@ process, then the fresh path, one attempt at a time in named steps:
 1. `_attempt`: 429 gate -> concurrency slot -> the call's cross-process claim (claims.py: another process
    already sending it: wait for its reply instead; stored meanwhile: a hit) -> RPM/TPM pacing (pacing.py)
    -> budget -> `_send_once` (one HTTP exchange through the `Transport`, transport.py; returns a typed
-   `Outcome` and gives the limits their signals).
+   `AttemptOutcome` and gives the limits their signals).
 2. `decide` (decide.py, a pure function): outcome + the call's state + profile -> one decision.
 3. `Decisions.apply` (decisions.py): store and return the reply, retry (a 429 closes the model's gate),
    drop fields or send the schema in another form (wire.py), give up on this call, or stop the run.
@@ -52,7 +52,7 @@ from evaluator.llm.cache import (
     reusable,
 )
 from evaluator.llm.claims import CLAIM_LEASE_S, Claims
-from evaluator.llm.decide import Outcome, Reply, Retry, TransportError, decide
+from evaluator.llm.decide import AttemptOutcome, Reply, Retry, TransportError, decide
 from evaluator.llm.decisions import Call, Decisions
 from evaluator.llm.errors import BudgetExhausted, ConfigError, FatalLLMError, mask
 from evaluator.llm.limits import ConcurrencyLimit, ServerFacts, ask_server_facts
@@ -417,8 +417,8 @@ class LLMEngine:
                 return result
 
     # -- step 1: claim/lookup, pace, send once -----------------------------------------------------
-    async def _attempt(self, call: Call) -> Outcome | ChatResult | None:
-        """One attempt in a concurrency slot: an `Outcome`, a reply another process stored just
+    async def _attempt(self, call: Call) -> AttemptOutcome | ChatResult | None:
+        """One attempt in a concurrency slot: an `AttemptOutcome`, a reply another process stored just
         before we claimed the call, or None when another process holds its claim."""
         hold = 0.0
         epoch = await self._limit.acquire()
@@ -439,7 +439,7 @@ class LLMEngine:
             self._limit.release(hold)
             self.stats.concurrency_limit = self._limit.limit
 
-    async def _send_once(self, call: Call, epoch: int) -> Outcome:
+    async def _send_once(self, call: Call, epoch: int) -> AttemptOutcome:
         wire = self._shape.wire(call.logical)
         body = orjson.dumps(wire)
         reserved = await self._reserve(wire)
@@ -459,9 +459,9 @@ class LLMEngine:
             raise
         latency = time.perf_counter() - t_send
         if isinstance(got, TransportError):
-            outcome = Outcome(error=got, latency_s=latency, sent=sent, sent_json_schema=schema)
+            outcome = AttemptOutcome(error=got, latency_s=latency, sent=sent, sent_json_schema=schema)
         else:
-            outcome = Outcome.http(got.status, got.headers, got.body, latency_s=latency, sent=sent,
+            outcome = AttemptOutcome.http(got.status, got.headers, got.body, latency_s=latency, sent=sent,
                                    sent_json_schema=schema, keep_raw=call.keep_raw, max_tokens=_max_tokens(wire), max_tokens_known=True)
         self._tally.signal(outcome, epoch)
         self._count_reply(outcome, reserved, call)
@@ -497,7 +497,7 @@ class LLMEngine:
         if isinstance(got, TransportError):
             self._settle(reserved, None)
             return
-        outcome = Outcome.http(got.status, got.headers, got.body, sent=sent, sent_json_schema=schema,
+        outcome = AttemptOutcome.http(got.status, got.headers, got.body, sent=sent, sent_json_schema=schema,
                                max_tokens=_max_tokens(self._shape.wire(call.logical)), max_tokens_known=True)
         self._count_reply(outcome, reserved, call)
         decision = decide(outcome, call.state, self.profile, now=time.time(), jitter=0.0)
@@ -507,7 +507,7 @@ class LLMEngine:
             with contextlib.suppress(FatalLLMError):  # kept in memory and spilled; the stop is under way
                 self._store(call.key, decision.result, dropped=self._shape.dropped_from(call.logical))
 
-    def _count_reply(self, o: Outcome, reserved: float, call: Call) -> None:
+    def _count_reply(self, o: AttemptOutcome, reserved: float, call: Call) -> None:
         """Tokens of a 200 (estimated where the body has none), and what it cost the budget (tally.py)."""
         self._tally.estimate_usage(o.reply, call.logical)
         self._settle(reserved, o.reply)

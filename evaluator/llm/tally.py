@@ -9,7 +9,7 @@ from typing import Any
 
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.accounting import ModelStats
-from evaluator.llm.decide import Outcome
+from evaluator.llm.decide import AttemptOutcome
 from evaluator.llm.limits import ConcurrencyLimit
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.reply import CONTEXT, MAX_TOKENS, ChatResult, describe_cut
@@ -27,7 +27,7 @@ class Tally:
         self._limit = limit
         self._told: set[str] = set()  # cut causes / failure kinds already warned about
 
-    def signal(self, o: Outcome, epoch: int) -> None:
+    def signal(self, o: AttemptOutcome, epoch: int) -> None:
         """What the concurrency limit learns from an attempt (timeouts, 429s, latency, 5xx bursts)."""
         if o.error is not None:
             if o.error.kind == "timeout":
