@@ -132,6 +132,16 @@ def print_result(r: Result) -> None:
     con.print(f"  ({r.seconds:.0f} s)")
 
 
+def finish(r: Result, started: float, machine_at_start: dict[str, Any], module: str) -> Path:
+    """A standalone bench's ending: its wall time, the load at its end beside the load at its start, the
+    command as run, printed and written."""
+    r.seconds = time.perf_counter() - started
+    r.machine = machine_at_start | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
+    r.command = f"python -m {module} " + " ".join(sys.argv[1:])
+    print_result(r)
+    return write_result(r)
+
+
 def write_result(r: Result) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{r.name}.json"

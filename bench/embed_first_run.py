@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from .common import REPO, Goal, Result, TreeRSS, checkout, data_dir, machine
+from .common import REPO, Goal, Result, TreeRSS, checkout, data_dir, finish, machine
 
 NAME = "embed_first_run"
 TITLE = "First run of a fresh clone (--retrieval-only, empty cache): now (auto) vs before (torch fp32)"
@@ -282,7 +282,6 @@ def _breakdown(walls: dict[str, float], metas: dict[str, Any]) -> dict[str, Any]
 
 
 def main() -> None:
-    from .common import print_result, write_result
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--order", choices=["before-first", "now-first", "now-only"], default="before-first",
@@ -293,11 +292,7 @@ def main() -> None:
     t0 = time.perf_counter()
     m = machine()
     r = run(order, a.before)
-    r.seconds = time.perf_counter() - t0
-    r.machine = m | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
-    r.command = "python -m bench.embed_first_run " + " ".join(sys.argv[1:])
-    print_result(r)
-    write_result(r)
+    finish(r, t0, m, "bench.embed_first_run")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import BENCH_CACHE, Goal, Result, machine
+from .common import BENCH_CACHE, Goal, Result, finish, machine
 from .embed_first_run import _sgemm_rates, _texts, forward_flops
 
 NAME = "embed_runtime"
@@ -130,7 +129,6 @@ def run(n_texts: int = 5000, rounds: int = 3, cache: Path = BENCH_CACHE) -> Resu
 
 
 def main() -> None:
-    from .common import print_result, write_result
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--texts", type=int, default=5000)
@@ -140,11 +138,7 @@ def main() -> None:
     t0 = time.perf_counter()
     m = machine()
     r = run(a.texts, a.rounds, a.cache_dir)
-    r.seconds = time.perf_counter() - t0
-    r.machine = m | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
-    r.command = "python -m bench.embed_runtime " + " ".join(sys.argv[1:])
-    print_result(r)
-    write_result(r)
+    finish(r, t0, m, "bench.embed_runtime")
 
 
 if __name__ == "__main__":

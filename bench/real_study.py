@@ -24,7 +24,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
-METRICS = ("recall", "precision", "pass")
+METRICS = ("recall", "precision", "ndcg", "mrr", "comp", "pass")
 
 
 def _sample(data: Path, per_subset: int, seed: int) -> dict[str, list[dict[str, Any]]]:
@@ -56,7 +56,7 @@ def _pass(args: argparse.Namespace, n: int, work: Path) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
     queries = _write(_sample(args.data, args.per_subset, args.seed), n, work / f"queries-{n}")
     cmd = [sys.executable, "-m", "evaluator", "--model", args.model, "--data", str(args.data), "--queries", *queries,
-           "--runs", "1", "--no-extras", "--no-progress", "--cache-dir", str(args.cache_dir), "--out", str(out)]
+           "--runs", "1", "--archs", args.archs, "--no-extras", "--no-progress", "--cache-dir", str(args.cache_dir), "--out", str(out)]
     load0, t = _load(), time.monotonic()
     done = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
     wall = time.monotonic() - t
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--minutes", type=float, default=60.0, help="wall time for the whole study")
     ap.add_argument("--cache-dir", type=Path, default=REPO / "cache")
+    ap.add_argument("--archs", default="rtp,ptr", help="the study's --archs (each more one costs calls per query)")
     args = ap.parse_args(argv)
     work = RESULTS / "real_study.work"
     deadline = time.monotonic() + 60 * args.minutes
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copytree(final["out"], dest)
     summary = json.loads((dest / "summary.json").read_text())
     rows = [r for r in summary["rows"] if r["metric"] in METRICS and r["k"] in (5, None)]
-    result = {"bench": "real_study", "model": args.model, "seed": args.seed, "per_subset": final["per_subset"],
+    result = {"bench": "real_study", "model": args.model, "archs": args.archs, "seed": args.seed, "per_subset": final["per_subset"],
               "asked_per_subset": args.per_subset, "minutes": args.minutes, "passes": passes, "rows": rows,
               "total_wall_s": sum(p["wall_s"] for p in passes),
               "requests_total": sum(p["requests"] for p in passes),

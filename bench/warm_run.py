@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -176,7 +174,7 @@ def run(runs: int = 3, before: str | None = None, reference: Path | None = None)
 
 
 def main() -> None:
-    from .common import machine, print_result, write_result
+    from .common import finish, machine
     from .readme import update_readme
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -188,11 +186,7 @@ def main() -> None:
     t0 = time.perf_counter()
     m = machine()
     r = run(a.runs, a.before, a.reference)
-    r.seconds = time.perf_counter() - t0
-    r.machine = m | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
-    r.command = "python -m bench.warm_run " + " ".join(sys.argv[1:])
-    print_result(r)
-    write_result(r)
+    finish(r, t0, m, "bench.warm_run")
     if not a.no_readme:
         update_readme()
 

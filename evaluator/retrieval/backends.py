@@ -205,6 +205,14 @@ def _build_here(load: Callable[[], Any], load_path: str, cache_name: str, kind: 
     return {"model_load_s": load_s, "export_s": time.perf_counter() - t0 - load_s}
 
 
+def quiet_loading() -> None:
+    """transformers >= 5 draws its own "Loading weights" bar on stderr for every model load, past the
+    evaluator's Reporter (so past --no-progress): the load is seconds, our own bars say what is happening."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _child_build(load_path: str, cache_name: str, kind: str, root: str) -> dict[str, float]:
     """The child's work: load the model once (only if a build needs it) and build."""
     st: list[Any] = []
@@ -213,6 +221,7 @@ def _child_build(load_path: str, cache_name: str, kind: str, root: str) -> dict[
         if not st:
             from sentence_transformers import SentenceTransformer
 
+            quiet_loading()
             try:
                 st.append(SentenceTransformer(load_path, device="cpu"))
             except (OSError, ValueError, RuntimeError) as e:

@@ -332,6 +332,7 @@ class Embedder:
 
             if self.device == "cpu":
                 threads.configure_torch(self.threads)
+            eb.quiet_loading()
             try:
                 m = SentenceTransformer(self.load_path, device=self.device)
             except (OSError, ValueError, RuntimeError) as e:
