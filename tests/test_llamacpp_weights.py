@@ -11,6 +11,7 @@ import hashlib
 import importlib
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,7 +123,25 @@ def test_threads_leave_out_the_cores_other_work_keeps_busy(monkeypatch):
     # llama.cpp's spinning threads are ~10x slower when the OS takes one away (bench/README.md, "Real model")
     monkeypatch.setattr(harness, "cpu_threads", lambda: 8)
     p = load_profile("qwen2.5-coder-0.5b")
-    for load, threads in ((0.2, 8), (3.0, 5), (13.0, 1)):
-        monkeypatch.setattr(harness.os, "getloadavg", lambda load=load: (load, load, load))
-        assert harness.sizing(p) == (4 if threads >= 4 else max(2, threads), threads)
+    for every, own, threads in ((0.2, 0.0, 8), (3.0, 0.0, 5), (13.0, 0.0, 1), (8.0, 7.9, 8)):
+        monkeypatch.setattr(harness, "busy_cores", lambda every=every, own=own: (every, own))
+        assert harness.sizing(p) == (2 if threads == 1 else 4, threads)
+    monkeypatch.setattr(harness, "busy_cores", lambda: None)  # no /proc/stat: the load average
+    monkeypatch.setattr(harness.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    assert harness.sizing(p) == (4, 5)
     assert harness.sizing(load_profile("qwen2.5-coder-0.5b", server_slots=3, server_threads=2)) == (3, 2)
+
+
+def test_this_process_own_work_is_not_counted_as_other_work():
+    # the server starts while the evaluator embeds the registry: that work is its own, not a neighbour's
+    stop = time.monotonic() + 0.8
+    spin = threading.Thread(target=lambda: [None for _ in iter(lambda: time.monotonic() < stop, False)])
+    spin.start()
+    try:
+        got = harness.busy_cores(0.5)
+    finally:
+        spin.join()
+    assert got is not None
+    every, own = got
+    assert own > 0.5  # the spinning thread, counted as this process's
+    assert every >= own - 0.15  # and among all the work on its cores (clock ticks are 10 ms)

@@ -53,26 +53,64 @@ def cpu_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def busy_cores(window_s: float = 0.5) -> tuple[float, float] | None:
+    """(all, own) cores busy over the next `window_s` on the cores this process may run on: all work, from
+    `/proc/stat`'s lines of those cores, and this process's own share (`os.times`). None where there is no
+    `/proc/stat` (not Linux)."""
+
+    def sample() -> tuple[int, float, float]:
+        mine = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+        busy = 0
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name in mine:
+                    v = [int(x) for x in fields[:8]]
+                    busy += sum(v) - v[3] - v[4]  # all but idle and iowait
+        t = os.times()
+        return busy, t.user + t.system, time.monotonic()
+
+    try:
+        b0, o0, t0 = sample()
+        time.sleep(window_s)
+        b1, o1, t1 = sample()
+    except (OSError, ValueError, AttributeError):
+        return None
+    span = max(t1 - t0, 1e-3)
+    return (b1 - b0) / os.sysconf("SC_CLK_TCK") / span, (o1 - o0) / span
+
+
 def free_cores() -> int:
-    """The cores other work leaves free now: this process's cores less the last minute's load average.
+    """The cores other work leaves free now: this process's cores less what other processes keep busy.
 
     llama.cpp's threads meet at a barrier after every layer and spin while they wait, so one thread the OS
     takes away stalls them all: bench/real_model.py on 2 cores at load average 13 measured 0.3 generated
-    tokens/s per request with 2 threads and 3.3 with 1 (bench/README.md, "Real model")."""
+    tokens/s per request with 2 threads and 3.3 with 1 (bench/README.md, "Real model"). The server starts
+    while this process embeds the registry, so its own work is left out: the last minute's load average
+    (the rule before) counted it, and on a quiet 2-core machine gave 1 thread, 0.49x the best setting's
+    generated tokens/s (bench/results/real_model.json, 2026-12-02). Where the cores cannot be sampled, the
+    load average is the estimate."""
     cores = cpu_threads()
-    try:
-        busy = os.getloadavg()[0]
-    except (AttributeError, OSError):  # not Unix
-        return cores
-    return max(1, min(cores, int(cores - busy + 0.5)))
+    sampled = busy_cores()
+    if sampled is not None:
+        every, own = sampled
+        other = max(0.0, every - own)
+    else:
+        try:
+            other = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not Unix
+            return cores
+    return max(1, min(cores, int(cores - other + 0.5)))
 
 
 def sizing(p: ModelProfile) -> tuple[int, int]:
     """(slots, threads) for `p`: the profile's, or sized to the machine where it says 0 (threads: the
     cores free when the server starts, `free_cores`)."""
     threads = p.server_threads or free_cores()
-    # bench/real_model.py: 2 slots give the most generated tokens/s per core on CPU (see bench/README.md)
-    slots = p.server_slots or max(2, min(4, threads))
+    # bench/real_model.py, quiet 2-core machine, 0.5B, 8 study requests of <= 128 tokens, median of 2 rounds:
+    # generated tok/s 1x1 12.2, 2x1 13.5, 1x2 20.6, 2x2 22.5, 4x2 27.8 (slots x threads). Decoding is
+    # memory-bound, so more sequences decoded together cost little: 2 slots a thread, at most 4.
+    slots = p.server_slots or max(2, min(4, 2 * threads))
     return slots, threads
 
 
