@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", default="1x2,2x2,4x2,2x1", help="SLOTSxTHREADS, comma-separated")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache-dir", type=Path, default=REPO / "cache", help="where the GGUF is joined (and kept)")
+    ap.add_argument("--out", type=Path, default=RESULT, help="where the figures are written")
     args = ap.parse_args(argv)
+    out: Path = args.out
     profile = load_profile(args.model)
     default_slots, default_threads = sizing(profile)
     settings = [tuple(int(x) for x in s.split("x")) for s in args.settings.split(",")]
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         bodies = _requests(args.model, args.queries, args.cache_dir, Path(tmp))
     runs: dict[str, list[dict[str, float]]] = {f"{s}x{t}": [] for s, t in settings}
     loads = [_load()]
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     for r in range(args.rounds):
         for slots, threads in settings:
             with LlamaHandle(w, args.cache_dir, slots=slots, threads=threads, ctx=profile.server_ctx) as srv:
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{slots} slots x {threads} threads: {runs[f'{slots}x{threads}'][-1]['gen_tok_s']:.2f} gen tok/s",
                   file=sys.stderr)
             # what is measured so far, so that a run stopped early still leaves its figures
-            RESULT.with_suffix(".partial.json").write_text(json.dumps(
+            out.with_suffix(".partial.json").write_text(json.dumps(
                 {"round": r, "load": [*loads, _load()], "runs": runs, "requests": len(bodies),
                  "max_tokens": args.max_tokens}, indent=1) + "\n")
         loads.append(_load())
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": {"study_vs_best": ">= 0.9", "study_vs_one_at_a_time": ">= 1.5"},
         "profile": dataclasses.asdict(profile),
     }
-    RESULT.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{'setting':>8} {'calls/min':>10} {'gen tok/s':>10} {'vs best':>8}")
     for k, v in med.items():
         print(f"{k:>8} {v['calls_per_min']:>10.2f} {v['gen_tok_s']:>10.2f} {v['gen_tok_s'] / med[best]['gen_tok_s']:>8.2f}"
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     svo = result["study_vs_one_at_a_time"]
     print(f"study setting {study}: {result['study_vs_best']:.2f}x the best ({best}), "
           + (f"{svo:.2f}x one at a time ({single})" if svo else "no one-at-a-time setting measured")
-          + f"; {loads[0]} at the start, {loads[-1]} at the end. Wrote {RESULT}")
+          + f"; {loads[0]} at the start, {loads[-1]} at the end. Wrote {out}")
     return 0
 
 

@@ -125,14 +125,14 @@ def test_threads_leave_out_the_cores_other_work_keeps_busy(monkeypatch):
     p = load_profile("qwen2.5-coder-0.5b")
     for every, own, threads in ((0.2, 0.0, 8), (3.0, 0.0, 5), (13.0, 0.0, 1), (8.0, 7.9, 8)):
         monkeypatch.setattr(harness, "busy_cores", lambda *_, every=every, own=own: (every, own))
-        assert harness.sizing(p) == (2 if threads == 1 else 4, threads)
+        assert harness.sizing(p) == (2 if threads == 1 else 8, threads)
     # a burst in one sample (a process exiting as the server starts) is not a busy core
     bursts = iter([(7.5, 0.0), (0.3, 0.0), (7.9, 0.0), (6.0, 0.0)])
     monkeypatch.setattr(harness, "busy_cores", lambda *_: next(bursts))
-    assert harness.sizing(p) == (4, 8)
+    assert harness.sizing(p) == (8, 8)
     monkeypatch.setattr(harness, "busy_cores", lambda *_: None)  # no /proc/stat: the load average
     monkeypatch.setattr(harness.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
-    assert harness.sizing(p) == (4, 5)
+    assert harness.sizing(p) == (8, 5)
     assert harness.sizing(load_profile("qwen2.5-coder-0.5b", server_slots=3, server_threads=2)) == (3, 2)
 
 

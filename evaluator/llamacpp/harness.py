@@ -109,10 +109,11 @@ def sizing(p: ModelProfile) -> tuple[int, int]:
     """(slots, threads) for `p`: the profile's, or sized to the machine where it says 0 (threads: the
     cores free when the server starts, `free_cores`)."""
     threads = p.server_threads or free_cores()
-    # bench/real_model.py, quiet 2-core machine, 0.5B, 8 study requests of <= 128 tokens, median of 2 rounds:
-    # generated tok/s 1x1 12.2, 2x1 13.5, 1x2 20.6, 2x2 22.5, 4x2 27.8 (slots x threads). Decoding is
-    # memory-bound, so more sequences decoded together cost little: 2 slots a thread, at most 4.
-    slots = p.server_slots or max(2, min(4, 2 * threads))
+    # bench/real_model.py, quiet 2-core machine, 0.5B, 16 study requests of <= 128 tokens (bench/README.md,
+    # "Real model"): generated tok/s at 2 threads 1 slot 20.6-23.7, 2 slots 22.5, 4 slots 27.8-29.2, 8 slots
+    # 40.1; at 1 thread 1 slot 12.2, 2 slots 13.5 (the one core is the bound). Decoding is memory-bound, so
+    # sequences decoded together cost little where a second core is free; more than 8 slots not measured.
+    slots = p.server_slots or (2 if threads == 1 else 8)
     return slots, threads
 
 
