@@ -44,6 +44,26 @@ async def test_a_handler_sees_the_request_the_engine_prepared(tmp_path):
     assert F.FAKE_KEY not in repr(req)  # headers are left out of the request's repr
 
 
+async def test_a_deterministic_server_is_asked_once_for_every_run(tmp_path):
+    # at temperature 0 a local llama.cpp server gives run 3 what it gave run 0: one call, not four copies
+    seen: list[Request] = []
+
+    def handler(request: Request) -> Response:
+        seen.append(request)
+        return Response(200, _chat_body("same"), {"content-type": "application/json"})
+
+    prof = F.sim_profile(F.LocalSim(), temperature=0.0, deterministic=True)
+    async with LLMEngine(prof, transport=MockTransport(handler), api_key=F.FAKE_KEY, cache_root=tmp_path) as llm:
+        got = await asyncio.gather(*(llm.chat(F.msgs(1), run=r, prompt_version="v1") for r in range(4)))
+    assert [g.content for g in got] == ["same"] * 4 and len(seen) == 1
+    assert orjson.loads(seen[0].body)["seed"] == 0
+    sampled = F.sim_profile(F.LocalSim(), temperature=0.7, deterministic=True)  # each run its own sample
+    seen.clear()
+    async with LLMEngine(sampled, transport=MockTransport(handler), api_key=F.FAKE_KEY, cache_root=tmp_path) as llm:
+        await asyncio.gather(*(llm.chat(F.msgs(1), run=r, prompt_version="v1") for r in range(4)))
+    assert sorted(orjson.loads(r.body)["seed"] for r in seen) == [0, 1, 2, 3]
+
+
 async def test_an_async_handler_and_case_insensitive_headers():
     async def handler(request: Request) -> Response:
         await asyncio.sleep(0)

@@ -242,8 +242,11 @@ class LLMEngine:
     def prepare(
         self, messages: list[dict[str, Any]], *, run: int, prompt_version: str, schema: dict[str, Any] | None = None
     ) -> Prepared:
-        """The cache key and body of one chat call (run `run` is sent as the seed)."""
+        """The cache key and body of one chat call (run `run` is sent as the seed). A deterministic server at
+        temperature 0 (`repeats_runs`) answers every run alike, so every run is keyed and sent as run 0:
+        `--runs 4` costs one call per prompt, not four copies of it."""
         rf = self.response_format(schema)
+        run = 0 if self.profile.repeats_runs else run
         key = call_key(self._prefix, messages, run, prompt_version, rf)
         body = {**self._payload, "messages": messages, **({"seed": run} if self.profile.send_seed else {})}
         if rf is not None:

@@ -341,7 +341,8 @@ def record_key(r: Record) -> tuple[str, int, str, tuple[int, int | str]]:
 
 def repeats_note(model: str, runs: int) -> str:
     """Why a deterministic server's runs carry no run-to-run test (the report's and the dry run's words, defined once)."""
-    what = (f"its {runs} runs are copies of one" if runs > 1 else "one run has no run-to-run variance either")
+    what = (f"its {runs} runs are copies of one (each prompt is sent once, its reply serves every run)" if runs > 1
+            else "one run has no run-to-run variance either")
     return (f"deterministic server, model {model}: a local llama.cpp server at temperature 0 gives the same "
             f"reply to the same prompt in every run, so {what}: the standard deviations across runs are 0 or "
             "empty and the t-tests across runs (one-sample, two-sample) are not defined, so none is shown; the "
