@@ -137,7 +137,7 @@ def test_threads_leave_out_the_cores_other_work_keeps_busy(monkeypatch):
 
 
 def test_this_process_own_work_is_not_counted_as_other_work():
-    # the server starts while the evaluator embeds the registry: that work is its own, not a neighbour's
+    # what this process itself runs while it samples is its own work, not a neighbour's
     stop = time.monotonic() + 0.8
     spin = threading.Thread(target=lambda: [None for _ in iter(lambda: time.monotonic() < stop, False)])
     spin.start()

@@ -85,10 +85,11 @@ def free_cores() -> int:
 
     llama.cpp's threads meet at a barrier after every layer and spin while they wait, so one thread the OS
     takes away stalls them all: bench/real_model.py on 2 cores at load average 13 measured 0.3 generated
-    tokens/s per request with 2 threads and 3.3 with 1 (bench/README.md, "Real model"). The server starts
-    while this process embeds the registry, so its own work is left out: the last minute's load average
-    (the rule before) counted it, and on a quiet 2-core machine gave 1 thread, 0.49x the best setting's
-    generated tokens/s (bench/results/real_model.json, 2026-12-02). Where the cores cannot be sampled, the
+    tokens/s per request with 2 threads and 3.3 with 1 (bench/README.md, "Real model"). The last minute's
+    load average (the rule before) still holds work that has just ended: on a quiet 2-core machine it gave 1
+    thread, 0.49x the best setting's generated tokens/s (bench/results/real_model.json, 2026-12-02). The
+    busy time is sampled now instead, this process's own left out (the server is sized before the loading
+    and embedding start, so that is only its start-up). Where the cores cannot be sampled, the
     load average is the estimate."""
     cores = cpu_threads()
     # The least of several short samples: a burst (a process exiting as the server starts) is absent from

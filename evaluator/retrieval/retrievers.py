@@ -15,9 +15,9 @@ merges the same way for every retriever: the best score any of its texts gives a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from evaluator.retrieval.embed import Embedder
 from evaluator.retrieval.index import SearchMemo, VectorIndex
 from evaluator.retrieval.lexical import BM25Index
 
+K = TypeVar("K", bound=Hashable)
 RRF_K = 60  # the constant of Cormack et al. (2009), as ranx and the tool-retrieval papers use it
 FUSION_DEPTH = 100  # each list fused to this depth (>= every k the study reports)
 
@@ -80,18 +81,26 @@ class Hybrid:
         return rrf([self.dense.search(texts, depth)[1], self.lexical.search(texts, depth)[1]], k, self.c)
 
 
+def rrf_scores(lists: Iterable[Iterable[K]], c: int = RRF_K) -> dict[K, float]:
+    """Reciprocal-rank fusion's score of every item of the ranked lists (best first, no item twice in a list):
+    score(t) = Σ_i 1 / (c + rank_i(t)), ranks from 1; in the order items are first seen. The one rule of the
+    hybrid retriever and of the `fusion` architecture."""
+    score: dict[K, float] = {}
+    for ranked in lists:
+        for rank, item in enumerate(ranked, 1):
+            score[item] = score.get(item, 0.0) + 1.0 / (c + rank)
+    return score
+
+
 def rrf(lists: Sequence[np.ndarray], k: int, c: int = RRF_K) -> Hits:
-    """Reciprocal-rank fusion of ranked row lists (each (n, depth_i), best first): per text,
-    score(t) = Σ_i 1 / (c + rank_i(t)), ranks from 1; the best k, ties to the higher row."""
+    """Reciprocal-rank fusion of ranked row lists (each (n, depth_i), best first), per text (`rrf_scores`);
+    the best k, ties to the higher row."""
     n = len(lists[0]) if lists else 0
     out_s = np.zeros((n, 0), np.float64)
     out_r = np.zeros((n, 0), np.int64)
     ranked_s, ranked_r = [], []
     for q in range(n):
-        score: dict[int, float] = {}
-        for rows in lists:
-            for rank, row in enumerate(rows[q].tolist(), 1):
-                score[row] = score.get(row, 0.0) + 1.0 / (c + rank)
+        score = rrf_scores((rows[q].tolist() for rows in lists), c)
         best = sorted(score.items(), key=lambda rs: (-rs[1], -rs[0]))[:k]
         ranked_r.append([r for r, _ in best])
         ranked_s.append([s for _, s in best])

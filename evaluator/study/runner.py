@@ -458,7 +458,7 @@ def calls_per_unit(study: Study, archs: Mapping[str, tuple[str, Architecture]] |
     for qi, r in enumerate(study.rtp):
         for n in names:
             if n == "route":
-                side = "rtp" if (r.scores and r.scores[0] >= tau) else "ptr"
+                side = arch_units.route_side(list(r.scores), tau)
                 slots.update({(f"{side}:planner", qi), *((("ptr:discovery", qi),) if side == "ptr" else ())})
                 continue
             for c in own.get(n, ["own"]):

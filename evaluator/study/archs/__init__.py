@@ -25,10 +25,11 @@ from evaluator.study.archs.plugins import check_discovery, is_plugin_spec, load_
 from evaluator.study.archs.ptr import PtR
 from evaluator.study.archs.rewrite import Rewrite
 from evaluator.study.archs.route import Route, default_tau
+from evaluator.study.archs.route import side_for as route_side
 from evaluator.study.archs.rtp import RtP
 
 __all__ = ["Architecture", "ArchError", "Context", "Discovery", "Hits", "Searched", "DEFERRED_KIND", "BUILTIN",
-           "resolve", "check_discovery", "default_tau"]
+           "resolve", "check_discovery", "default_tau", "route_side"]
 
 BUILTIN = ARCHS  # the setting's choices (settings.load): one list
 

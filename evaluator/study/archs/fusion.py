@@ -7,17 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from evaluator.retrieval.retrievers import RRF_K, rrf_scores
 from evaluator.study.archs.base import Context, Discovery
-
-RRF_K = 60
 
 
 def rrf(lists: Sequence[Sequence[str]], k_max: int, constant: int = RRF_K) -> tuple[list[str], list[float]]:
     """The fused list (ids, scores), best first; ties go to the id seen first (list order, then rank)."""
-    score: dict[str, float] = {}
-    for ids in lists:
-        for rank, i in enumerate(dict.fromkeys(ids), 1):
-            score[i] = score.get(i, 0.0) + 1.0 / (constant + rank)
+    score = rrf_scores((dict.fromkeys(ids) for ids in lists), constant)
     order = sorted(score, key=lambda i: -score[i])  # stable: first seen wins a tie
     return order[:k_max], [score[i] for i in order[:k_max]]
 

@@ -5,15 +5,10 @@ block is a `PtrBlock`: its stubs are the entries, with each entry's hits."""
 
 from __future__ import annotations
 
-from evaluator.results.plans import Stub
 from evaluator.study import prompts
 from evaluator.study.archs.base import Context, Discovery
 from evaluator.study.archs.ptr import stub_discovery
 from evaluator.study.parse import parse_documents
-
-
-def _documents(text: str | None, query: str) -> tuple[list[Stub], str | None]:
-    return parse_documents(text, query)
 
 
 class HyDE:
@@ -21,4 +16,4 @@ class HyDE:
 
     async def retrieve(self, ctx: Context) -> Discovery:
         return await stub_discovery(ctx, "hyde", prompts.hyde_messages(ctx.text), prompts.HYDE_VERSION,
-                                    prompts.HYDE_SCHEMA, _documents)
+                                    prompts.HYDE_SCHEMA, parse_documents)

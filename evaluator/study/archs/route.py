@@ -18,6 +18,11 @@ def default_tau(top1: Sequence[float]) -> float:
     return float(statistics.median(top1)) if top1 else 0.0
 
 
+def side_for(rtp_scores: Sequence[float], tau: float) -> str:
+    """The architecture a query goes to: RtP when its top-1 score is at least τ (no hit: PtR)."""
+    return "rtp" if rtp_scores and rtp_scores[0] >= tau else "ptr"
+
+
 class Route:
     name = "route"
 
@@ -26,7 +31,6 @@ class Route:
 
     async def retrieve(self, ctx: Context) -> Discovery:
         rtp = await ctx.outcome("rtp")
-        top1 = rtp.scores[0] if rtp.scores else float("-inf")
-        side = "rtp" if top1 >= self.tau else "ptr"
-        return Discovery([], [], side=side, trace={"side": side, "top1": top1 if rtp.scores else None,
+        side = side_for(rtp.scores, self.tau)
+        return Discovery([], [], side=side, trace={"side": side, "top1": rtp.scores[0] if rtp.scores else None,
                                                   "tau": self.tau})
