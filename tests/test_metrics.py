@@ -82,8 +82,8 @@ def test_stub_metrics_pooled() -> None:
     assert ("ptr", "width", 3, None) not in obs  # not recorded -> not observed
     names = Record.from_dict(_rec()).ptr.stub_names
     assert names == ["get_a", "get_a", "find_x"]
-    assert M.unique_ratio(names) == pytest.approx(2 / 3)
-    assert M.unique_ratio([]) is None
+    assert M.unique_ratio(len(set(names)), len(names)) == pytest.approx(2 / 3)
+    assert M.unique_ratio(0, 0) is None
 
 
 def test_refusal_parse_error_and_llm_error() -> None:

@@ -20,7 +20,7 @@ import itertools
 import math
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any, TypeVar
@@ -250,12 +250,18 @@ def query_key(r: Record) -> QueryKey:
     return (r.subset, qid_key(r.query_id))
 
 
-def runs(sides: Sequence[tuple[Sequence[Record], int]]) -> RunsComparison | None:
-    """Sides (each: its records and its main k) compared with the first; None with fewer than two."""
+def runs(sides: Sequence[tuple[Iterable[Record], int]]) -> RunsComparison | None:
+    """Sides (each: its records, read once, and its main k) compared with the first; None with fewer than two."""
     if len(sides) < 2:
         return None
-    values = [side_values(((record_obs(r, ks=[k], k=k), query_key(r)) for r in recs), k) for recs, k in sides]
-    qsets = [{query_key(r) for r in recs} for recs, _ in sides]
+    qsets: list[set[QueryKey]] = [set() for _ in sides]
+
+    def observed(recs: Iterable[Record], k: int, seen: set[QueryKey]) -> Iterator[tuple[Obs, QueryKey]]:
+        for r in recs:
+            seen.add(query_key(r))
+            yield record_obs(r, ks=[k], k=k), query_key(r)
+
+    values = [side_values(observed(recs, k, qsets[i]), k) for i, (recs, k) in enumerate(sides)]
     pairs = []
     for j in range(1, len(sides)):
         shared = sorted(qsets[0] & qsets[j])

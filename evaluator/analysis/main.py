@@ -3,11 +3,12 @@ scored, truncated replies, the worked examples, and which tables cannot be made 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from evaluator.analysis import compare, examples, stats
 from evaluator.results.schema import GOLDS, Meta, PtrBlock, Record
+from evaluator.results.stream import in_key_order
 
 
 @dataclass
@@ -40,10 +41,15 @@ class MainResult:
     comparison: compare.Comparison | None = None
 
 
-def scored_counts(records: Sequence[Record]) -> dict[tuple[str | None, str], Scored]:
-    out: dict[tuple[str | None, str], Scored] = {}
-    rtp_queries: set[tuple[str, object]] = set()
-    for r in records:
+class ScoredCounts:
+    """`Scored` per (model, arch), from records given one at a time."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str | None, str], Scored] = {}
+        self._rtp_queries: set[tuple[str, object]] = set()
+
+    def add(self, r: Record) -> None:
+        out, rtp_queries = self.counts, self._rtp_queries
         if r.rtp is not None:
             if (r.subset, r.query_id) not in rtp_queries:  # RtP retrieval is scored once per query
                 rtp_queries.add((r.subset, r.query_id))
@@ -68,31 +74,72 @@ def scored_counts(records: Sequence[Record]) -> dict[tuple[str | None, str], Sco
             sc.planner += int(not excluded and block.plan_usable)
             sc.truncated += block.truncated_replies()
             sc.add_cuts(block.cut_replies())
-    return out
 
 
-def main_study(records: Sequence[Record], meta: Meta) -> MainResult:
+class _Seen:
+    """What the main study needs of the records beside the summary, gathered in the summary's one pass."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.golds: dict[str, None] = {}  # gold sets some query has
+        self.golds_differ: set[tuple[str, str]] = set()  # pairs of gold sets unequal for some query
+        self.ptr: set[str | None] = set()  # models with a PtR block
+        self.rtp_plan: set[str | None] = set()  # models with an RtP planner
+        self.contrasts: dict[str, examples.ContrastPicker] = {}
+        self.trajectories: dict[str, examples.TrajectoryPicker] = {}
+        self.records = 0
+
+    def add(self, r: Record) -> None:
+        self.records += 1
+        sets = {g: r.gold_set(g) for g in GOLDS}
+        for i, g in enumerate(GOLDS):
+            if sets[g]:
+                self.golds.setdefault(g)
+            self.golds_differ.update((g, h) for h in GOLDS[i + 1:] if sets[g] != sets[h])
+        if r.ptr is not None:
+            self.ptr.add(r.model)
+        if r.rtp is not None and r.rtp.plan is not None:
+            self.rtp_plan.add(r.model)
+        if r.model is not None:
+            if r.model not in self.contrasts:
+                self.contrasts[r.model] = examples.ContrastPicker(r.model, self.k)
+                self.trajectories[r.model] = examples.TrajectoryPicker(r.model, self.k)
+            self.contrasts[r.model].add(r)
+            self.trajectories[r.model].add(r)
+
+
+def _tapped(records: Iterable[Record], *sinks: Callable[[Record], None]) -> Iterator[Record]:
+    for r in records:
+        for sink in sinks:
+            sink(r)
+        yield r
+
+
+def main_study(records: Iterable[Record], meta: Meta) -> MainResult:
+    """One pass over the records (a stream over queries.jsonl is read once): the summary and, beside it, the
+    counts, the gold sets present and the worked examples."""
     k = meta.k
     ks = sorted(set(meta.ks) | {k})
-    summary = stats.summarize(records, ks, k)
-    golds = [g for g in GOLDS if any(r.gold_set(g) for r in records)]
+    seen = _Seen(k)
+    scored = ScoredCounts()
+    summary = stats.summarize(_tapped(in_key_order(records), seen.add, scored.add), ks, k, ordered=True)
+    golds = [g for g in GOLDS if g in seen.golds]
     skipped = [f"Tables for gold `{g}`: no query has a `{g}` gold set." for g in GOLDS if g not in golds]
-    if len(golds) > 1 and records and all(r.gold_set(golds[0]) == r.gold_set(g) for r in records for g in golds[1:]):
+    if len(golds) > 1 and seen.records and not any((golds[0], g) in seen.golds_differ for g in golds[1:]):
         # one gold set given (custom query files): the other tables would repeat the first ones
         skipped += [f"Tables for gold `{g}`: identical to `{golds[0]}` for every query." for g in golds[1:]]
         golds = golds[:1]
-    res = MainResult(summary, k, ks, golds, scored_counts(records), skipped=skipped)
+    res = MainResult(summary, k, ks, golds, scored.counts, skipped=skipped)
     if len(summary.archs) >= 3 and summary.models:
         res.comparison = compare.architectures(summary, k)
     models = summary.models
     if not models:
         res.skipped.append("Tables 2–9 and 11 (planner, stubs, trajectories, tokens): retrieval-only run, no LLM.")
     for m in models:
-        has_ptr = any(r.model == m and r.ptr is not None for r in records)
-        has_rtp_plan = any(r.model == m and r.rtp is not None and r.rtp.plan is not None for r in records)
+        has_ptr, has_rtp_plan = m in seen.ptr, m in seen.rtp_plan
         if has_ptr and has_rtp_plan:
-            res.contrasts[m] = examples.contrasts(records, m, k)
-            res.trajectories[m] = examples.trajectory(records, m, k)
+            res.contrasts[m] = seen.contrasts[m].result()
+            res.trajectories[m] = seen.trajectories[m].result()
         else:
             missing = "PtR" if not has_ptr else "RtP"
             res.skipped.append(f"Model `{m}`, Tables 2, 7 and 9 (RtP vs PtR comparisons): {missing} was not run.")

@@ -214,6 +214,6 @@ def record_obs(record: Record, ks: Sequence[int] = DEFAULT_KS, k: int = DEFAULT_
     return out
 
 
-def unique_ratio(names: Sequence[str]) -> float | None:
-    """Unique% = distinct stub names / all stub names; None without stubs."""
-    return len(set(names)) / len(names) if names else None
+def unique_ratio(distinct: int, total: int) -> float | None:
+    """Unique% = distinct stub names / all stub names (counted over a run); None without stubs."""
+    return distinct / total if total else None

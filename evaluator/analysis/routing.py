@@ -95,9 +95,17 @@ def _retrieval(block: ArchBlock, gold: Mapping[str, Sequence[str]], k: int) -> d
 
 
 def model_data(records: Sequence[Record], model: str, k: int) -> ModelData:
-    recs = [r for r in records if r.model == model]
-    runs = sorted({r.run for r in recs})
-    keys = sorted({(r.subset, r.query_id) for r in recs}, key=lambda sq: (sq[0], qid_key(sq[1])))
+    """Two passes over the records (a stream over queries.jsonl is not held): the model's runs and queries,
+    then their values into arrays."""
+    run_set: set[int] = set()
+    key_set: set[tuple[str, QueryId]] = set()
+    for r in records:
+        if r.model == model:
+            run_set.add(r.run)
+            key_set.add((r.subset, r.query_id))
+    recs = (r for r in records if r.model == model)
+    runs = sorted(run_set)
+    keys = sorted(key_set, key=lambda sq: (sq[0], qid_key(sq[1])))
     pos = {key: i for i, key in enumerate(keys)}
     rpos = {run: j for j, run in enumerate(runs)}
     n, R = len(keys), len(runs)
@@ -278,22 +286,37 @@ def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = No
         use = sel & d.valid[j]
         if not use.any():
             continue
-        chosen = to_rtp[:, use]
         for name in d.rtp:
-            # C order: numpy then sums each row as it sums a 1-D array (an F-ordered array sums column
-            # by column, and the last bits of the means differ from the one-policy computation's)
-            means = np.ascontiguousarray(np.where(chosen, d.rtp[name][j][use], d.ptr[name][j][use])).mean(axis=1)
-            for i, v in enumerate(means.tolist()):
-                values[name][i].append(v)
+            a, b = d.rtp[name][j][use], d.ptr[name][j][use]
+            # In blocks of policies: one (policies x queries) array of floats was 0.8 GB at 1,024 thresholds
+            # and 100,000 queries; each row's mean is the same in a block as in the whole.
+            for lo in range(0, m, POLICY_BLOCK):
+                chosen = to_rtp[lo : lo + POLICY_BLOCK, use]
+                # C order: numpy then sums each row as it sums a 1-D array (an F-ordered array sums column
+                # by column, and the last bits of the means differ from the one-policy computation's)
+                means = np.ascontiguousarray(np.where(chosen, a, b)).mean(axis=1)
+                for i, v in enumerate(means.tolist(), lo):
+                    values[name][i].append(v)
     shares = np.ascontiguousarray(to_rtp[:, sel]).mean(axis=1).tolist() if sel.any() else [float("nan")] * m
     n = int(sel.sum())
     return [PolicyScore({name: values[name][i] for name in d.rtp}, float(shares[i]), n) for i in range(m)]
 
 
+# At most this many thresholds per sweep. Every midpoint of a continuous signal (the top-1 score) is one per
+# query: the sweep scored queries x queries values, 2 GB and 88 s of a 10,000-query study's routing, and its
+# routing.json kept a point per query. Below the cap (the paper's 500 queries: ~500) every midpoint is tried.
+MAX_TAUS = 1024
+POLICY_BLOCK = 64  # policies scored at once (score_policies)
+
+
 def candidates(values: np.ndarray) -> np.ndarray:
-    """-inf, midpoints between consecutive distinct finite values, +inf."""
+    """-inf, midpoints between consecutive distinct finite values, +inf; past `MAX_TAUS` of them, that many
+    midpoints at evenly spaced ranks (the first and the last included)."""
     u = np.unique(values[np.isfinite(values)])
-    return np.concatenate([[-np.inf], (u[:-1] + u[1:]) / 2, [np.inf]])
+    mids = (u[:-1] + u[1:]) / 2
+    if len(mids) > MAX_TAUS - 2:
+        mids = mids[np.unique(np.linspace(0, len(mids) - 1, MAX_TAUS - 2).round().astype(np.int64))]
+    return np.concatenate([[-np.inf], mids, [np.inf]])
 
 
 def sweep(d: ModelData, signal: str, sel: np.ndarray | None = None,
@@ -441,7 +464,8 @@ class RoutingMeta(About):
         name: Signal(label, "signal >= tau" if direc == "high" else "signal <= tau")
         for name, (label, direc) in SIGNALS.items()})
     objective: str = "max mean recall@k over runs (per gold set), ties: fewer tokens, then lower tau"
-    thresholds: str = "midpoints between consecutive observed values of the tuning queries, plus -inf and +inf"
+    thresholds: str = ("midpoints between consecutive observed values of the tuning queries, plus -inf and +inf "
+                       f"(past {MAX_TAUS} candidates, {MAX_TAUS} of the midpoints at evenly spaced ranks)")
     tokens: str = ("mean per query of prompt+completion tokens: RtP planner if routed to RtP, "
                    "PtR discovery + planner if routed to PtR")
     split: Split = field(default_factory=Split)
@@ -482,8 +506,14 @@ def routing_study(records: Sequence[Record], opt: Options, about: About | Mappin
                   log: Callable[[str], None] = lambda _: None) -> RoutingResult:
     """Every model with PtR records; `about` is copied into the result's meta (simulated models, embedder)."""
     t0 = time.perf_counter()
-    models = sorted({r.model for r in records if r.model is not None and r.ptr is not None})
-    meta = RoutingMeta(**about_fields(about), models=models, k=opt.k, subsets=sorted({r.subset for r in records}),
+    with_ptr: set[str] = set()
+    subsets: set[str] = set()
+    for r in records:  # one pass: the records may be a stream over queries.jsonl
+        subsets.add(r.subset)
+        if r.model is not None and r.ptr is not None:
+            with_ptr.add(r.model)
+    models = sorted(with_ptr)
+    meta = RoutingMeta(**about_fields(about), models=models, k=opt.k, subsets=sorted(subsets),
                        split=Split(opt.train, opt.test), folds=opt.folds, fold_seed=opt.seed)
     out: dict[str, ModelRouting] = {}
     for m in models:

@@ -134,6 +134,28 @@ class SubsetInput:
     texts: list[str] = field(default_factory=list)  # the queries', then the stubs' texts (bm25 / hybrid search them)
 
 
+@dataclass
+class _QueryFacts:
+    """What the points need of a query (its first record)."""
+
+    text: str
+    gold: dict[str, list[str]]  # gold set -> its API ids, deduplicated
+    rtp_top: list[str]  # RtP's saved top-k
+
+
+@dataclass
+class _PtrFacts:
+    """What the points need of one PtR record."""
+
+    model: str
+    run: int
+    query_id: QueryId
+    top: list[str]  # its saved top-k
+    excluded: bool
+    texts: list[str]  # its stubs as embedded
+    fallback: bool
+
+
 def _stub_texts(ptr: PtrBlock) -> list[str]:
     return [stub_text(s) for s in ptr.stubs]
 
@@ -141,16 +163,22 @@ def _stub_texts(ptr: PtrBlock) -> list[str]:
 def build_inputs(
     records: Sequence[Record], registry: Registry, subsets: Sequence[str], encode: Encode, k: int
 ) -> list[SubsetInput]:
-    """Groups records by subset and embeds queries and stubs: one encode call for each kind."""
-    by_subset: dict[str, dict[Any, Record]] = {s: {} for s in subsets}
+    """Groups records by subset and embeds queries and stubs: one encode call for each kind. One pass over the
+    records, keeping what the points need of each (a stream over queries.jsonl is not held)."""
+    by_subset: dict[str, dict[Any, _QueryFacts]] = {s: {} for s in subsets}
     units_of: dict[str, set[tuple[str, int]]] = {s: set() for s in subsets}
-    ptr_recs: dict[str, list[Record]] = {s: [] for s in subsets}  # records with a PtR block, in record order
+    ptr_recs: dict[str, list[_PtrFacts]] = {s: [] for s in subsets}  # records with a PtR block, in record order
     for r in records:
         if r.subset in by_subset:
-            by_subset[r.subset].setdefault(r.query_id, r)
+            if r.query_id not in by_subset[r.subset]:
+                by_subset[r.subset][r.query_id] = _QueryFacts(
+                    r.query, {g: list(dict.fromkeys(r.gold_set(g))) for g in GOLDS},
+                    list(r.rtp.retrieved[:k]) if r.rtp else [])
             if r.ptr is not None and r.model is not None:
                 units_of[r.subset].add((r.model, r.run))
-                ptr_recs[r.subset].append(r)
+                ptr = r.ptr
+                ptr_recs[r.subset].append(_PtrFacts(r.model, r.run, r.query_id, list(ptr.retrieved[:k]), ptr.excluded,
+                                                    _stub_texts(ptr), ptr.fallback))
     query_texts: list[str] = []
     stub_texts: list[str] = []
     # Per subset: where its queries start in query_texts, and (owner, stub text index or None = the raw query).
@@ -164,7 +192,7 @@ def build_inputs(
         union: set[str] = set()
         for q in qids:
             for g in GOLDS:
-                ids = list(dict.fromkeys(qs[q].gold_set(g)))
+                ids = qs[q].gold[g]
                 gold[g].append({row[i] for i in ids if i in row})
                 gold_len[g].append(len(ids))
                 union.update(ids)
@@ -177,26 +205,24 @@ def build_inputs(
             gold_rows=np.asarray(sorted(row[i] for i in union if i in row), dtype=np.int64),
             gold_missing=sum(i not in row for i in union),
             units=sorted(units_of[name]),
-            saved_rtp=[list(b.retrieved[:k]) if (b := qs[q].rtp) else [] for q in qids],
+            saved_rtp=[qs[q].rtp_top for q in qids],
         )
         first_query = len(query_texts)
-        query_texts += [qs[q].query for q in qids]
+        query_texts += [qs[q].text for q in qids]
         stub_plan: list[tuple[int, int | None]] = []
         n = len(qids)
         qpos = {q: i for i, q in enumerate(qids)}
         unit_pos = {u: j for j, u in enumerate(si.units)}
         si.ptr_valid = np.zeros((len(si.units), n), dtype=bool)
-        for r in ptr_recs[name]:
-            assert r.ptr is not None and r.model is not None
-            u, qi = unit_pos[(r.model, r.run)], qpos[r.query_id]
-            ptr = r.ptr
-            si.saved_ptr[(u, qi)] = list(ptr.retrieved[:k])
-            if ptr.excluded:
+        for p in ptr_recs[name]:
+            u, qi = unit_pos[(p.model, p.run)], qpos[p.query_id]
+            si.saved_ptr[(u, qi)] = p.top
+            if p.excluded:
                 continue  # as in metrics: no stubs to judge, PtR is not scored for this query
             si.ptr_valid[u, qi] = True
-            texts = _stub_texts(ptr)
+            texts = p.texts
             owner = u * n + qi
-            if not texts and ptr.fallback:
+            if not texts and p.fallback:
                 stub_plan.append((owner, None))  # the run searched with the raw query
                 continue
             for t in texts:

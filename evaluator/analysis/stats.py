@@ -22,7 +22,7 @@ import statistics
 import warnings
 from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -31,7 +31,8 @@ import numpy as np
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from evaluator.analysis import metrics
-from evaluator.results.schema import FORMAT_VERSION, Record, qid_key, record_key
+from evaluator.results.schema import FORMAT_VERSION, Record, qid_key
+from evaluator.results.stream import in_key_order
 
 
 def _sps() -> Any:
@@ -202,24 +203,101 @@ def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
     return mean, (statistics.stdev(values) if len(values) >= 2 else None)
 
 
+class ExactSum:
+    """A sum of floats exact whatever their number and order, in bounded memory: up to `FOLD` values are kept
+    (a C double each) and `value` is their `math.fsum`; past that they are folded into an integer in units
+    of 2**-1074, every finite double being a whole number of those, and `value` divides it once, correctly
+    rounded as fsum is, so the result is the same float either way. (Every observation was kept, 8 bytes
+    each: 4.8 KiB of the memory per record a report held, bench/scale.py.)"""
+
+    FOLD = 1024
+    SCALE = 1 << 1074
+    __slots__ = ("buf", "total", "folded", "special")
+
+    def __init__(self) -> None:
+        self.buf: array[float] = array("d")
+        self.total = 0
+        self.folded = False
+        self.special = 0.0  # the sum of the infinities and NaNs folded (no integer holds them)
+
+    def append(self, x: float) -> None:
+        self.buf.append(x)
+        if len(self.buf) >= self.FOLD:
+            self._fold()
+
+    def _fold(self) -> None:
+        for x in self.buf:
+            if not math.isfinite(x):
+                self.special += x
+                continue
+            n, d = x.as_integer_ratio()
+            self.total += n * (self.SCALE // d)
+        self.buf = array("d")
+        self.folded = True
+
+    def value(self) -> float:
+        if not self.folded:
+            return math.fsum(self.buf)
+        self._fold()
+        return self.total / self.SCALE + self.special  # int / int: correctly rounded
+
+
+class PerQuery(Mapping[GroupKey, Mapping[Any, list[float]]]):
+    """Per group key, each query's per-run values, as `Mapping[key, {query id: [values]}]`: a C double and a
+    query number per value, the per-query lists made when a key is read (one key at a time, by the tests).
+    (Lists in dicts held ~200 bytes per value: 12 KiB per record of a report, bench/scale.py.)"""
+
+    def __init__(self) -> None:
+        self._qids: list[Any] = []
+        self._number: dict[Any, int] = {}
+        self._values: dict[GroupKey, tuple[array[float], array[int]]] = {}  # values, query numbers (int32)
+
+    def add(self, key: GroupKey, qid: Any, value: float) -> None:
+        n = self._number.get(qid)
+        if n is None:
+            n = self._number[qid] = len(self._qids)
+            self._qids.append(qid)
+        got = self._values.get(key)
+        if got is None:
+            got = self._values[key] = (array("d"), array("i"))
+        got[0].append(value)
+        got[1].append(n)
+
+    def __getitem__(self, key: GroupKey) -> dict[Any, list[float]]:
+        values, numbers = self._values[key]
+        out: dict[Any, list[float]] = {}
+        for v, n in zip(values, numbers, strict=True):
+            out.setdefault(self._qids[n], []).append(v)
+        return out
+
+    def __iter__(self) -> Iterator[GroupKey]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
 def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
-              k: int = metrics.DEFAULT_K) -> Summary:
-    """Rows, tests and consistency checks from raw records (any order: they are sorted first)."""
+              k: int = metrics.DEFAULT_K, *, ordered: bool = False) -> Summary:
+    """Rows, tests and consistency checks from raw records (any order: they are sorted first, unless `ordered`
+    says they come in record_key order; a stream over queries.jsonl, `results.stream.SavedRecords`, does), read
+    once, one record at a time."""
     ks = sorted(set(ks) | {k})
-    # Sorting plus fsum make every aggregate independent of the order the pipeline wrote records in.
-    recs = sorted(records, key=record_key)
-    # Every observation is kept (fsum over all of them is exact whatever the order) as a C double, 8 bytes,
-    # not a Python float in a list (32): these lists were 6.4 KiB of the memory per record a `report` held
-    # (bench/scale.py); ints of counts are exact in a double.
-    acc: dict[GroupKey, dict[int, tuple[array[float], array[float]]]] = defaultdict(dict)
-    per_query: dict[GroupKey, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
-    names: dict[tuple[str | None, str, int], list[str]] = defaultdict(list)
-    rtp_seen: dict[tuple[str, Any], tuple[str, ...]] = {}
+    # Sorting plus exact sums make every aggregate independent of the order the pipeline wrote records in.
+    recs = records if ordered else in_key_order(records)
+    acc: dict[GroupKey, dict[int, tuple[ExactSum, ExactSum]]] = defaultdict(dict)
+    per_query = PerQuery()
+    # Per (model, subset, run): the distinct stub names and how many there were (Unique% needs no more)
+    names: dict[tuple[str | None, str, int], tuple[set[str], list[int]]] = defaultdict(lambda: (set(), [0]))
+    # Each query's RtP list, as a hash of its first record's (the list itself held ~1 KiB per query)
+    rtp_seen: dict[tuple[str, Any], int] = {}
     inconsistent = 0
     queries: dict[str, set[Any]] = defaultdict(set)
     arch_order: dict[str, None] = {}  # architectures in the order the records hold them
+    n_records = 0
 
     for rec in recs:
+        n_records += 1
         model, run, subset, qid = rec.model, rec.run, rec.subset, rec.query_id
         queries[subset].add(qid)
         obs = metrics.record_obs(rec, ks, k)
@@ -229,7 +307,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
             arch_order.setdefault(a)
         first_rtp = True
         if rec.rtp is not None:
-            ret = tuple(rec.rtp.retrieved)
+            ret = hash(tuple(rec.rtp.retrieved))
             prev = rtp_seen.get((subset, qid))
             if prev is None:
                 rtp_seen[(subset, qid)] = ret
@@ -244,14 +322,18 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
                     continue  # deterministic: counted once per query
                 m, r = None, 0
             key = (m, subset, arch, metric, kk, gold)
-            nums, dens = acc[key].setdefault(r, (array("d"), array("d")))
-            nums.append(num)
-            dens.append(den)
+            sums = acc[key].get(r)
+            if sums is None:
+                sums = acc[key][r] = (ExactSum(), ExactSum())
+            sums[0].append(num)
+            sums[1].append(den)
             # the N-way comparison's further metrics only where it is made: a record of three architectures or more
             if metric in metrics.PAIRED_METRICS or (nway and kk == k and metric in metrics.NWAY_METRICS):
-                per_query[key][qid].append(num / den)
+                per_query.add(key, qid, num / den)
         if rec.ptr is not None:
-            names[(model, subset, run)].extend(rec.ptr.stub_names)
+            distinct, count = names[(model, subset, run)]
+            distinct.update(rec.ptr.stub_names)
+            count[0] += len(rec.ptr.stub_names)
 
     rows: list[Row] = []
     for key, by_run in acc.items():
@@ -260,16 +342,17 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
         for r in sorted(by_run):
             nums, dens = by_run[r]
             if metric in metrics.COUNT_METRICS:
-                values.append(math.fsum(nums))
-            elif (d := math.fsum(dens)) > 0:
-                values.append(math.fsum(nums) / d)
+                values.append(nums.value())
+            elif (d := dens.value()) > 0:
+                values.append(nums.value() / d)
         if values:
             mean, std = mean_std(values)
             rows.append(Row(*key, mean=mean, std=std, values=values))
 
     unique: dict[tuple[str | None, str], list[float]] = defaultdict(list)
-    for (model, subset, _run), ns in sorted(names.items(), key=lambda kv: (kv[0][0] or "", kv[0][1], kv[0][2])):
-        if (u := metrics.unique_ratio(ns)) is not None:
+    for (model, subset, _run), (distinct, count) in sorted(names.items(),
+                                                           key=lambda kv: (kv[0][0] or "", kv[0][1], kv[0][2])):
+        if (u := metrics.unique_ratio(len(distinct), count[0])) is not None:
             unique[(model, subset)].append(u)
     for (model, subset), values in unique.items():
         mean, std = mean_std(values)
@@ -280,12 +363,12 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
     rows.extend(extra_rows)
     rows.sort(key=_row_sort_key)
     tests.sort(key=lambda t: (t.model or "", t.subset, t.metric, t.k if t.k is not None else -1, t.gold or "", t.test))
-    checks = Checks(records=len(recs), queries_per_subset={s: len(q) for s, q in sorted(queries.items())},
+    checks = Checks(records=n_records, queries_per_subset={s: len(q) for s, q in sorted(queries.items())},
                     rtp_inconsistent_queries=inconsistent)
     # the per-query values stay for the N-way comparison only (three architectures or more): a report of two
     # architectures holds no more than it did
     return Summary(rows=rows, tests=tests, checks=checks, archs=list(arch_order),
-                   per_query=per_query if len(arch_order) >= 3 else {})
+                   per_query=per_query if len(arch_order) >= 3 else PerQuery())
 
 
 def _row_sort_key(r: Row) -> tuple[Any, ...]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,8 @@ from evaluator.results.schema import (
     OutputError,
     Record,
     check_writable,
-    record_key,
 )
+from evaluator.results.stream import in_key_order, records_of
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import load_index
 from evaluator.settings.load import ConfigError
@@ -54,13 +54,14 @@ def about(meta: Meta, a: AnalysisSettings, setting: str) -> About:
 
 
 def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None,
-                   meta: Meta | None = None, records: list[Record] | None = None) -> None:
+                   meta: Meta | None = None, records: Sequence[Record] | None = None) -> None:
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
     `figure_store`: a folder of figures already drawn, by their data (app.figures.drawn). `meta`,
-    `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study)."""
+    `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study). Records past
+    `stream.held()` are a stream over queries.jsonl (`SavedRecords`): every analysis passes over them."""
     saved = meta is None or records is None  # read back: another run's meta.json may sit beside the records
     meta = od.read_meta() if meta is None else meta
-    records = od.read_records() if records is None else sorted(records, key=record_key)
+    records = records_of(od) if records is None else in_key_order(records)
     if saved:
         od.check_agree(meta, records)
     result = main_study(records, meta)
@@ -114,8 +115,8 @@ def _one_figure(name: str, draw: Callable[[Any], bytes], result: Any) -> dict[st
     return {name: draw(result)}
 
 
-def _records_with_ptr(od: OutputDir, what: str) -> list[Record]:
-    records = od.read_records()
+def _records_with_ptr(od: OutputDir, what: str) -> Sequence[Record]:
+    records = records_of(od)
     if not any(r.ptr is not None and r.model is not None for r in records):
         raise DataError(f"{od.path}: no PtR records (a retrieval-only run?); {what} needs both architectures.")
     return records
@@ -125,7 +126,7 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
                         reporter: Reporter = SILENT) -> scaling_analysis.ScalingResult:
     """The scaling study on a finished run: its registry re-read, every vector from its embedding cache."""
     meta = od.read_meta()
-    records = od.read_records()
+    records = records_of(od)
     od.check_agree(meta, records)
     # --data on this command wins; else the run's --tools, else its data folder
     data = data_dir or meta.settings.data.tools or meta.data_dir or meta.settings.data.dir
@@ -180,7 +181,7 @@ def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT)
 
 def export_trec(od: OutputDir, to: Path) -> list[Path]:
     """`export trec OUT --to DIR`: the run's ranked lists and gold sets as TREC run and qrels files."""
-    records = od.read_records()
+    records = records_of(od)
     check_writable(to, "--to")
     target = OutputDir(to)
     written = []

@@ -12,7 +12,7 @@ import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +50,7 @@ from evaluator.results.schema import (
     SimulatorStats,
     check_writable,
 )
+from evaluator.results.stream import RecordSpill
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import BM25Index
 from evaluator.retrieval.retrievers import Hybrid, Lexical
@@ -60,7 +61,14 @@ from evaluator.settings.sections import Fitted, RetrievalSettings, Settings
 from evaluator.settings.subsets import analysis_subsets
 from evaluator.study import archs as arch_units
 from evaluator.study.prepare import Inputs, Study, load_inputs, prepare
-from evaluator.study.runner import StudyRunner, Unit, calls_per_unit, probe_archs, retrieval_only_records
+from evaluator.study.runner import (
+    Sink,
+    StudyRunner,
+    Unit,
+    calls_per_unit,
+    probe_archs,
+    retrieval_only_records,
+)
 from simulator.harness import SimHandle, start_simulator
 
 Log = Callable[[str], None]
@@ -200,19 +208,26 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
     if inv.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
         return RunOutcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
     od = OutputDir(out)
+    # Each finished record goes to the spill: past `stream.held()` of them, to disk, so memory does not grow
+    # with the study; `finish` writes queries.jsonl and returns the records (a list, or a stream over the file).
+    spill = RecordSpill(od)
     if retrieval_only:
-        records = retrieval_only_records(study)
+        retrieval_only_records(study, spill)
         meta = build_meta(study, {}, s, checked.fitted)
     else:
         # meta states the profiles as declared: an auto-started simulator's port is an accident of this run
         budget = Budget(inv.budget_usd) if inv.budget_usd is not None else None
         try:
-            records, llm_stats, sim_stats, batch_stats, arch_calls = run_models(
-                study, dict(profiles), cache_root, reporter, budget=budget, sims=sims, inv=inv)
+            llm_stats, sim_stats, batch_stats, arch_calls = run_models(
+                study, dict(profiles), cache_root, reporter, budget=budget, sims=sims, inv=inv, sink=spill)
         except BudgetExhausted:  # what remains, priced from the cache now holding every reply received
+            spill.discard()
             assert budget is not None
             rest = plan_study(study, profiles, cache_root)
             raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
+        except BaseException:
+            spill.discard()
+            raise
         meta = build_meta(study, profiles, s, checked.fitted)
         meta.llm_stats = llm_stats
         meta.runtime.arch_calls = arch_calls
@@ -223,7 +238,7 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
         meta.batch = batch_stats
         meta.cost = {n: accounting(p, meta.llm_stats.get(n), meta.batch.get(n)) for n, p in profiles.items()}
     od.write_meta(meta)
-    od.write_records(records)
+    records = spill.finish()
     if not retrieval_only:
         notes = run_extras(s, inv, study, records, meta, od, reporter)
         meta.analysis_notes = notes
@@ -234,9 +249,11 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
     study.timings["render_s"] = time.perf_counter() - t
     meta.runtime.timings = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
-    failed: Counter[str] = Counter(kind for r in records for kind in r.failed_calls)
-    cut: Counter[str] = Counter(c for r in records for b in r.archs.values() if not (b.side and b.side in r.archs)
-                                for c in b.cut_replies())
+    failed: Counter[str] = Counter()
+    cut: Counter[str] = Counter()
+    for r in records:  # one pass: the records may be a stream over queries.jsonl
+        failed.update(r.failed_calls)
+        cut.update(c for b in r.archs.values() if not (b.side and b.side in r.archs) for c in b.cut_replies())
     estimated = sum(st.usage_estimated for st in meta.llm_stats.values())
     return RunOutcome(out, failed, cut=cut, usage_estimated=estimated)
 
@@ -278,7 +295,8 @@ def use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> N
 
 def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
                budget: Budget | None = None, sims: dict[str, Server] | None = None, inv: Invocation,
-               ) -> tuple[list[Record], dict[str, CallStats], dict[str, SimulatorStats | LocalServer],
+               sink: Sink,
+               ) -> tuple[dict[str, CallStats], dict[str, SimulatorStats | LocalServer],
                           dict[str, BatchStats], dict[str, dict[str, int]]]:
     """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
     bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
@@ -295,7 +313,7 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
         with bar:
-            records, llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv))
+            llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv, sink))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
         # llama.cpp server's file, hash, sizing and token counters.
@@ -304,12 +322,12 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
             for n, sim in sims.items()}
         for sim in sims.values():
             sim.stop()  # idle from here on: the analyses and the render need none
-    return records, llm_stats, sim_stats, batch_stats, arch_calls
+    return llm_stats, sim_stats, batch_stats, arch_calls
 
 
 async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
-                     bar: Progress, budget: Budget | None, inv: Invocation,
-                     ) -> tuple[list[Record], dict[str, CallStats], dict[str, dict[str, int]]]:
+                     bar: Progress, budget: Budget | None, inv: Invocation, sink: Sink,
+                     ) -> tuple[dict[str, CallStats], dict[str, dict[str, int]]]:
     # one RPM per key for every process on this folder (the cache's, or --rate-dir)
     rates = SharedRates(rate_folder(resolve_path(inv.rate_dir) if inv.rate_dir else None, cache_root))
     async with contextlib.AsyncExitStack() as stack:
@@ -318,7 +336,7 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
                                                                 pacer_factory=rates, token_pacer_factory=rates.tpm)) for n, p in profiles.items()}
         for n, e in engines.items():
             bar.attach(n, e.stats)
-        runner = StudyRunner(study, engines, bar)
+        runner = StudyRunner(study, engines, bar, sink=sink)
         units = [Unit(m, r) for m in profiles for r in range(study.run.runs)]
         try:
             await runner.run(units)
@@ -327,7 +345,7 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
     calls: dict[str, dict[str, int]] = {}
     for (model, arch), count in runner.arch_calls.items():
         calls.setdefault(model, {})[arch] = count
-    return runner.records, stats, calls
+    return stats, calls
 
 
 # meta.json states each profile as saved (its JSON shape, secrets and per-invocation fields left out), read back
@@ -356,7 +374,7 @@ def build_meta(study: Study, profiles: dict[str, ModelProfile], s: Settings,
 # ---------------------------------------------------------------- analyses beside the main study
 
 
-def run_extras(s: Settings, inv: Invocation, study: Study, records: list[Record], meta: Meta, od: OutputDir,
+def run_extras(s: Settings, inv: Invocation, study: Study, records: Sequence[Record], meta: Meta, od: OutputDir,
                reporter: Reporter = SILENT) -> dict[str, str]:
     """Scaling and routing, reusing this run's embeddings and records; returns why any did not run."""
     if not inv.extras:

@@ -4,8 +4,11 @@ Serving it is `cli.view_server`'s."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+import tempfile
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,20 @@ from pydantic import TypeAdapter
 from evaluator.analysis import compare
 from evaluator.analysis.stats import Checks, Row, Summary, Test
 from evaluator.core.files import atomic_write
-from evaluator.render.view import PART_RECORDS, VIEW_FILE, Assets, Source, html, paged, parts_folder, sides
-from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, OutputError, Record
+from evaluator.render.view import (
+    PART_RECORDS,
+    VIEW_FILE,
+    Assets,
+    Source,
+    Split,
+    html,
+    paged,
+    parts_folder,
+    sides,
+    split_in_memory,
+)
+from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, OutputError, Record, record_line
+from evaluator.results.stream import SavedRecords, records_of
 
 _COMPARISON = TypeAdapter(compare.Comparison)
 _TESTS = TypeAdapter(list[Test])
@@ -51,13 +66,13 @@ def saved_comparison(summary: Mapping[str, Any] | None, k: int) -> compare.Compa
 
 
 def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
-           records: list[Record] | None = None, figures: Sequence[str] | None = None) -> Source:
+           records: Sequence[Record] | None = None, figures: Sequence[str] | None = None) -> Source:
     """One output folder's values (the ones already read may be passed in; `figures`: the names a render drew,
     so a stale PNG left in the folder is not shown); its summary.json read back, as the report's tables."""
     od.require()
     saved = meta is None or records is None
     meta = meta if meta is not None else od.read_meta()
-    records = records if records is not None else od.read_records()
+    records = records if records is not None else records_of(od)
     if saved:
         od.check_agree(meta, records)  # another run's meta.json is not shown over these records
     summary = od.read_json(SUMMARY_FILE)
@@ -65,7 +80,7 @@ def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
                   dict((summary or {}).get("meta") or {}), od.read_figures(figures), saved_comparison(summary, meta.k))
 
 
-def write(od: OutputDir, meta: Meta, records: list[Record], figures: Sequence[str] | None,
+def write(od: OutputDir, meta: Meta, records: Sequence[Record], figures: Sequence[str] | None,
           part_records: int = PART_RECORDS) -> None:
     """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run), with its parts."""
     write_paged(od.path / VIEW_FILE, [source(od, meta=meta, records=records, figures=figures)],
@@ -83,11 +98,38 @@ def write_page(folders: Sequence[OutputDir], out: Path | None = None,
                              part_records=part_records)
 
 
+def split_on_disk(folder: Path) -> Split:
+    """`render.view.split_in_memory` for records too many to hold (a stream over queries.jsonl): one pass
+    copies every record's line into a scratch file in `folder`, then each part's lines are read back alone."""
+
+    def split(sources: Sequence[Source], plan: dict[compare.QueryKey, int]) -> Iterator[list[Source]]:
+        parts = max(plan.values(), default=-1) + 1
+        with tempfile.TemporaryFile(dir=folder, prefix=".view-parts-") as scratch:
+            where: list[list[array[int]]] = [[array("q") for _ in sources] for _ in range(parts)]  # offset, length
+            for ds, src in enumerate(sources):
+                for r in src.records:
+                    line = record_line(r).encode()
+                    at = where[plan[compare.query_key(r)]][ds]
+                    at.extend((scratch.tell(), len(line)))
+                    scratch.write(line)
+            for spots in where:
+                records: list[list[Record]] = []
+                for at in spots:
+                    got = []
+                    for i in range(0, len(at), 2):
+                        scratch.seek(at[i])
+                        got.append(Record.from_json(scratch.read(at[i + 1])))
+                    records.append(got)
+                yield [dataclasses.replace(src, records=records[i], figures={}) for i, src in enumerate(sources)]
+
+    return split
+
+
 def runs_compared(sources: Sequence[Source]) -> compare.RunsComparison | None:
     """Every side of the page (output folder x model) against the first (`analysis.compare.runs`); a page of
     sides with no query in common is one line, before anything is written."""
     page_sides = sides(sources)
-    runs = compare.runs([([r for r in sources[s["ds"]].records if r.model == s["model"]], sources[s["ds"]].meta.k)
+    runs = compare.runs([((r for r in sources[s["ds"]].records if r.model == s["model"]), sources[s["ds"]].meta.k)
                          for s in page_sides])
     if runs is not None and not any(p.shared for p in runs.pairs):
         names = " and ".join(s["label"] for s in page_sides)
@@ -108,7 +150,9 @@ def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,
         atomic_write(folder / name, body)
         written.add(name)
 
-    text = html(sources, paged(sources, page.name, emit, runs_compared(sources), part_records), assets(), title)
+    streamed = any(isinstance(src.records, SavedRecords) for src in sources)
+    text = html(sources, paged(sources, page.name, emit, runs_compared(sources), part_records,
+                               split_on_disk(page.parent) if streamed else split_in_memory), assets(), title)
     if folder.is_dir():
         for old in folder.glob("part-*.js"):
             if old.name not in written:

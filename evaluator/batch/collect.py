@@ -100,9 +100,15 @@ async def collect(study: Any, profiles: dict[str, ModelProfile], cache_root: Pat
         for n, p in profiles.items():
             engine = await stack.enter_async_context(LLMEngine(offline(p), cache_root=cache_root, api_key=""))
             collectors[n] = _Collector(engine, on_call)
-        runner = StudyRunner(study, collectors, None, batcher, on_deferred=on_deferred)
+        # the records of a collect pass are not kept: only the calls it would make are
+        runner = StudyRunner(study, collectors, None, batcher, on_deferred=on_deferred, sink=_Dropped())
         await runner.run([Unit(m, r) for m in profiles for r in range(study.run.runs)])
     return {n: [Request(k, p.body) for k, p in c.calls.items()] for n, c in collectors.items()}
+
+
+class _Dropped:
+    def append(self, rec: Any, /) -> None:
+        pass
 
 
 async def batch_rounds(

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import math
 
-from evaluator.analysis.routing import ARCH_LABEL, SIGNALS, Policy, RoutingMeta, RoutingResult, Scored
+from evaluator.analysis.routing import (
+    ARCH_LABEL,
+    MAX_TAUS,
+    SIGNALS,
+    Policy,
+    RoutingMeta,
+    RoutingResult,
+    Scored,
+)
 from evaluator.render.figures import png, pyplot
 from evaluator.render.fmt import DASH, fint, mean_pm, simulated_note, table
 from evaluator.results.schema import GOLDS
@@ -57,7 +65,8 @@ def section_md(result: RoutingResult) -> str:
         "discovery + PtR planner. *Saving* is against always-PtR, in parentheses the share of PtR's extra "
         "(discovery-driven) tokens avoided.",
         "- Objective to choose τ: maximise mean recall, ties broken by fewer tokens. Candidates are midpoints "
-        "between observed values of the tuning queries plus ±inf (= always RtP / always PtR).",
+        "between observed values of the tuning queries plus ±inf (= always RtP / always PtR); past "
+        f"{MAX_TAUS:,} candidates, {MAX_TAUS:,} of the midpoints at evenly spaced ranks.",
         "- Oracle: each subset sent wholesale to its better architecture (by mean recall), chosen on the "
         "queries it is scored on: an upper reference, not a deployable router.",
         f"- Held-out: (a) {split_text(meta)}; (b) {meta.folds}-fold cross-validation (folds stratified by "

@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from evaluator.results.schema import GOLDS, Record, record_key
+from evaluator.results.schema import GOLDS, Record
+from evaluator.results.stream import in_key_order
 
 _ESCAPE = re.compile(r"[%\s]")
 _NAME = re.compile(r"[^A-Za-z0-9._+-]+")
@@ -90,7 +91,7 @@ def qrels_lines(records: Iterable[Record], gold: str) -> list[str]:
 
 def export(records: Sequence[Record]) -> dict[str, str]:
     """Every run file and qrels file of these records, by file name."""
-    recs = sorted(records, key=record_key)
+    recs = in_key_order(records)
     groups: dict[tuple[str | None, int, str, str], list[Record]] = {}
     for r in recs:
         for arch in r.arch_names:  # every architecture of the run (Record.archs, in --archs order)

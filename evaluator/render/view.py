@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import json
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import PurePath
@@ -64,12 +65,35 @@ class Source:
 
     name: str
     meta: Meta
-    records: list[Record]
+    records: Sequence[Record]  # a list, or a stream over queries.jsonl (results.stream.SavedRecords)
     summary: Summary | None = None  # summary.json's rows and tests (None: not written yet)
     study_view: Mapping[str, Any] = field(default_factory=dict)  # summary.json's `meta`: what the numbers depend on
     figures: dict[str, bytes] = field(default_factory=dict)  # file name -> PNG bytes
     # The run's architectures compared (analysis.compare): what the page's A-vs-B panel shows beside the records.
     comparison: compare.Comparison | None = None
+
+    @functools.cached_property
+    def facts(self) -> Facts:
+        """What the page states of the records, from one pass over them (a stream is not read again for each)."""
+        models: set[str | None] = set()
+        archs: dict[str, None] = {}
+        per_query: Counter[compare.QueryKey] = Counter()
+        for r in self.records:
+            models.add(r.model)
+            archs.update(dict.fromkeys(r.arch_names))
+            per_query[compare.query_key(r)] += 1
+        return Facts(sorted(models, key=lambda m: m or ""), list(archs), per_query)
+
+
+@dataclass(frozen=True)
+class Facts:
+    models: list[str | None]  # sorted, None (retrieval only) first
+    archs: list[str]  # in the order the records hold them
+    per_query: Counter[compare.QueryKey]  # records per query
+
+    @property
+    def records(self) -> int:
+        return sum(self.per_query.values())
 
 
 @dataclass(frozen=True)
@@ -193,7 +217,7 @@ def _settings(src: Source) -> list[list[str]]:
             ["Subsets", ", ".join(f"{k} (n={v})" for k, v in sorted(m.subsets.items()))],
             ["Runs", str(m.runs)], ["k (planner)", str(m.k)], ["k-ablation", ", ".join(map(str, m.ks))],
             ["Architectures", ", ".join(s.run.archs)],
-            ["Records", f"{len(src.records):,}"], ["Evaluator version", m.version],
+            ["Records", f"{src.facts.records:,}"], ["Evaluator version", m.version],
             ["Created", m.runtime.created or DASH], ["Data", m.data_dir or DASH]]
     return rows
 
@@ -216,7 +240,7 @@ def _tables(src: Source) -> list[dict[str, Any]]:
     meta, k = src.meta, src.meta.k
     subsets = summary.subsets
     models: list[str | None] = [*summary.models] or [None]
-    more = [a for a in dict.fromkeys(a for r in src.records for a in r.arch_names) if a not in ("rtp", "ptr")]
+    more = [a for a in src.facts.archs if a not in ("rtp", "ptr")]
     out = []
     for model in models:
         for gold in GOLDS:
@@ -356,7 +380,7 @@ def sides(sources: Sequence[Source]) -> list[dict[str, Any]]:
     indexes the same list."""
     sides: list[dict[str, Any]] = []
     for ds, src in enumerate(sources):
-        for model in sorted({r.model for r in src.records}, key=lambda m: m or ""):
+        for model in src.facts.models:
             label = src.name if model is None else (f"{src.name} · {model}" if len(sources) > 1 else model)
             sides.append({"ds": ds, "model": model, "label": label})
     return sides
@@ -369,7 +393,7 @@ def _dataset(src: Source) -> dict[str, Any]:
         "settings": _settings(src), "tables": _tables(src), "accounting": _accounting(src.meta),
         "warnings": _warnings(src), "raw_replies": RAW_REPLIES.format(cache=f"{cache}/llm"),
         "figures": [{"name": n, "png": base64.b64encode(b).decode("ascii")} for n, b in src.figures.items()],
-        "archs": list(dict.fromkeys(a for r in src.records for a in r.arch_names)), **_arch_tests(src.comparison),
+        "archs": src.facts.archs, **_arch_tests(src.comparison),
     }
 
 
@@ -423,41 +447,51 @@ def parts_folder(html_name: str) -> str:
     return f"{PurePath(html_name).stem}-data"
 
 
-def _split(sources: Sequence[Source], part_records: int) -> list[list[Source]]:
-    """The records cut into parts of whole queries, each about `part_records` records (every source's records
-    of one query in the same part)."""
-    by_query: dict[tuple, list[tuple[int, Record]]] = defaultdict(list)
+def part_plan(sources: Sequence[Source], part_records: int) -> dict[compare.QueryKey, int]:
+    """Each query's part: whole queries in key order, each part about `part_records` records (every source's
+    records of one query in the same part)."""
+    per_query: Counter[compare.QueryKey] = Counter()
+    for src in sources:
+        per_query.update(src.facts.per_query)
+    plan: dict[compare.QueryKey, int] = {}
+    part = n = 0
+    for key in sorted(per_query):
+        plan[key] = part
+        n += per_query[key]
+        if n >= part_records:
+            part, n = part + 1, 0
+    return plan
+
+
+Split = Callable[[Sequence[Source], dict[compare.QueryKey, int]], Iterator[list[Source]]]
+
+
+def split_in_memory(sources: Sequence[Source], plan: dict[compare.QueryKey, int]) -> Iterator[list[Source]]:
+    """The parts of `part_plan`, each a copy of every source holding its records of the part's queries."""
+    parts = max(plan.values(), default=-1) + 1
+    buckets: list[list[list[Record]]] = [[[] for _ in sources] for _ in range(parts)]
     for ds, src in enumerate(sources):
         for r in src.records:
-            by_query[(r.subset, qid_key(r.query_id))].append((ds, r))
-    parts: list[list[Source]] = []
-    bucket: list[list[Record]] = [[] for _ in sources]
-    n = 0
-    for key in sorted(by_query):
-        for ds, r in by_query[key]:
-            bucket[ds].append(r)
-        n += len(by_query[key])
-        if n >= part_records:
-            parts.append([dataclasses.replace(src, records=bucket[i], figures={}) for i, src in enumerate(sources)])
-            bucket, n = [[] for _ in sources], 0
-    if n:
-        parts.append([dataclasses.replace(src, records=bucket[i], figures={}) for i, src in enumerate(sources)])
-    return parts
+            buckets[plan[compare.query_key(r)]][ds].append(r)
+    for bucket in buckets:
+        yield [dataclasses.replace(src, records=bucket[i], figures={}) for i, src in enumerate(sources)]
 
 
 def paged(sources: Sequence[Source], html_name: str, emit: Callable[[str, str], None],
-          runs: compare.RunsComparison | None = None, part_records: int = PART_RECORDS) -> dict[str, Any]:
+          runs: compare.RunsComparison | None = None, part_records: int = PART_RECORDS,
+          split: Split = split_in_memory) -> dict[str, Any]:
     """The page's data; its side files go to `emit(name under the parts folder, text)` one by one, so only one
     part's page data is in memory at a time. Everything inline when the records fit one part, else the
-    overview, the comparison's metrics and a list of parts inline and each part's records in `part-NNNN.js`."""
-    total = sum(len(s.records) for s in sources)
+    overview, the comparison's metrics and a list of parts inline and each part's records in `part-NNNN.js`.
+    `split`: how the parts' records are gathered (`app.view` gathers a stream's on disk)."""
+    total = sum(s.facts.records for s in sources)
     if total <= part_records:
         return shape(sources, runs)
     sides_ = sides(sources)
     cmp = _compare(sides_, runs, sources, {})  # the metrics over every query; per-query deltas come with each part
     folder = parts_folder(html_name)
     index = []
-    for n, part in enumerate(_split(sources, part_records)):
+    for n, part in enumerate(split(sources, part_plan(sources, part_records))):
         data = _shape_records(part, sides_, runs)
         part_cmp = data.pop("compare")
         data["compare_queries"] = [p["queries"] for p in part_cmp["pairs"]] if part_cmp else []
@@ -467,7 +501,7 @@ def paged(sources: Sequence[Source], html_name: str, emit: Callable[[str, str], 
         first, last = data["queries"][0], data["queries"][-1]
         index.append({"file": f"{folder}/{name}", "records": len(data["records"]), "queries": len(data["queries"]),
                       "first": [first["subset"], first["id"]], "last": [last["subset"], last["id"]]})
-    n_queries = len({compare.query_key(r) for src in sources for r in src.records})
+    n_queries = len(set().union(*(src.facts.per_query for src in sources)))
     return ({"golds": list(GOLDS), "sides": sides_, "datasets": [_dataset(s) for s in sources], "apis": [],
              "lists": [], "queries": [], "records": [], "compare": cmp, "parts": index,
              "total_records": total, "total_queries": n_queries})

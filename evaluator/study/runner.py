@@ -61,6 +61,19 @@ class StubSearch(Protocol):
     async def serve(self) -> None: ...
 
 
+class Sink(Protocol):
+    """Where the runner puts each finished record: a list, or `results.stream.RecordSpill` (to disk past a limit)."""
+
+    def append(self, rec: Record, /) -> None: ...
+
+
+# Queries in flight at once: far above what the engines let through (a profile's concurrency, 16 by default, 128
+# at most among the shipped profiles; a query holds one or two calls at a time), and wide enough for the stub
+# batcher's batches. Each query in flight holds its prompts and replies: 4,096 of them were ~0.25 GiB of a cold
+# 10,000-query study (bench/scale.py).
+WINDOW = 1024
+
+
 class Ticker(Protocol):
     """Progress: told once per finished call (or skipped call) of a model."""
 
@@ -166,8 +179,8 @@ def _tokens(result: ChatResult | None) -> Tokens:
     return Tokens(result.prompt_tokens, result.completion_tokens) if result else Tokens()
 
 
-def retrieval_only_records(study: Study) -> list[Record]:
-    out = []
+def retrieval_only_records(study: Study, sink: Sink | None = None) -> Sink:
+    out: Sink = [] if sink is None else sink
     for q, r in zip(study.queries, study.rtp, strict=True):
         rec = base_record(q, None, 0, study.retrieval.retriever)
         rec.rtp = retrieval_block(r, study.registry)
@@ -239,19 +252,18 @@ class _Query:
 class StudyRunner:
     def __init__(self, study: Study, clients: Mapping[str, ChatClient], progress: Ticker | None = None,
                  batcher: StubSearch | None = None, on_deferred: OnDeferred | None = None,
-                 archs: Mapping[str, tuple[str, Architecture]] | None = None) -> None:
+                 archs: Mapping[str, tuple[str, Architecture]] | None = None, sink: Sink | None = None) -> None:
         self.study = study
         self.clients = clients
         self.progress = progress or _NoProgress()
         self.batcher = batcher or StubBatcher(study)
         self.display = study.registry.lookup_display()
         self.reg = study.registry
-        self.records: list[Record] = []
+        self.records: Sink = sink if sink is not None else []  # where each finished record goes
         self.on_deferred = on_deferred
         self.archs = dict(archs) if archs is not None else study_archs(study)
         self._helpers: dict[str, tuple[str, Architecture]] = {}  # built-ins asked for by another, not in --archs
         self.arch_calls: Counter[tuple[str, str]] = Counter()  # (model, architecture) -> chat calls it made
-        self._hits: dict[int, Hits] = {}  # the raw query's list per query, as architectures see it (shared)
 
     def _arch(self, name: str) -> tuple[str, Architecture]:
         got = self.archs.get(name) or self._helpers.get(name)
@@ -288,11 +300,10 @@ class StudyRunner:
                         dict(r.width))
 
     def _query_hits(self, qi: int) -> Hits:
-        got = self._hits.get(qi)
-        if got is None:
-            r = self.study.rtp[qi]
-            got = self._hits[qi] = Hits([self.reg.ids[i] for i in r.rows], list(r.scores))
-        return got
+        """The raw query's list, as architectures see it: made for each (unit, query), not kept (kept per query,
+        these lists were ~1 KiB of the memory per query of a study)."""
+        r = self.study.rtp[qi]
+        return Hits([self.reg.ids[i] for i in r.rows], list(r.scores))
 
     def _describe(self, api_id: str) -> tuple[str, str, str]:
         a = self.reg.apis[self.reg.row[api_id]]
@@ -376,7 +387,7 @@ class StudyRunner:
         block.plan, block.tokens = plan_block(result, plan), {**tokens, "planner": _tokens(result)}
         return block
 
-    async def _query(self, unit: Unit, qi: int) -> None:
+    async def _query(self, unit: Unit, qi: int) -> Record:
         state = _Query(unit, qi)
         names = list(self.archs)
         try:
@@ -395,38 +406,53 @@ class StudyRunner:
         for n, b in zip(names, blocks, strict=True):
             rec.archs[n] = b
         self.records.append(rec)
+        return rec
 
     async def run_one(self, unit: Unit, qi: int) -> Record:
         """One (model, run, query) alone (the plugins' probe)."""
         server = asyncio.create_task(self.batcher.serve())
         try:
-            await self._query(unit, qi)
+            return await self._query(unit, qi)
         finally:
             server.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await server
-        return self.records.pop()
 
-    async def run(self, units: Sequence[Unit]) -> list[Record]:
+    async def run(self, units: Sequence[Unit], window: int = WINDOW) -> Sink:
+        """Every query of every unit, at most `window` queries in flight: a task per query of a 100,000-query
+        study at once held ~25 KiB each until the last finished (bench/scale.py)."""
         server = asyncio.create_task(self.batcher.serve())
-        tasks: list[asyncio.Task] = []
+        tasks: set[asyncio.Task] = set()
         try:
             for u in units:
                 for qi in range(len(self.study.queries)):
-                    tasks.append(asyncio.create_task(self._query(u, qi)))
+                    if len(tasks) >= window:
+                        done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                        _raise_first(done)
+                    tasks.add(asyncio.create_task(self._query(u, qi)))
                     if len(tasks) % 64 == 0:
                         # Let these start (cache lookups, first requests) before creating more:
                         # thousands of ready tasks would otherwise hold every request back.
                         await asyncio.sleep(0)
-            await asyncio.gather(*tasks)
+            if tasks:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                _raise_first(done)
+                await asyncio.gather(*tasks)
         except BaseException:
-            await cancel_all(tasks)  # also when stopped while tasks were still being created
+            await cancel_all(list(tasks))  # also when stopped while tasks were still being created
             raise
         finally:
             server.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await server
         return self.records
+
+
+def _raise_first(done: set[asyncio.Task]) -> None:
+    """The first error of the finished query tasks, every other one retrieved (no "never retrieved" noise)."""
+    errors = [e for t in done if not t.cancelled() and (e := t.exception()) is not None]
+    if errors:
+        raise errors[0]
 
 
 class _Probe:
