@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import tempfile
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
@@ -23,14 +22,13 @@ from evaluator.render.view import (
     VIEW_FILE,
     Assets,
     Source,
-    Split,
     html,
     paged,
     parts_folder,
     sides,
     split_in_memory,
 )
-from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, OutputError, Record, record_line
+from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, OutputError, Record
 from evaluator.results.stream import SavedRecords, records_of
 
 _COMPARISON = TypeAdapter(compare.Comparison)
@@ -98,31 +96,19 @@ def write_page(folders: Sequence[OutputDir], out: Path | None = None,
                              part_records=part_records)
 
 
-def split_on_disk(folder: Path) -> Split:
-    """`render.view.split_in_memory` for records too many to hold (a stream over queries.jsonl): one pass
-    copies every record's line into a scratch file in `folder`, then each part's lines are read back alone."""
-
-    def split(sources: Sequence[Source], plan: dict[compare.QueryKey, int]) -> Iterator[list[Source]]:
-        parts = max(plan.values(), default=-1) + 1
-        with tempfile.TemporaryFile(dir=folder, prefix=".view-parts-") as scratch:
-            where: list[list[array[int]]] = [[array("q") for _ in sources] for _ in range(parts)]  # offset, length
-            for ds, src in enumerate(sources):
-                for r in src.records:
-                    line = record_line(r).encode()
-                    at = where[plan[compare.query_key(r)]][ds]
-                    at.extend((scratch.tell(), len(line)))
-                    scratch.write(line)
-            for spots in where:
-                records: list[list[Record]] = []
-                for at in spots:
-                    got = []
-                    for i in range(0, len(at), 2):
-                        scratch.seek(at[i])
-                        got.append(Record.from_json(scratch.read(at[i + 1])))
-                    records.append(got)
-                yield [dataclasses.replace(src, records=records[i], figures={}) for i, src in enumerate(sources)]
-
-    return split
+def split_streamed(sources: Sequence[Source], plan: dict[compare.QueryKey, int]) -> Iterator[list[Source]]:
+    """`render.view.split_in_memory` for records too many to hold (a stream over queries.jsonl,
+    `SavedRecords`): one pass notes each record's position under its part, then each part's records are read
+    back alone from queries.jsonl."""
+    parts = max(plan.values(), default=-1) + 1
+    where: list[list[array[int]]] = [[array("q") for _ in sources] for _ in range(parts)]
+    for ds, src in enumerate(sources):
+        for i, r in enumerate(src.records):
+            where[plan[compare.query_key(r)]][ds].append(i)
+    for spots in where:
+        yield [dataclasses.replace(src, records=src.records.take(at) if isinstance(src.records, SavedRecords)
+                                   else [src.records[i] for i in at], figures={})
+               for src, at in zip(sources, spots, strict=True)]
 
 
 def runs_compared(sources: Sequence[Source]) -> compare.RunsComparison | None:
@@ -152,7 +138,7 @@ def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,
 
     streamed = any(isinstance(src.records, SavedRecords) for src in sources)
     text = html(sources, paged(sources, page.name, emit, runs_compared(sources), part_records,
-                               split_on_disk(page.parent) if streamed else split_in_memory), assets(), title)
+                               split_streamed if streamed else split_in_memory), assets(), title)
     if folder.is_dir():
         for old in folder.glob("part-*.js"):
             if old.name not in written:

@@ -75,8 +75,9 @@ class SavedRecords(Sequence[Record]):
                     self._lines.append(n)
                 pos += len(line)
         self._order: array[int] | None = None
-        if not in_order:  # a file sorted some other way (written by hand): its key order, found once
-            keys = [_key_of(self._read(i)[0], self.version) for i in range(len(self._offsets))]
+        if not in_order:  # a file sorted some other way (written by hand): its key order, found in one more pass
+            with open(self.path, "rb") as fh:
+                keys = [_key_of(line, self.version) for line in fh if line.strip()]
             self._order = array("q", sorted(range(len(keys)), key=keys.__getitem__))
 
     def _read(self, i: int, fh: BinaryIO | None = None) -> tuple[bytes, int]:
@@ -104,6 +105,15 @@ class SavedRecords(Sequence[Record]):
         j = self._order[i] if self._order is not None else i
         line, n = self._read(j)
         return self.od.parse_record(line, n, self.version)
+
+    def take(self, positions: Iterable[int]) -> list[Record]:
+        """The records at these positions (of the key order), read through one open file."""
+        with open(self.path, "rb") as fh:
+            out = []
+            for i in positions:
+                line, n = self._read(self._order[i] if self._order is not None else i, fh)
+                out.append(self.od.parse_record(line, n, self.version))
+            return out
 
     def __iter__(self) -> Iterator[Record]:
         with open(self.path, "rb") as fh:

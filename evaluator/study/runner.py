@@ -434,10 +434,7 @@ class StudyRunner:
                         # Let these start (cache lookups, first requests) before creating more:
                         # thousands of ready tasks would otherwise hold every request back.
                         await asyncio.sleep(0)
-            if tasks:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-                _raise_first(done)
-                await asyncio.gather(*tasks)
+            await asyncio.gather(*tasks)
         except BaseException:
             await cancel_all(list(tasks))  # also when stopped while tasks were still being created
             raise
