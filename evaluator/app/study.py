@@ -51,6 +51,7 @@ from evaluator.results.schema import (
     check_writable,
 )
 from evaluator.results.stream import RecordSpill
+from evaluator.retrieval.embed import gpu_peak_mib
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import BM25Index
 from evaluator.retrieval.retrievers import Hybrid, Lexical
@@ -244,6 +245,7 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
         meta.analysis_notes = notes
         od.write_meta(meta)
     meta.runtime.peak_rss_mib = peak_rss_mib()  # before the report, which states it
+    meta.runtime.peak_gpu_mib = gpu_peak_mib(study.embedder.device)
     t = time.perf_counter()
     render_outputs(od, figure_store=CacheLayout(cache_root).figures, meta=meta, records=records)
     study.timings["render_s"] = time.perf_counter() - t
@@ -367,7 +369,8 @@ def build_meta(study: Study, profiles: dict[str, ModelProfile], s: Settings,
         retrieval_only=not profiles, warnings=study.warnings.as_dict(),
         # Everything that changes from one invocation to the next lives here and stays out of summary.json.
         runtime=Runtime(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), timings=study.timings,
-                        embed=dataclasses.asdict(study.embedder.stats), embed_runtime=study.embedder.description),
+                        embed=dataclasses.asdict(study.embedder.stats), embed_runtime=study.embedder.description,
+                        search=study.index.description),
     )
 
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+_TOKENIZER_ENV = threading.Lock()
 
 
 def _quota_at(folder: Path) -> float | None:
@@ -104,3 +107,22 @@ def configure_torch(n: int | None = None) -> None:
         torch.set_num_threads(n)
     with contextlib.suppress(RuntimeError):  # only possible before torch's first parallel work
         torch.set_num_interop_threads(1)
+
+
+@contextlib.contextmanager
+def tokenizer_threads(parallel: bool) -> Iterator[None]:
+    """HF tokenizers on every core inside the block when `parallel` (a GPU runs the model: the CPU cores are
+    free), else as `configure_env` left it. tokenizers reads TOKENIZERS_PARALLELISM at each batch call."""
+    if not parallel:
+        yield
+        return
+    with _TOKENIZER_ENV:  # two threads' blocks must not restore each other's value
+        before = os.environ.get("TOKENIZERS_PARALLELISM")
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = before

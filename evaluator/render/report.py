@@ -72,12 +72,16 @@ def runtime_md(runtime: Runtime) -> str:
     lines = ["## Runtime\n"]
     if runtime.embed_runtime:
         lines.append(f"- Embedding runtime: `{runtime.embed_runtime}`")
+    if runtime.search:
+        lines.append(f"- Search: `{runtime.search}`")
     if emb := runtime.embed:
         lines.append(f"- Texts embedded: {int(emb.get('embedded', 0)):,}; from the embedding cache: "
                      f"{int(emb.get('cache_hits', 0)):,}")
     lines.append(f"- Peak resident memory of the largest process: {peak.largest_process:,.0f} MiB (this "
                  f"process {peak.this_process:,.0f} MiB; its largest finished child, e.g. the model export, "
                  f"{peak.largest_child:,.0f} MiB), up to writing this report")
+    if runtime.peak_gpu_mib is not None:
+        lines.append(f"- Peak GPU memory of the embedder and the search: {runtime.peak_gpu_mib:,.0f} MiB")
     return "\n".join(lines) + "\n"
 
 
@@ -130,8 +134,9 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
         f"Queries: {sum(qps.values())} in {len(qps)} subset(s): {subsets}. The paper used 200/200/100 "
         "queries for G1/G2/G3.",
         f"Embedder: `{meta.embedder}`, {meta.backend} {meta.precision} (the paper: gte-base, 768-d); vectors are "
-        "L2-normalised; search is exact inner product (faiss.IndexFlatIP), re-scored in float64 so results do "
-        "not depend on how queries were batched; exact ties go to the higher registry row, as FAISS orders them.",
+        "L2-normalised; search is exact inner product (faiss.IndexFlatIP on a CPU, the same top-k in torch on a GPU), "
+        "re-scored in float64 so results do not depend on how queries were batched or where they were searched; "
+        "exact ties go to the higher registry row, as FAISS orders them.",
     ]
     if (retriever := meta.settings.retrieval.retriever) != "dense":
         out.append(f"Retriever `{retriever}`: {RETRIEVER_RULES[retriever]}. PtR merges its stubs' lists by the "

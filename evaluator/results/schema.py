@@ -461,6 +461,9 @@ class Runtime:
     # The embedding cache's work (embed.EmbedStats's counters and seconds; schema does not import the embedder).
     embed: dict[str, int | float] = field(default_factory=dict)
     embed_runtime: str = ""  # which runtime path produced the vectors (Embedder.description)
+    search: str = Field(default="", exclude_if=_empty)  # which engine searched (VectorIndex.description); absent before 41
+    # Peak GPU memory the embedder and the search allocated (torch.cuda.max_memory_allocated), MiB; absent on a CPU.
+    peak_gpu_mib: float | None = Field(default=None, exclude_if=_absent)
     # Per simulated model: the simulator's own count (a rerun from the cache shows zero requests); absent in
     # a retrieval-only run.
     simulator_stats: dict[str, SimulatorStats] | None = Field(default=None, exclude_if=_absent)

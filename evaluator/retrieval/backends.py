@@ -223,7 +223,8 @@ def _child_build(load_path: str, cache_name: str, kind: str, root: str) -> dict[
 
             quiet_loading()
             try:
-                st.append(SentenceTransformer(load_path, device="cpu"))
+                # float(): the export is of the fp32 graph, also for a model folder saved in half precision
+                st.append(SentenceTransformer(load_path, device="cpu").float())
             except (OSError, ValueError, RuntimeError) as e:
                 raise ModelLoadError(type(e).__name__, str(e)[:300]) from None
         return st[0]

@@ -10,7 +10,10 @@ set aside and its texts re-embedded, with one warning that counts them.
 Runtime paths (`backend`, `precision`): torch fp32/bf16 (fp16 on CUDA), ONNX Runtime fp32/int8 and
 OpenVINO fp32/bf16 (see embed_backends.py). `auto` on a CPU takes the fastest path of `AUTO_CPU`
 that is installed; each of those passed bench/embed_backends.py's equivalence check against torch
-fp32 on the shared data (RtP recall@1..20 within 0.005, >= 98% identical top-5 lists).
+fp32 on the shared data (RtP recall@1..20 within 0.005, >= 98% identical top-5 lists). `auto` on a
+GPU is torch fp16 (bench/gpu_run.py measures its top-5 lists against the CPU's fp32 ones): texts are
+tokenised once, on every CPU core, and their ids fed to the model in large batches (`_GPU_BATCH_TOKENS`);
+a GPU's vectors are cached apart from a CPU's (`Embedder.path_key`).
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import itertools
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -55,6 +60,10 @@ _SHARD_ROWS = 4096  # vectors per write: bounds the work a crash can lose
 # length range (load ~15 on 2 cores, 2 alternating rounds): 1.02-1.25x the speed of 128-text batches in
 # ascending order; also bounding texts x tokens^2 (16 texts of 256 tokens) saved 0.3 GiB but cost ~9%.
 _BATCH_TOKENS = eb.BATCH_TOKENS
+# On a GPU: padded tokens and texts per forward pass at most. A GPU wants large batches (128 texts leave most of
+# it idle); 131,072 tokens of MiniLM in fp16 hold well under 1 GiB of activations.
+_GPU_BATCH_TOKENS = 1 << 17
+_GPU_BATCH_TEXTS = 8192
 
 
 def _key(text: str) -> bytes:
@@ -295,6 +304,9 @@ class Embedder:
         self.backend, self.precision = choose_runtime(backend, precision, self.device)
         if self.backend != "torch":
             self.device = "cpu"  # ONNX Runtime and OpenVINO run here on the CPU
+        # Token ids kept from the one tokenisation and fed to the model (`_forward_ids`) rather than tokenised
+        # again by `SentenceTransformer.encode`: on a GPU, tokenising is most of the time.
+        self.feed_ids = self.device != "cpu"
         self.batch_size = batch_size
         self.progress = progress
         self.reporter = reporter  # where bars and warnings go (silent unless the CLI hands one)
@@ -303,6 +315,7 @@ class Embedder:
         self._model: Any = None  # a SentenceTransformer, imported (heavy) only for torch or an export
         self._runner: eb.Runner | None = None
         self._tokenizer: eb.TextTokenizer | None = None  # the export's own: the runtime paths need no torch
+        self._padder: eb.TextTokenizer | None = None  # pads the kept ids for torch (`_forward_ids`)
         self._runtime = ""
         self._auto = backend == "auto" and precision == "auto"  # a path chosen here may fall back
         self.store = EmbeddingStore(self._store_root(cache_dir), cache_dir, reporter.warn) if cache_dir else None
@@ -313,9 +326,14 @@ class Embedder:
 
     @property
     def path_key(self) -> str:
-        """The cache folder of this runtime path; torch keeps its historical names (fp32, bf16, fp16),
-        so caches written before backends existed stay valid."""
-        return self.precision if self.backend == "torch" else f"{self.backend}-{self.precision}"
+        """The cache folder of this runtime path; torch on a CPU keeps its historical names (fp32, bf16,
+        fp16), so caches written before backends existed stay valid. Torch on a GPU is kept apart by the
+        device's kind (`cuda-fp16`): its kernels round differently from a CPU's, and a cache shares vectors
+        only between paths known to give the same ones."""
+        if self.backend != "torch":
+            return f"{self.backend}-{self.precision}"
+        kind = self.device.split(":")[0]
+        return self.precision if kind == "cpu" else f"{kind}-{self.precision}"
 
     @property
     def description(self) -> str:
@@ -341,10 +359,15 @@ class Embedder:
                 m = m.to(torch.bfloat16)
             elif self.backend == "torch" and self.precision == "fp16":
                 m = m.half()
+            else:
+                m = m.float()  # fp32 asked: also for a model folder saved in half precision
             self._model = m
             self.stats.model_load_s += time.perf_counter() - t0
-            if self.backend == "torch":
-                self._runtime = f"torch {torch.__version__}, {torch.get_num_threads()} threads" if self.device == "cpu" else ""
+            if self.backend == "torch" and self.device == "cpu":
+                self._runtime = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+            elif self.backend == "torch":
+                self._runtime = f"torch {torch.__version__}, {torch.cuda.get_device_name(self.device)}" \
+                    if self.device.startswith("cuda") else f"torch {torch.__version__}"
         return self._model
 
     def _load_error(self, kind: str, why: str) -> EmbedderError:
@@ -483,10 +506,13 @@ class Embedder:
         at their largest and reused by every later, smaller batch (ascending, each wider batch allocated
         anew and the heap grew to 6.2 GiB on the 47k registry)."""
         budget = eb.batch_tokens(self._runner) if self._runner is not None and self.backend != "torch" else _BATCH_TOKENS
+        most = self.batch_size
+        if self.device != "cpu":
+            budget, most = _GPU_BATCH_TOKENS, max(most, _GPU_BATCH_TEXTS)
         lo = 0
         while lo < len(order):
             width = max(1, int(lengths[order[lo]]))  # the batch's longest: every text is padded to it
-            n = max(1, min(self.batch_size, budget // width))
+            n = max(1, min(most, budget // width))
             yield order[lo : lo + n]
             lo += n
 
@@ -535,12 +561,18 @@ class Embedder:
         else:
             tok = self.model.tokenizer
             lengths = np.zeros(len(texts), np.int64)
-            for lo in range(0, len(texts), 4096):  # only the lengths are kept
-                # Only the ids' lengths are needed: skipping the masks saves ~1 s of ~5 on the 47k registry.
-                ids = tok(texts[lo : lo + 4096], add_special_tokens=True, truncation=True,
-                          max_length=self.model.max_seq_length, return_attention_mask=False,
-                          return_token_type_ids=False)["input_ids"]
-                lengths[lo : lo + len(ids)] = [len(x) for x in ids]
+            flat: list[np.ndarray] = []  # the ids themselves, packed, when they are fed to the model
+            with threads.tokenizer_threads(self.device != "cpu"):  # a GPU leaves the CPU cores idle
+                for lo in range(0, len(texts), 4096):
+                    # Only the ids are needed: skipping the masks saves ~1 s of ~5 on the 47k registry.
+                    ids = tok(texts[lo : lo + 4096], add_special_tokens=True, truncation=True,
+                              max_length=self.model.max_seq_length, return_attention_mask=False,
+                              return_token_type_ids=False)["input_ids"]
+                    lengths[lo : lo + len(ids)] = [len(x) for x in ids]
+                    if self.feed_ids:
+                        flat.append(np.fromiter(itertools.chain.from_iterable(ids), np.int32))
+            if self.feed_ids:
+                kept = eb.TokenIds(np.concatenate(flat) if flat else np.zeros(0, np.int32), lengths)
         self.stats.tokenize_s += time.perf_counter() - t0
         ascending = sorted(range(len(texts)), key=lambda i: (int(lengths[i]), len(texts[i])))
         return ascending[::-1], kept, lengths
@@ -550,9 +582,14 @@ class Embedder:
         hands one batch of similar lengths; `encode`'s own sort would regroup by characters).
         `ids`: their token ids from the export's tokenizer, when `_order` kept them."""
         parts = []
-        for lo in range(0, len(texts), self.batch_size):
-            batch = texts[lo : lo + self.batch_size]
-            if self.backend == "torch":
+        step = self.batch_size if self.device == "cpu" else max(self.batch_size, _GPU_BATCH_TEXTS)
+        for lo in range(0, len(texts), step):
+            batch = texts[lo : lo + step]
+            if self.backend == "torch" and self.feed_ids and ids is not None:
+                t0 = time.perf_counter()
+                parts.append(self._forward_ids(ids[lo : lo + step]))
+                self.stats.infer_s += time.perf_counter() - t0
+            elif self.backend == "torch":
                 t0 = time.perf_counter()  # torch's encode tokenizes inside: counted as inference
                 emb = self.model.encode(batch, batch_size=len(batch), convert_to_tensor=True, show_progress_bar=False)
                 parts.append(emb.float().cpu().numpy())
@@ -561,7 +598,7 @@ class Embedder:
                 run = self._runtime_runner()
                 t0 = time.perf_counter()
                 if ids is not None and self._tokenizer is not None:
-                    feats = self._tokenizer.features(ids[lo : lo + self.batch_size])
+                    feats = self._tokenizer.features(ids[lo : lo + step])
                 else:
                     feats = {k: v.numpy() for k, v in eb.features(self.model, batch).items() if hasattr(v, "numpy")}
                 t1 = time.perf_counter()
@@ -569,6 +606,28 @@ class Embedder:
                 self.stats.tokenize_s += t1 - t0
                 self.stats.infer_s += time.perf_counter() - t1
         return _unit(np.concatenate(parts))
+
+    def _forward_ids(self, ids: list[np.ndarray]) -> np.ndarray:
+        """The model's sentence embeddings of texts given as token ids (`_order` kept them), padded as
+        sentence-transformers pads them: what `SentenceTransformer.encode` gives for the texts."""
+        import torch
+
+        if self._padder is None:
+            self._padder = eb.TextTokenizer(None, eb.input_names_of(self.model), int(self.model.tokenizer.pad_token_id or 0))
+        feats = self._padder.features(ids)
+        with torch.inference_mode():
+            batch = {name: torch.from_numpy(v).to(self.device) for name, v in feats.items()}
+            return self.model(batch)["sentence_embedding"].float().cpu().numpy()
+
+
+def gpu_peak_mib(device: str) -> float | None:
+    """The most GPU memory torch allocated on `device` in this process so far, MiB; None on a CPU or
+    where torch never ran (a fully cached run)."""
+    if not device.startswith("cuda") or "torch" not in sys.modules:
+        return None
+    import torch
+
+    return round(torch.cuda.max_memory_allocated(device) / 2**20, 1) if torch.cuda.is_initialized() else None
 
 
 def _unit(vecs: np.ndarray) -> np.ndarray:

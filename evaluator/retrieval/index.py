@@ -1,8 +1,11 @@
-"""Index stage: exact inner-product search (faiss.IndexFlatIP) over L2-normalised vectors.
+"""Index stage: exact inner-product search over L2-normalised vectors.
 
-Every stage hands all its query vectors to one `search` call; FAISS then parallelises over queries
-and uses BLAS, which per-query calls cannot. Its OpenMP pool is sized to the CPUs this process may
-use and waits passively (core/threads.py), set before faiss loads.
+Two engines give the same lists: `faiss.IndexFlatIP` (the CPU path; faiss is imported only when such
+an index is built) and `TorchFlat`, the same exact top-k as a torch matrix product, chosen on a GPU
+(`device` cuda) and on a CPU where faiss is not installed (`choose_engine`). Every stage hands all its
+query vectors to one `search` call: FAISS then parallelises over queries and uses BLAS, which
+per-query calls cannot; its OpenMP pool is sized to the CPUs this process may use and waits passively
+(core/threads.py), set before faiss loads.
 """
 
 from __future__ import annotations
@@ -13,35 +16,149 @@ import math
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Protocol
 
 from evaluator.core import threads
 from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.errors import EmbedderError
 from evaluator.core.files import atomic_write
+from evaluator.retrieval.backends import importable
 
 threads.configure_env()
 
-import faiss  # noqa: E402
 import numpy as np  # noqa: E402
+
+ENGINES = ("auto", "faiss", "torch")
+# What faiss returns for a slot beyond the index's size (k > ntotal): id -1 and -FLT_MAX.
+_NO_ROW, _NO_SCORE = -1, float(np.finfo(np.float32).min)
+
+
+class FlatIndex(Protocol):
+    """An exact inner-product index over fixed vectors: faiss.IndexFlatIP's `ntotal` and `search`."""
+
+    ntotal: int
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def choose_engine(engine: str = "auto", device: str = "cpu") -> str:
+    """The search engine that will run: `auto` is torch on a GPU, faiss on a CPU where it is installed
+    (torch there otherwise). An EmbedderError names what is missing."""
+    if engine not in ENGINES:
+        raise EmbedderError(f"search engine must be one of {', '.join(ENGINES)}, not {engine!r}")
+    if engine == "auto":
+        return "faiss" if device == "cpu" and importable("faiss") else "torch"
+    if engine == "faiss":
+        if device != "cpu":
+            raise EmbedderError(f"the faiss search runs on the CPU, not {device!r}; use the torch search there")
+        if not importable("faiss"):
+            raise EmbedderError("the faiss search needs faiss-cpu, which is not installed: pip install faiss-cpu "
+                                "(or use the torch search)")
+    return engine
+
+
+def _faiss_flat(data: np.ndarray) -> FlatIndex:
+    import faiss
+
+    # In case faiss was loaded before this module set the environment: size its pool here.
+    faiss.omp_set_num_threads(threads.available_cpus())
+    index = faiss.IndexFlatIP(data.shape[1])
+    index.add(data)
+    return index
+
+
+class TorchFlat:
+    """`faiss.IndexFlatIP`'s search as a torch matrix product and top-k, on any torch device.
+
+    Scores are float32 inner products (TF32 kept off, so a GPU computes them in full float32 like the
+    CPU's BLAS; they may differ from FAISS's in the last bit, which `VectorIndex.exact_search`'s float64
+    re-scoring settles). The rows kept and their order are FAISS's for exact ties too (`_faiss_keep`):
+    FAISS scans rows in order into a heap of size k that admits a row only when it scores strictly above
+    the heap's worst and orders equal scores by row, so of the rows tied at the k-th score it keeps the
+    highest-numbered m (the slots left) among those found before the k-th row scoring at least that score,
+    and lists ties higher row first. That is the heap FAISS uses for k < 100; for k >= 100 it switches to
+    a reservoir whose tie choice is not reproduced here. Queries go in chunks that bound the score matrix
+    (`_GPU_CELLS`, `_CPU_CELLS`), the registry stays on the device."""
+
+    def __init__(self, data: np.ndarray, device: str = "cpu") -> None:
+        import torch
+
+        if device == "cpu":
+            threads.configure_torch()
+        self.device = torch.device(device)
+        self.data = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32)).to(self.device)
+        self.ntotal = len(data)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores float32, rows int64), each (n, k), best first; slots beyond `ntotal` are (-FLT_MAX, -1)."""
+        import torch
+
+        n, kk = len(queries), min(k, self.ntotal)
+        scores = np.full((n, k), _NO_SCORE, np.float32)
+        rows = np.full((n, k), _NO_ROW, np.int64)
+        if n == 0 or kk == 0:
+            return scores, rows
+        step = max(1, (_CPU_CELLS if self.device.type == "cpu" else _GPU_CELLS) // self.ntotal)
+        q_all = np.ascontiguousarray(queries, dtype=np.float32)
+        precision = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")  # no TF32: the product in float32, as FAISS computes it
+        try:
+            with torch.inference_mode():
+                for lo in range(0, n, step):
+                    q = torch.from_numpy(q_all[lo : lo + step]).to(self.device)
+                    s = q @ self.data.T
+                    cols = _faiss_keep(s, kk).nonzero()[:, 1].reshape(len(q), kk)
+                    scores[lo : lo + len(q), :kk] = s.gather(1, cols).cpu().numpy()
+                    rows[lo : lo + len(q), :kk] = cols.cpu().numpy()
+        finally:
+            torch.set_float32_matmul_precision(precision)
+        # FAISS's order: best score first, equal scores higher row first.
+        order = np.lexsort((-rows[:, :kk], -scores[:, :kk]), axis=-1)
+        scores[:, :kk] = np.take_along_axis(scores[:, :kk], order, axis=-1)
+        rows[:, :kk] = np.take_along_axis(rows[:, :kk], order, axis=-1)
+        return scores, rows
+
+
+def _faiss_keep(s: Any, k: int) -> Any:
+    """(n, rows) bool: the k rows of each score row that FAISS's heap keeps (see `TorchFlat`), k <= rows."""
+    import torch
+
+    kth = torch.topk(s, k, dim=1, sorted=False).values.min(dim=1, keepdim=True).values
+    above = s > kth
+    at_least = s >= kth
+    first_k = at_least & (at_least.cumsum(1, dtype=torch.int32) <= k)  # the first k rows scoring >= kth, by row
+    tied = first_k & ~above
+    slots = k - above.sum(1, keepdim=True, dtype=torch.int32)
+    from_end = tied.flip(1).cumsum(1, dtype=torch.int32).flip(1)  # tied rows at or after this one
+    return above | (tied & (from_end <= slots))
 
 
 class VectorIndex:
-    """An index over some rows of the registry's embedding matrix; results are registry rows."""
+    """An index over some rows of the registry's embedding matrix; results are registry rows.
 
-    def __init__(self, vectors: np.ndarray, rows: Sequence[int] | None = None) -> None:
-        # In case faiss was loaded before this module set the environment: size its pool here.
-        faiss.omp_set_num_threads(threads.available_cpus())
+    `device`: where the embedder ran (`Embedder.device`); `engine`: `choose_engine`'s choice."""
+
+    def __init__(self, vectors: np.ndarray, rows: Sequence[int] | None = None, *, device: str = "cpu",
+                 engine: str = "auto") -> None:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         self.vectors = vectors  # the whole registry matrix: rows below index into it
         self.rows = None if rows is None else np.asarray(rows, dtype=np.int64)
-        data = vectors if self.rows is None else vectors[self.rows]
-        self.index = faiss.IndexFlatIP(vectors.shape[1])
-        self.index.add(np.ascontiguousarray(data))
+        data = np.ascontiguousarray(vectors if self.rows is None else vectors[self.rows])
+        self.device = "cpu" if device.startswith("cpu") else device
+        self.engine = choose_engine(engine, self.device)
+        self.index: FlatIndex = _faiss_flat(data) if self.engine == "faiss" else TorchFlat(data, self.device)
+
+    @property
+    def description(self) -> str:
+        """Which engine searches, for meta.json: e.g. 'faiss IndexFlatIP (cpu)', 'torch exact top-k (cuda)'."""
+        what = "faiss IndexFlatIP" if self.engine == "faiss" else "torch exact top-k"
+        return f"{what} ({self.device})"
 
     def __len__(self) -> int:
         return self.index.ntotal
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, registry rows), each (n, min(k, len)), best first; one FAISS call for all queries."""
+        """(scores, registry rows), each (n, min(k, len)), best first; one call for all queries."""
         k = min(k, len(self))
         if len(queries) == 0:
             return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
@@ -52,10 +169,10 @@ class VectorIndex:
 
     def exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Like `search`, but scored in float64, so the result does not depend on which other
-        queries shared the FAISS call (its batched BLAS path and its one-query path round
-        differently, enough to swap near-tied APIs). Exact ties (the registry has APIs whose texts
-        differ only in case, which an uncased model embeds identically) go to the higher row, as
-        FAISS itself orders them."""
+        queries shared the call (FAISS's batched BLAS path and its one-query path round
+        differently, enough to swap near-tied APIs, and torch's product rounds differently again).
+        Exact ties (the registry has APIs whose texts differ only in case, which an uncased model
+        embeds identically) go to the higher row, as FAISS orders them."""
         k = min(k, len(self))
         _, cand = self.search(queries, min(k + _MARGIN, len(self)))
         return rescore(self.vectors, queries, cand, k)
@@ -298,3 +415,5 @@ class SearchMemo:
 _MARGIN = 8  # extra FAISS candidates re-scored exactly, so boundary near-ties are settled in float64
 _CHUNK = 1024  # queries re-scored at once: bounds the (chunk, k, d) float64 buffer
 _BLOCK = 256  # queries per float32 matrix product: bounds the (block, registry) buffer
+# Score cells per chunk of `TorchFlat.search`, ~16 bytes a cell with its masks: 1 GiB on a GPU, 64 MiB on a CPU.
+_GPU_CELLS, _CPU_CELLS = 1 << 26, 1 << 22

@@ -113,7 +113,7 @@ def prepare(inputs: Inputs, *, embed: EmbedSettings, retrieval: RetrievalSetting
     timings["embed_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    index = VectorIndex(api_vecs)
+    index = VectorIndex(api_vecs, device=embedder.device)  # FAISS on a CPU, torch on a GPU
     retriever = make_retriever(retrieval, embedder, index, registry, reporter)
     if isinstance(retriever, Dense):
         rtp = retrieve.rtp(index, query_vecs, retrieval.k_max)  # the vectors are at hand: no second encode
