@@ -39,7 +39,7 @@ TITLE = "2. Engine overhead: calls/s fresh and from cache, CPU per call (zero-la
 REPLAYS = 3
 GOAL_FRESH, GOAL_CACHED = 1_000.0, 10_000.0
 
-Offered = list[list[tuple[str, str, str | None]]]
+Offered = list[list[tuple[str, str | None]]]
 
 
 async def _pattern(study: Study, offered: Offered, base_url: str, cache_root: Path) -> dict[str, Any]:
@@ -88,7 +88,7 @@ def _profiled(fn: Any, top: int = 12) -> tuple[Any, list[list[Any]]]:
 def run() -> Result:
     study = load_study()
     reg = study.registry
-    offered = [[(reg.apis[i].tool_name, reg.apis[i].api_name, reg.apis[i].description) for i in r.rows[:10]] for r in study.rtp]
+    offered = [[(reg.apis[i].display, reg.apis[i].description) for i in r.rows[:10]] for r in study.rtp]
     with start_simulator() as sim, temp_dir("overhead-llm") as root:
         sim_proc = psutil.Process(sim.proc.pid)
         s0 = sum(sim_proc.cpu_times()[:2])

@@ -246,7 +246,7 @@ def _planner_input(user: str) -> tuple[str, list[tuple[str, str]]]:
     _, _, listing = user.partition("Available APIs:")
     apis: list[tuple[str, str]] = []
     for line in listing.splitlines():
-        if line.startswith("- ") and "/" in line:
+        if line.startswith("- ") and ("/" in line or ": " in line):
             apis.append(_split_api_line(line[2:]))
         elif apis and line.strip():
             # descriptions may span lines; the continuation belongs to the previous API
@@ -257,13 +257,23 @@ def _planner_input(user: str) -> tuple[str, list[tuple[str, str]]]:
 
 def _split_api_line(body: str) -> tuple[str, str]:
     # The name ends at the first ": " after the tool/api slash; a tool name may itself hold ": ",
-    # an api name rarely does, and a model reading the list would make the same guess.
+    # an api name rarely does, and a model reading the list would make the same guess. A name without a
+    # slash (a corpus document shown by its id) ends at the first ": ": a slash further on is the
+    # description's, which reads as prose, not as a name.
+    first = body.find(": ")
     slash = body.find("/")
-    cut = body.find(": ", slash)
+    cut = body.find(": ", slash) if slash >= 0 else first
+    if 0 <= first < slash and (cut < 0 or _prose(body[first + 2 : cut])):
+        cut = first
     if cut < 0:
         name = body.rstrip()
         return (name[:-1] if name.endswith(":") else name), ""
     return body[:cut], body[cut + 2 :].strip()
+
+
+def _prose(text: str) -> bool:
+    """Text that reads as a sentence rather than a tool name: long, or broken by a sentence end."""
+    return len(text) > 200 or any(p in text for p in (". ", "? ", "! "))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -521,7 +531,7 @@ def _scores(query: str, apis: Sequence[tuple[str, str]]) -> list[float]:
     fields: list[tuple[set[str], set[str], set[str]]] = []
     df: dict[str, int] = {}
     for name, desc in apis:
-        tool, _, api = name.partition("/")
+        tool, _, api = name.partition("/") if "/" in name else ("", "", name)  # a document: its id alone
         f = (_tokens(api), _tokens(tool), _tokens(" ".join(desc.split()[:40])))
         fields.append(f)
         for t in f[0] | f[1] | f[2]:
@@ -542,6 +552,8 @@ def _scores(query: str, apis: Sequence[tuple[str, str]]) -> list[float]:
 def _copy_name(name: str, rng: random.Random) -> str:
     if rng.random() >= _ODD_COPY_RATE:
         return name
+    if "/" not in name:  # a document's id: copied in another case, padded or quoted
+        return rng.choice((name.lower(), f"{name} ", f"`{name}`"))
     tool, _, api = name.partition("/")
     return rng.choice(
         (

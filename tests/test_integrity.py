@@ -50,13 +50,13 @@ def test_a_huge_description_is_cut_in_the_prompt_and_counted(tmp_path):
     reg = load_registry(_registry_file(tmp_path, [huge, short, "x" * DESCRIPTION_CAP_CHARS]), warnings=w)
     assert w.counts["long_description"] == 1  # the one at the cap is shown whole
     assert "T/a0" in w.examples["long_description"][0]
-    apis = [(a.tool_name, a.api_name, a.description) for a in reg.apis]
+    apis = [(a.display, a.description) for a in reg.apis]
     user = planner_messages("find the weather", apis)[1]["content"]
     assert len(user) < 2 * DESCRIPTION_CAP_CHARS + 200  # the cap, plus the one at the cap, plus the frame
     assert "- T/a0: word word" in user and "[...]" in user
     # Below the cap a line is exactly what it was (cache keys and ToolBench numbers unchanged).
-    assert api_line("T", "a1", short) == "- T/a1: Daily weather forecast for a city"
-    assert api_line("T", "a2", "x" * DESCRIPTION_CAP_CHARS) == "- T/a2: " + "x" * DESCRIPTION_CAP_CHARS
+    assert api_line("T/a1", short) == "- T/a1: Daily weather forecast for a city"
+    assert api_line("T/a2", "x" * DESCRIPTION_CAP_CHARS) == "- T/a2: " + "x" * DESCRIPTION_CAP_CHARS
 
 
 # -- a batch output answering one custom_id twice ------------------------------------------------------------

@@ -31,9 +31,14 @@ def sample(queries: dict[str, list[dict]]) -> list[dict]:
     return [q for g in ("G1", "G2", "G3") for q in queries[g][::8]]
 
 
-def _offered(q: dict) -> tuple[list[tuple[str, str, str | None]], list[tuple[str, str]]]:
+def _offered(q: dict) -> tuple[list[tuple[str, str | None]], list[tuple[str, str]]]:
+    """(the planner prompt's (display, description) lines, the (id, display) pairs offered)."""
     apis = [(a["tool_name"], a["api_name"], a["api_description"]) for a in q["api_list"]]
-    return apis, [(f"{t}::{a}", f"{t}/{a}") for t, a, _ in apis]
+    return _shown(apis), [(f"{t}::{a}", f"{t}/{a}") for t, a, _ in apis]
+
+
+def _shown(apis: list[tuple[str, str, str | None]]) -> list[tuple[str, str | None]]:
+    return [(f"{t}/{a}", d) for t, a, d in apis]
 
 
 def _stubs(query: str, seed: int) -> list:
@@ -97,7 +102,7 @@ def test_planner_selects_offered_apis_that_fit_the_request() -> None:
         ("Stock Quotes", "get quote", "Latest price of a stock ticker"),
     ]
     offered = [(f"{t}::{a}", f"{t}/{a}") for t, a, _ in apis]
-    msgs = prompts.planner_messages("What is the weather forecast for Paris tomorrow?", apis)
+    msgs = prompts.planner_messages("What is the weather forecast for Paris tomorrow?", _shown(apis))
     for seed in range(8):
         plan = parse_plan(answer(msgs, seed=seed, temperature=0.0), offered)
         assert plan.parse_error is None
@@ -111,10 +116,10 @@ def test_planner_refuses_or_picks_a_wrong_tool_when_nothing_fits() -> None:
     offered = [(f"{t}::{a}", f"{t}/{a}") for t, a, _ in apis]
     outcomes = set()
     for seed in range(40):
-        msgs = prompts.planner_messages("Convert 100 US dollars to euros, list fact about dogs.", apis)
+        msgs = prompts.planner_messages("Convert 100 US dollars to euros, list fact about dogs.", _shown(apis))
         plan = parse_plan(answer(msgs, seed=seed, temperature=0.0), offered)
         outcomes.add("picked" if plan.selected else "refused")
-        none = parse_plan(answer(prompts.planner_messages("Book a flight to Rome", apis), seed=seed, temperature=0.0), offered)
+        none = parse_plan(answer(prompts.planner_messages("Book a flight to Rome", _shown(apis)), seed=seed, temperature=0.0), offered)
         outcomes.add("picked" if none.selected else "refused")
     assert outcomes == {"refused", "picked"}
 
@@ -205,7 +210,7 @@ def test_runaway_reply_is_cut_at_max_tokens_and_keeps_its_complete_stubs() -> No
 
 def test_runaway_plan_cut_before_its_selection_is_a_parse_error() -> None:
     apis = [("Weather API", "get forecast", "Weather forecast for a city")]
-    msgs = prompts.planner_messages("What is the weather forecast for Paris?", apis)
+    msgs = prompts.planner_messages("What is the weather forecast for Paris?", _shown(apis))
     text, finish = behaviour.reply(msgs, seed=0, temperature=0.0, p_runaway=1.0, max_tokens=300, cut_at_max_tokens=True)
     plan = parse_plan(text, [("Weather API::get forecast", "Weather API/get forecast")])
     assert finish == "length" and plan.parse_error and plan.steps
@@ -242,7 +247,7 @@ def test_replies_are_the_same_in_every_process(sample: list[dict]) -> None:
     # near-identical APIs: equal scores in exact arithmetic, so only a fixed summing order breaks the tie
     twins = [("Memory", f"{verb} observations", "Add or delete observations of entities in the graph")
              for verb in ("add", "delete")]
-    calls += [(f"Store observation {i} about Bob in my knowledge graph.", twins) for i in range(20)]
+    calls += [(f"Store observation {i} about Bob in my knowledge graph.", _shown(twins)) for i in range(20)]
     outs = set()
     for hash_seed in ("1", "2", "3"):
         done = subprocess.run([sys.executable, "-c", _SCRIPT], input=json.dumps(calls), capture_output=True,

@@ -39,6 +39,7 @@ class MainResult:
     # Every pair of architectures (Holm) and Friedman across them, with three or more; None with fewer (or no
     # model), where the paper's RtP-vs-PtR tests (summary.tests) are the comparison.
     comparison: compare.Comparison | None = None
+    graded: int = 0  # queries whose gold carries grades other than 1 (graded relevance: NDCG gains the grade)
 
 
 class ScoredCounts:
@@ -83,6 +84,7 @@ class _Seen:
         self.k = k
         self.golds: dict[str, None] = {}  # gold sets some query has
         self.golds_differ: set[tuple[str, str]] = set()  # pairs of gold sets unequal for some query
+        self.graded: set[tuple[str, object]] = set()  # queries with graded gold (Record.grades)
         self.ptr: set[str | None] = set()  # models with a PtR block
         self.rtp_plan: set[str | None] = set()  # models with an RtP planner
         self.contrasts: dict[str, examples.ContrastPicker] = {}
@@ -96,6 +98,8 @@ class _Seen:
             if sets[g]:
                 self.golds.setdefault(g)
             self.golds_differ.update((g, h) for h in GOLDS[i + 1:] if sets[g] != sets[h])
+        if r.grades:
+            self.graded.add((r.subset, r.query_id))
         if r.ptr is not None:
             self.ptr.add(r.model)
         if r.rtp is not None and r.rtp.plan is not None:
@@ -129,7 +133,7 @@ def main_study(records: Iterable[Record], meta: Meta) -> MainResult:
         # one gold set given (custom query files): the other tables would repeat the first ones
         skipped += [f"Tables for gold `{g}`: identical to `{golds[0]}` for every query." for g in golds[1:]]
         golds = golds[:1]
-    res = MainResult(summary, k, ks, golds, scored.counts, skipped=skipped)
+    res = MainResult(summary, k, ks, golds, scored.counts, skipped=skipped, graded=len(seen.graded))
     if len(summary.archs) >= 3 and summary.models:
         res.comparison = compare.architectures(summary, k)
     models = summary.models

@@ -64,26 +64,35 @@ def recall(retrieved: Sequence[H], gold: AbstractSet[H], n_gold: int | None = No
     return hits(retrieved, gold) / n if n else float("nan")
 
 
-def rank_metrics(ranked: Sequence[str], gold: set[str], k: int) -> dict[str, float]:
+def rank_metrics(ranked: Sequence[str], gold: set[str], k: int,
+                 grades: Mapping[str, int] | None = None) -> dict[str, float]:
     """NDCG@k, MRR@k and COMP@k of one ranked list (best first, no duplicates) against a gold set.
 
-    Binary relevance. NDCG@k = DCG@k / IDCG@k with DCG@k = sum_{i<=k, R_i in G} 1 / log2(i + 1) and IDCG@k
-    the DCG of an ideal list, min(|G|, k) gold items on top (trec_eval's `ndcg_cut`). MRR@k = 1 / rank of
-    the first gold item within the top k, 0 if none (`recip_rank` on the list cut to k). COMP@k = 1 when
-    every gold API is within the top k, else 0 (COLT's completeness; 0 whenever |G| > k). Any architecture's
-    list can be scored: nothing here knows RtP or PtR."""
+    NDCG@k = DCG@k / IDCG@k with DCG@k = sum_{i<=k, R_i in G} gain(R_i) / log2(i + 1) and IDCG@k the DCG of an
+    ideal list, the min(|G|, k) gold items of the highest gains on top (trec_eval's `ndcg_cut`). The gain is
+    the item's grade (`grades`: graded relevance, e.g. a BEIR qrels score; linear, as trec_eval's default), 1
+    for every gold item without `grades` (binary relevance). MRR@k = 1 / rank of the first gold item within
+    the top k, 0 if none (`recip_rank` on the list cut to k). COMP@k = 1 when every gold API is within the top
+    k, else 0 (COLT's completeness; 0 whenever |G| > k). Every gold item counts as relevant whatever its grade
+    (> 0) for MRR and COMP, as for recall and precision. Any architecture's list can be scored: nothing here
+    knows RtP or PtR."""
     top = ranked[:k]
-    dcg = math.fsum(1.0 / math.log2(i + 2) for i, t in enumerate(top) if t in gold)
-    idcg = math.fsum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
+    if grades:
+        dcg = math.fsum(grades.get(t, 1) / math.log2(i + 2) for i, t in enumerate(top) if t in gold)
+        ideal = sorted((grades.get(g, 1) for g in gold), reverse=True)[:k]
+        idcg = math.fsum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+    else:
+        dcg = math.fsum(1.0 / math.log2(i + 2) for i, t in enumerate(top) if t in gold)
+        idcg = math.fsum(1.0 / math.log2(i + 2) for i in range(min(len(gold), k)))
     first = next((i for i, t in enumerate(top) if t in gold), None)
     return {"ndcg": dcg / idcg if idcg else 0.0, "mrr": 0.0 if first is None else 1.0 / (first + 1),
             "comp": float(bool(gold) and gold <= set(top))}
 
 
 def retrieval_obs(arch: str, retrieved: Sequence[str], golds: Mapping[str, Sequence[str]], ks: Sequence[int],
-                  out: Obs) -> None:
+                  out: Obs, grades: Mapping[str, int] | None = None) -> None:
     """recall@k = |R∩G|/|G|, precision@k = |R∩G|/k (k nominal, as in the paper), miss = R∩G = ∅, and
-    the rank metrics (`rank_metrics`)."""
+    the rank metrics (`rank_metrics`; `grades`: the gold's graded relevance, NDCG's gains)."""
     for gold_name, gold in golds.items():
         g = set(gold)
         if not g:  # recall undefined without a gold set; data validation should prevent this
@@ -93,7 +102,7 @@ def retrieval_obs(arch: str, retrieved: Sequence[str], golds: Mapping[str, Seque
             out[(arch, "recall", k, gold_name)] = (h / len(g), 1.0)
             out[(arch, "precision", k, gold_name)] = (h / k, 1.0)
             out[(arch, "miss", k, gold_name)] = (float(h == 0), 1.0)
-            for name, v in rank_metrics(retrieved, g, k).items():
+            for name, v in rank_metrics(retrieved, g, k, grades).items():
                 out[(arch, name, k, gold_name)] = (v, 1.0)
 
 
@@ -187,7 +196,7 @@ def record_obs(record: Record, ks: Sequence[int] = DEFAULT_KS, k: int = DEFAULT_
             if block.excluded:
                 continue  # no stubs to judge: PtR retrieval and planning are excluded for this query
             stub_obs(block, golds, ks, out, arch)
-        retrieval_obs(arch, block.unique_retrieved, golds, ks, out)
+        retrieval_obs(arch, block.unique_retrieved, golds, ks, out, record.grades)
         tops[arch] = block.top(k)
         if plan is not None and plan.usable:
             planner_obs(arch, plan, tops[arch], golds, k, out)

@@ -208,8 +208,7 @@ class _Planner:
         """The planner `arch` makes once its reply is in, priced with the same query's RtP planner prompt."""
         reg, k = self.study.registry, self.study.retrieval.k
         apis = [reg.apis[i] for i in self.study.rtp[qi].rows[:k]]
-        msgs = prompts.planner_messages(self.study.queries[qi].text, [(a.tool_name, a.api_name, a.description)
-                                                                     for a in apis])
+        msgs = prompts.planner_messages(self.study.queries[qi].text, [(a.display, a.description) for a in apis])
         p = self._engines[model].prepare(msgs, run=run, prompt_version=prompts.PLANNER_VERSION,
                                          schema=prompts.PLANNER_SCHEMA)
         self.planners[model].append(((p.key, arch), p.logical or p.body))

@@ -179,13 +179,18 @@ def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT)
     return res
 
 
-def export_trec(od: OutputDir, to: Path) -> list[Path]:
-    """`export trec OUT --to DIR`: the run's ranked lists and gold sets as TREC run and qrels files."""
+def export_trec(od: OutputDir, to: Path, bare_qids: bool = False) -> list[Path]:
+    """`export trec OUT --to DIR`: the run's ranked lists and gold sets as TREC run and qrels files (`bare_qids`:
+    qid = the query id alone, refused in one line when two subsets share an id)."""
     records = records_of(od)
+    if bare_qids and (shared := trec.shared_qids(records)) is not None:
+        q, a, b = shared
+        raise OutputError(f"--bare-qids: query id {q!r} is in subsets {a!r} and {b!r}, so a qid without its subset "
+                          "would name two queries; export without --bare-qids (qid = <subset>/<query_id>).")
     check_writable(to, "--to")
     target = OutputDir(to)
     written = []
-    for name, text in trec.export(records).items():
+    for name, text in trec.export(records, bare_qids).items():
         target.write_text(name, text)
         written.append(to / name)
     return written

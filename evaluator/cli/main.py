@@ -107,10 +107,12 @@ def run_parser() -> Parser:
         ),
     )
     p.add_argument("--config", type=Path, help="settings file (default: configs/default.toml)")
-    p.add_argument("--data", help="data folder (else $EVALUATOR_DATA, else the config's data.dir)")
-    p.add_argument("--tools", help="registry file or folder: MCP tools/list results, OpenAI-style tool lists, JSONL or a ToolBench tree (default: the data folder's)")
-    p.add_argument("--queries", nargs="+", metavar="PATH", help="query files or folders: JSONL/CSV with query and gold, or ToolBench test_instruction files (default: the data folder's)")
+    p.add_argument("--data", help="data folder, or a BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv) (else $EVALUATOR_DATA, else the config's data.dir)")
+    p.add_argument("--tools", help="registry file or folder: MCP tools/list results, OpenAI-style tool lists, JSONL, a ToolBench tree or a BEIR folder's corpus (default: the data folder's)")
+    p.add_argument("--queries", nargs="+", metavar="PATH", help="query files or folders: JSONL/CSV with query and gold, ToolBench test_instruction files, or a BEIR folder (its queries judged by --split) (default: the data folder's)")
     p.add_argument("--tools-format", choices=TOOLS_FORMAT_CHOICES, help="force the registry format (default: detected from each file)")
+    p.add_argument("--split", help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/): the qrels/<split>.tsv whose judged queries run (default test)")
+    p.add_argument("--subset-field", metavar="FIELD", help="a BEIR folder: the query field holding each query's subset, dotted (e.g. metadata.subset; default: one subset named after the folder)")
     p.add_argument("--subsets", type=_csv, help="comma list of subsets (query-file stems, or a query file's subset column) or prefixes, e.g. G1,G2")
     p.add_argument("--k", type=int, help="retrieval budget handed to the planner (default 5)")
     p.add_argument("--ks", type=_ints, help="k-ablation budgets, e.g. 1,3,5,10,20")
@@ -154,6 +156,7 @@ def run_parser() -> Parser:
 # flag (argparse dest) -> setting, by section and key
 RUN_FLAGS = {
     "subsets": "data.subsets", "limit": "data.limit", "registry": "data.registry", "tools_format": "data.tools_format",
+    "split": "data.split", "subset_field": "data.subset_field",
     "embedder": "embed.model", "device": "embed.device", "precision": "embed.precision", "backend": "embed.backend",
     "k": "retrieval.k", "ks": "retrieval.ks", "fallback_to_query": "retrieval.fallback_to_query",
     "retriever": "retrieval.retriever",
@@ -468,8 +471,10 @@ def cmd_export(argv: list[str]) -> int:
     p.add_argument("format", choices=["trec"])
     p.add_argument("out_dir", type=Path, metavar="OUT", help="output folder of a finished run")
     p.add_argument("--to", type=Path, required=True, metavar="DIR", help="folder to write the files into")
+    p.add_argument("--bare-qids", action="store_true", help="qid = the query id alone (e.g. a BEIR folder's own, to "
+                   "meet its qrels/<split>.tsv), not <subset>/<query_id>; refused when two subsets share an id")
     args = p.parse_args(argv)
-    files = report.export_trec(OutputDir(args.out_dir).require(), args.to)
+    files = report.export_trec(OutputDir(args.out_dir).require(), args.to, args.bare_qids)
     runs = sum(f.suffix == ".trec" for f in files)
     qrels = sum(f.name.startswith("qrels.") for f in files)
     print(f"Wrote {runs} run file(s) and {qrels} qrels file(s) to {args.to}/ "

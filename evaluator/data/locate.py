@@ -27,6 +27,7 @@ def resolve_data_dir(cli: str | None, configured: str | None, base: Path) -> Pat
         "Data not found (looked in: " + ("; ".join(tried) or "nothing was set") + "). "
         "Point to it with --data DIR or EVALUATOR_DATA=DIR, where DIR holds registry/apis.jsonl.gz and "
         "queries/G*_instruction.json (the layout of shared/toolbench), ToolBench's own archive "
-        "(data/toolenv/tools and data/test_instruction), or your own tools/ and queries.jsonl|csv "
-        "(README: Your own tools); or pass --tools PATH --queries PATH."
+        "(data/toolenv/tools and data/test_instruction), your own tools/ and queries.jsonl|csv "
+        "(README: Your own tools), or a BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv); or pass "
+        "--tools PATH --queries PATH."
     )

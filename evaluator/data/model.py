@@ -29,7 +29,8 @@ def match_subsets(items: Sequence[T], wanted: Iterable[str], missing: Callable[[
         out += [x for x in hit if x not in out]
     return out
 
-# The one rule for the text that is embedded for an API, whatever file it came from (see Api.text).
+# The one rule for the text that is embedded for an API, whatever file it came from (see Api.text); a BEIR
+# corpus document's is CORPUS_TEXT_RULE.
 EMBED_TEXT_RULE = (
     "Each API is embedded as `{tool}/{api}: {description}` (an API without a description as "
     "`{tool}/{api}: `); when its definition declares parameters (MCP `inputSchema`, OpenAI "
@@ -39,6 +40,18 @@ EMBED_TEXT_RULE = (
     "text is `{tool}/{api}: {description}` exactly as in the study. For MCP `{tool}` is the server, "
     "for OpenAI-style lists the `tool` field or the file's name."
 )
+# The text of a BEIR corpus document (Api.document): beir.retrieval.models.SentenceBERT.encode_corpus joins
+# title and text with its default separator " " and strips the result.
+CORPUS_TEXT_RULE = (
+    "Each corpus document is embedded as BEIR's own dense models embed it: `(title + \" \" + text).strip()` "
+    "(a missing title counts as empty), and shown to the planner as `{_id}: {that text}`."
+)
+CORPUS_SEPARATOR = " "
+
+
+def corpus_text(title: str, text: str) -> str:
+    """A BEIR document's embedded text, as BEIR's dense encoders build it from its title and text."""
+    return (title + CORPUS_SEPARATOR + text).strip()
 
 
 # Planner prompts show at most this much of one API's description (whitespace collapsed, ~4 characters a
@@ -89,6 +102,14 @@ def loose_id(aid: str) -> str:
     return f"{' '.join(tool.split()).casefold()}{sep}{' '.join(api.split()).casefold()}"
 
 
+# When gold ids match no API of the registry, as read: past this share of a file's gold ids (or of a BEIR
+# folder's judgements) the run stops before any paid work. Why a share: a mistake in the id form (`tool/api`,
+# `tool.api`, the API name alone, another case), or qrels of another corpus, leaves most ids unmatched; a typo or
+# an API renamed since touches a few, and those are counted warnings (on stderr and in the report) that keep the
+# run going. ToolBench's own files match every id; BEIR's ArguAna judges 5 documents its corpus lacks.
+UNRESOLVED_GOLD_SHARE = 0.5
+
+
 def api_id(tool_name: str, api_name: str) -> str:
     return f"{tool_name}::{api_name}"
 
@@ -116,21 +137,29 @@ class Api:
     category: str | None
     description: str | None
     parameters: tuple[Param, ...] = ()
+    # A corpus document (a BEIR folder's corpus.jsonl): its text as embedded (`corpus_text`). Then `api_name` is
+    # the document's `_id` and its id as the qrels and the TREC files name it, `tool_name` its title, and
+    # `description` the embedded text again (what the planner prompt shows).
+    document: str | None = None
 
     # asked ~3x per API on every load: computed once (a cached_property's lock cost more than the join)
     id: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "id", api_id(self.tool_name, self.api_name))
+        object.__setattr__(self, "id", self.api_name if self.document is not None
+                           else api_id(self.tool_name, self.api_name))
 
     @property
     def display(self) -> str:
-        """How the planner prompt names the API."""
-        return f"{self.tool_name}/{self.api_name}"
+        """How the planner prompt names the API (a corpus document: by its id, the one name it has that is
+        unique)."""
+        return self.api_name if self.document is not None else f"{self.tool_name}/{self.api_name}"
 
     @property
     def text(self) -> str:
-        """The document text that is embedded: EMBED_TEXT_RULE."""
+        """The document text that is embedded: EMBED_TEXT_RULE (a corpus document: CORPUS_TEXT_RULE)."""
+        if self.document is not None:
+            return self.document
         head = f"{self.tool_name}/{self.api_name}: {self.description or ''}"
         if not self.parameters:
             return head  # ToolBench: byte-identical to the study's text, so cached embeddings stay valid
@@ -184,8 +213,19 @@ class Registry:
         return [a.text for a in self.apis]
 
     def lookup_display(self) -> dict[str, str]:
-        """Map of `tool/api` display names (case-folded) to ids, for resolving planner output."""
-        return {a.display.casefold(): a.id for a in self.apis}
+        """Map of `tool/api` display names (case-folded) to ids, for resolving planner output. A corpus
+        document is shown by its id; its title, when no other document or display has it, names it too (a
+        planner may answer with the title it read rather than the id)."""
+        out = {a.display.casefold(): a.id for a in self.apis}
+        titles: dict[str, str | None] = {}
+        for a in self.apis:
+            if a.document is not None and a.tool_name.strip():
+                t = " ".join(a.tool_name.split()).casefold()
+                titles[t] = a.id if t not in titles else None  # a title two documents share names neither
+        for t, aid in titles.items():
+            if aid is not None:
+                out.setdefault(t, aid)
+        return out
 
 
 @dataclass(frozen=True)
@@ -194,3 +234,6 @@ class Query:
     query_id: QueryId
     text: str
     gold: dict[str, tuple[str, ...]]  # gold set name -> API ids
+    # Graded relevance (a BEIR folder's qrels scores): the grade of each gold id, every one > 0. Empty when every
+    # gold id has grade 1 (binary gold: every other format, and qrels of 1s), so records stay as before.
+    grades: dict[str, int] = field(default_factory=dict)

@@ -1,4 +1,5 @@
-"""Query files: ToolBench `test_instruction` JSON, or your own JSONL / CSV with `query` and `gold`.
+"""Query files: ToolBench `test_instruction` JSON, your own JSONL / CSV with `query` and `gold`, or a BEIR
+folder's queries with the judgements of one split (`data.beir`: graded gold).
 
 Own files: one query a record with `query` (the request), `gold` (API ids `tool::api`, a JSON list or
 a `;`-separated cell), and optional `id`, `subset` (default: the file's name) and `relevant` (a
@@ -13,12 +14,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluator.data import toolbench
+from evaluator.data import beir, toolbench
 from evaluator.data.model import (
     GOLD_SETS,
+    UNRESOLVED_GOLD_SHARE,
     DataError,
     Query,
     Registry,
@@ -54,6 +56,10 @@ class RawQuery:
     defaulted: bool  # the id is the record's position: the file gave none
     one_gold: bool = False  # an own file without `relevant`: both gold sets are `gold`
     file: str = ""  # the query file it came from (the unresolved-gold rule is per file)
+    grades: dict[str, int] = field(default_factory=dict)  # graded gold (BEIR qrels): every gold id's grade
+    # BEIR: the qrels line that judged each gold id. Such gold is the folder's own judgement of its corpus, so an
+    # id the registry lacks is an error at that line, not a counted warning.
+    judged_at: dict[str, str] = field(default_factory=dict)
 
 
 def _is_query_name(p: Path) -> bool:
@@ -65,6 +71,8 @@ def find_query_files(path: Path) -> list[Path]:
     """Query files of a data folder: its queries/ (or ToolBench's test_instruction/) folder, else the
     folder's own queries*.jsonl/csv/json and *_instruction.json files."""
     path = Path(path)
+    if beir.is_folder(path):
+        return [path]  # the folder stands for its queries and the qrels of the split (read_query_file)
     with reading(path):
         for rel in QUERY_DIRS:
             d = path / rel
@@ -78,7 +86,8 @@ def find_query_files(path: Path) -> list[Path]:
                 return named
     raise DataError(
         f"No query files under {path}: expected a queries/ folder, queries.jsonl or queries.csv "
-        f"(query, gold columns), or ToolBench's data/test_instruction/*.json."
+        f"(query, gold columns), ToolBench's data/test_instruction/*.json, or a BEIR folder (corpus.jsonl, "
+        f"queries.jsonl, qrels/<split>.tsv)."
     )
 
 
@@ -155,16 +164,34 @@ def _toolbench_record(where: str, rec: object, n: int, subset: str) -> RawQuery:
     return RawQuery(where, subset, n if qid is None else qid, rec["query"], toolbench.gold_ids(where, rec), qid is None)
 
 
-def read_query_file(path: Path) -> list[RawQuery]:
-    """Every record of one query file, validated; raises DataError at the first bad one."""
-    raws = _read_query_file(Path(path))
+def read_query_file(path: Path, warnings: Warnings | None = None, split: str = beir.DEFAULT_SPLIT,
+                    subset_field: str = "") -> list[RawQuery]:
+    """Every record of one query file, validated; raises DataError at the first bad one. A BEIR folder (or its
+    queries.jsonl) gives the queries `split` judges; `subset_field` names the query field holding the subset."""
+    warnings = warnings if warnings is not None else Warnings()
+    path = Path(path)
+    raws = _read_query_file(path, warnings, split, subset_field)
     for r in raws:
-        r.file = str(path)
+        r.file = r.file or str(path)
     return raws
 
 
-def _read_query_file(path: Path) -> list[RawQuery]:
+def _beir(path: Path, warnings: Warnings, split: str, subset_field: str) -> list[RawQuery]:
+    qfile, judged = beir.read_queries(path, split, subset_field, warnings)
+    out = []
+    for j in judged:
+        qid = normalise_qid(j.qid, j.where)
+        assert qid is not None  # beir.read_queries refuses an empty id
+        ids = tuple(j.grades)
+        out.append(RawQuery(j.where, j.subset, qid, j.text, {"api_list": ids, "relevant": ids}, False, True,
+                            str(qfile), j.grades, j.judged_at))
+    return out
+
+
+def _read_query_file(path: Path, warnings: Warnings, split: str, subset_field: str) -> list[RawQuery]:
     subset = stem(path)
+    if path.is_dir():
+        return _beir(path, warnings, split, subset_field)  # only a BEIR folder reaches here (`_expand`)
     with reading(path):
         text = read_text(path)
         name = path.name.lower().removesuffix(".gz")
@@ -173,6 +200,8 @@ def _read_query_file(path: Path) -> list[RawQuery]:
             return [_own_record(w, r, n, subset) for n, (w, r) in enumerate(rows, 1)]
         if name.endswith((".jsonl", ".ndjson")):
             recs = parse_jsonl(path, text)
+            if recs and beir.is_query(recs[0][1]):
+                return _beir(path, warnings, split, subset_field)  # a BEIR queries.jsonl: its folder's qrels
             if recs and toolbench.is_query_record(recs[0][1]):
                 return [_toolbench_record(w, r, n, subset) for n, (w, r) in enumerate(recs)]
             return [_own_record(w, r, n, subset) for n, (w, r) in enumerate(recs, 1)]
@@ -222,13 +251,10 @@ def _pick_subsets(raws: list[RawQuery], wanted: list[str] | None) -> list[RawQue
     return [r for r in raws if r.subset in keep]
 
 
-# When gold ids match no API of the registry, as read (an id the `described` choice left out is a known API):
-# a file where more than this share of its gold ids match none, or any query none of whose ids in a gold set
-# matches, stops the run before any paid work. Why a share: a mistake in the id form (`tool/api`, `tool.api`,
-# the API name alone, another case) is made on every id written that way, so it leaves most of a file's ids
-# unmatched and every id of its queries; a typo or an API renamed since touches a few, and those are counted
-# warnings (on stderr and in the report) that keep the run going. ToolBench's own files match every id.
-UNRESOLVED_GOLD_SHARE = 0.5
+# UNRESOLVED_GOLD_SHARE (data.model): when gold ids match no API of the registry, as read (an id the `described`
+# choice left out is a known API), a file where more than this share of its gold ids match none, or any query
+# none of whose ids in a gold set matches, stops the run before any paid work. A BEIR folder's judgements are
+# held to the share alone (`_judged_in`).
 GOLD_ID_FORM = "`tool::api` as the registry names them (tool and API name joined by '::', case and spaces as written)"
 
 
@@ -242,6 +268,7 @@ def finish(
     per_file: dict[str, list[int]] = {}  # file -> [gold ids checked, matching no API]
     unresolved: dict[str, str] = {}  # file -> a first unresolved id (for the message)
     no_gold: list[str] = []  # the line of each query none of whose ids in a gold set matches
+    judged = JudgedTally()  # a BEIR folder's relevant judgements and those naming no document
     for r in raws:
         if limit and per_subset.get(r.subset, 0) >= limit:
             continue
@@ -249,7 +276,9 @@ def finish(
             warnings.add("empty_gold", f"{r.where} (query_id {r.qid}) has an empty gold set; skipped")
             continue
         r.gold = {g: tuple(dict.fromkeys(bounded_id(a) for a in ids)) for g, ids in r.gold.items()}
-        if registry is not None:
+        if registry is not None and r.judged_at:
+            _judged_in(r, registry, warnings, judged)
+        elif registry is not None:
             tally = per_file.setdefault(r.file, [0, 0])
             for g in GOLD_SETS:
                 if g != GOLD_SETS[0] and r.one_gold:
@@ -269,14 +298,50 @@ def finish(
                     no_gold.append(_unresolved_line(r.where, f"no gold id of query {r.qid!r} ({g}) matches an "
                                                     "API of the registry", r.gold[g][0], registry))
         per_subset[r.subset] = per_subset.get(r.subset, 0) + 1
-        out.append(Query(subset=r.subset, query_id=r.qid, text=r.text, gold=r.gold))
+        graded = any(g != 1 for g in r.grades.values())
+        out.append(Query(subset=r.subset, query_id=r.qid, text=r.text, gold=r.gold,
+                         grades=dict(r.grades) if graded else {}))
     for file, (n, bad) in per_file.items():
         if n and bad / n > UNRESOLVED_GOLD_SHARE:
             raise DataError(_unresolved_line(file, f"{bad} of {n} gold ids match no API of the registry",
                                              unresolved[file], registry))
     if no_gold:
         raise DataError(no_gold[0])
+    if registry is not None and judged.missing > UNRESOLVED_GOLD_SHARE * judged.n:
+        raise DataError(f"{judged.first}: {judged.missing} of {judged.n} relevant judgements name no document of the "
+                        f"registry ({registry.source}), e.g. corpus-id {judged.example!r}; the qrels and the corpus "
+                        "must be of one folder: pass the BEIR folder itself with --data DIR (or --tools DIR), or fix "
+                        "the ids.")
     return out
+
+
+@dataclass
+class JudgedTally:
+    """A BEIR folder's relevant judgements checked against the registry, and the first naming no document."""
+
+    n: int = 0
+    missing: int = 0
+    first: str = ""  # its qrels line
+    example: str = ""
+
+
+def _judged_in(r: RawQuery, registry: Registry, warnings: Warnings, tally: JudgedTally) -> None:
+    """A judgement names a document of the folder's own corpus. One the registry lacks stays in the gold set,
+    unreachable, as pytrec_eval scores it on the folder's qrels (public folders have a few: BEIR's ArguAna), and is
+    counted; past UNRESOLVED_GOLD_SHARE of them the qrels are not this registry's (`finish` stops)."""
+    for a in r.gold["api_list"]:
+        tally.n += 1
+        if a in registry.row:
+            continue
+        at = r.judged_at.get(a, r.where)
+        if a in registry.left_out:
+            warnings.add("gold_not_in_registry_api_list", f"{at} (query_id {r.qid}): {a}")
+            continue
+        tally.missing += 1
+        if not tally.first:
+            tally.first, tally.example = at, a
+        warnings.add("judged_not_in_corpus", f"{at}: corpus-id {a!r} (query {r.qid!r}) is no document of the "
+                     "registry; kept in the gold set, unreachable, as pytrec_eval scores it")
 
 
 def _unresolved_line(where: str, what: str, example: str, registry: Registry | None) -> str:
@@ -314,17 +379,19 @@ def _looser(aid: str) -> str:
 
 
 def load_queries(
-    path: Path, registry: Registry | None = None, warnings: Warnings | None = None, limit: int | None = None
+    path: Path, registry: Registry | None = None, warnings: Warnings | None = None, limit: int | None = None,
+    split: str = beir.DEFAULT_SPLIT, subset_field: str = "",
 ) -> list[Query]:
-    """One query file (may be empty)."""
-    raws = read_query_file(Path(path))
+    """One query file (may be empty), or a BEIR folder's judged queries."""
+    warnings = warnings if warnings is not None else Warnings()
+    raws = read_query_file(Path(path), warnings, split, subset_field)
     _unify_ids(raws)
-    return finish(raws, registry, warnings if warnings is not None else Warnings(), limit)
+    return finish(raws, registry, warnings, limit)
 
 
 def _expand(p: Path) -> list[Path]:
-    """A folder given as a query path stands for its query files (else a data folder's)."""
-    if not p.is_dir():
+    """A folder given as a query path stands for its query files (else a data folder's); a BEIR folder for itself."""
+    if not p.is_dir() or beir.is_folder(p):
         return [p]
     with reading(p):
         files = sorted(f for f in p.iterdir() if _is_query_name(f))
@@ -333,19 +400,24 @@ def _expand(p: Path) -> list[Path]:
 
 def load_query_files(
     paths: Iterable[str | Path], registry: Registry | None = None, warnings: Warnings | None = None,
-    limit: int | None = None, subsets: list[str] | None = None,
+    limit: int | None = None, subsets: list[str] | None = None, split: str = beir.DEFAULT_SPLIT,
+    subset_field: str = "",
 ) -> list[Query]:
-    """Every query of every file (a folder: its query files), validated together (ids unique per subset);
-    an empty result is an error."""
+    """Every query of every file (a folder: its query files; a BEIR folder: the queries `split` judges),
+    validated together (ids unique per subset); an empty result is an error."""
+    warnings = warnings if warnings is not None else Warnings()
     files = [f for p in paths for f in _expand(Path(p))]
     if not files:
         raise DataError("No query file given; pass --queries FILE... or a --data folder with queries.")
-    raws = [r for p in files for r in read_query_file(p)]
+    raws = [r for p in files for r in read_query_file(p, warnings, split, subset_field)]
     _unify_ids(raws)
     raws = _pick_subsets(raws, subsets)
-    queries = finish(raws, registry, warnings if warnings is not None else Warnings(), limit)
+    queries = finish(raws, registry, warnings, limit)
     if not queries:
         names = ", ".join(str(p) for p in paths)
-        why = "every query has an empty gold set" if raws else "the files hold no query"
+        unjudged = warnings.counts["unjudged_query"] + warnings.counts["no_relevant_judgement"]
+        why = ("every query has an empty gold set" if raws else
+               f"no query has a judgement of score > 0 in the split ({unjudged} left out); check --split" if unjudged
+               else "the files hold no query")
         raise DataError(f"No query to run in {names}: {why}; add queries with a non-empty gold set.")
     return queries

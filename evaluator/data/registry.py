@@ -1,8 +1,9 @@
 """Finding and reading a registry in any supported format, with the format detected from content.
 
 Formats: `jsonl` (the project's and ToolBench's one API a line), `toolbench` (the `toolenv/tools`
-tree), `mcp` (tools/list results) and `openai` (function-calling definitions). A folder of tool files
-mixes formats freely; each file is detected on its own unless `fmt` forces one.
+tree), `mcp` (tools/list results), `openai` (function-calling definitions) and `beir` (a BEIR corpus: a
+folder with corpus.jsonl, or the file itself; `data.beir`). A folder of tool files mixes formats freely;
+each file is detected on its own unless `fmt` forces one.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from evaluator.data import mcp, openai, toolbench
+from evaluator.data import beir, mcp, openai, toolbench
 from evaluator.data.model import (
     DESCRIPTION_CAP_CHARS,
     DESCRIPTION_CAP_TOKENS,
@@ -27,7 +28,7 @@ from evaluator.data.model import (
 )
 from evaluator.data.source import json_type, parse_json, parse_jsonl, read_text, reading, stem
 
-TOOLS_FORMATS = ("auto", "jsonl", "toolbench", "mcp", "openai")
+TOOLS_FORMATS = ("auto", "jsonl", "toolbench", "mcp", "openai", "beir")
 TOOL_SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
 # Where a data folder keeps its registry, in the order they are tried.
@@ -60,6 +61,8 @@ def locate(path: Path, fmt: str = "auto") -> tuple[str, Path]:
         raise DataError(f"{path}: no such file or folder; check the path.")
     if path.is_file():
         return "file", path
+    if fmt == "beir" or (fmt == "auto" and beir.is_folder(path)):
+        return "file", beir.corpus_file(path)  # a BEIR folder: its corpus (what it lacks is named)
     with reading(path):
         for rel in CANDIDATES:
             c = path / rel
@@ -72,8 +75,8 @@ def locate(path: Path, fmt: str = "auto") -> tuple[str, Path]:
         if any(_is_tool_file(p) for p in path.iterdir()):
             return "folder", path
     raise DataError(
-        f"No registry found under {path}. Looked for: {', '.join(CANDIDATES)}, a ToolBench <Category>/<tool>.json "
-        f"tree, or tool definition files ({', '.join(TOOL_SUFFIXES)})."
+        f"No registry found under {path}. Looked for: {', '.join(CANDIDATES)}, a BEIR folder's corpus.jsonl, a "
+        f"ToolBench <Category>/<tool>.json tree, or tool definition files ({', '.join(TOOL_SUFFIXES)})."
     )
 
 
@@ -115,6 +118,8 @@ def detect(container: dict | None, records: list[tuple[str, object]]) -> str:
     if container is not None and "tools" not in container:
         return "openai"  # functions / functionDeclarations
     first = next((r for _, r in openai.flatten(records[:1])), None) if records else None
+    if container is None and beir.is_document(first):
+        return "beir"
     if mcp.is_tool(first):
         return "mcp"
     if openai.is_function(first) or (isinstance(first, dict) and any(k in first for k in openai.LIST_KEYS[2:])):
@@ -129,12 +134,13 @@ def detect(container: dict | None, records: list[tuple[str, object]]) -> str:
     raise DataError(
         f"{records[0][0]}: cannot tell the registry format from this record ({shown}); expected an MCP tool "
         "(name, inputSchema), an OpenAI function ({\"type\": \"function\", \"function\": {...}}) or a JSONL "
-        "record (tool_name, api_name). Force one with --tools-format mcp|openai|jsonl."
+        "record (tool_name, api_name) or a BEIR corpus document (_id, title, text). Force one with "
+        "--tools-format mcp|openai|jsonl|beir."
     )
 
 
-def read_file(path: Path, fmt: str = "auto") -> tuple[str, list[Entry]]:
-    """(format used, the file's APIs)."""
+def read_file(path: Path, fmt: str = "auto", warnings: Warnings | None = None) -> tuple[str, list[Entry]]:
+    """(format used, the file's APIs); `warnings` counts what a reader lets pass (a BEIR corpus' repeated lines)."""
     if fmt == "toolbench":
         raise DataError(f"{path}: --tools-format toolbench reads a ToolBench tools folder (<Category>/<tool>.json), not a file.")
     with reading(path):
@@ -145,6 +151,8 @@ def read_file(path: Path, fmt: str = "auto") -> tuple[str, list[Entry]]:
             return used, mcp.apis(records, server)
         if used == "openai":
             return used, openai.apis(records, stem(path))
+        if used == "beir":
+            return used, beir.documents(records, warnings if warnings is not None else Warnings())
         out: list[Entry] = []
         for where, rec in records:
             if not isinstance(rec, dict):
@@ -153,7 +161,7 @@ def read_file(path: Path, fmt: str = "auto") -> tuple[str, list[Entry]]:
         return used, out
 
 
-def read_entries(path: Path, fmt: str = "auto") -> tuple[str, Path, list[Entry]]:
+def read_entries(path: Path, fmt: str = "auto", warnings: Warnings | None = None) -> tuple[str, Path, list[Entry]]:
     """(formats used, the file or folder read, its APIs in file order)."""
     if fmt not in TOOLS_FORMATS:
         raise DataError(f"Unknown tools format {fmt!r}; use one of {', '.join(TOOLS_FORMATS)}.")
@@ -161,7 +169,7 @@ def read_entries(path: Path, fmt: str = "auto") -> tuple[str, Path, list[Entry]]
     if kind == "tree":
         return "toolbench", found, toolbench.tree_apis(found)
     if kind == "file":
-        used, read = read_file(found, fmt)
+        used, read = read_file(found, fmt, warnings)
         return used, found, read
     files = sorted(p for p in found.iterdir() if _is_tool_file(p))
     if not files:
@@ -169,7 +177,7 @@ def read_entries(path: Path, fmt: str = "auto") -> tuple[str, Path, list[Entry]]
     formats: list[str] = []
     entries: list[Entry] = []
     for f in files:
-        used, more = read_file(f, fmt)
+        used, more = read_file(f, fmt, warnings)
         formats += [used] if used not in formats else []
         entries += more
     return "+".join(sorted(formats)), found, entries
@@ -182,7 +190,7 @@ def load_registry(
     if choice not in REGISTRY_CHOICES:
         raise DataError(f"Unknown registry choice {choice!r}; use one of {', '.join(REGISTRY_CHOICES)}.")
     warnings = warnings if warnings is not None else Warnings()
-    used, found, entries = read_entries(Path(path), fmt or "auto")
+    used, found, entries = read_entries(Path(path), fmt or "auto", warnings)
     apis: list[Api] = []
     seen: dict[str, tuple[str, int]] = {}
     for where, api in entries:
@@ -213,7 +221,10 @@ def load_registry(
 
 
 def _bounded(where: str, api: Api, warnings: Warnings) -> Api:
-    """The API with its tool and API names cut at NAME_CAP_CHARS (`bounded_name`), each cut counted."""
+    """The API with its tool and API names cut at NAME_CAP_CHARS (`bounded_name`), each cut counted. A corpus
+    document is left as it is: its title is no part of its id, and an id longer than the cap is refused."""
+    if api.document is not None:
+        return api
     tool, cut_tool = bounded_name(api.tool_name)
     name, cut_name = bounded_name(api.api_name)
     if not (cut_tool or cut_name):

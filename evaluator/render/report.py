@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evaluator.analysis.main import MainResult
-from evaluator.data import EMBED_TEXT_RULE
+from evaluator.data import CORPUS_TEXT_RULE, EMBED_TEXT_RULE
 from evaluator.render import tables
 from evaluator.render.batch import cost_section_md
 from evaluator.render.fmt import models_or_none, table
@@ -122,15 +122,18 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
     """The decisions that depend on this run, stated from it (never fixed numbers)."""
     reg = meta.registry
     size = f"{reg.size:,}" if isinstance(reg.size, int) else "?"
-    how = ("every API; an API without a description is embedded as `{tool_name}/{api_name}: `" if reg.choice == "full"
-           else "only APIs with a description" if reg.choice == "described" else reg.choice)
+    corpus = reg.format == "beir"  # a BEIR folder's corpus: documents, embedded by CORPUS_TEXT_RULE
+    how = (("every corpus document" if corpus else
+            "every API; an API without a description is embedded as `{tool_name}/{api_name}: `") if reg.choice == "full"
+           else ("only documents with a title or text" if corpus else "only APIs with a description")
+           if reg.choice == "described" else reg.choice)
     qps = result.summary.checks.queries_per_subset
     subsets = ", ".join(f"{s} ({n})" for s, n in qps.items()) or "none"
     temps = sorted({str(m.profile.temperature) for m in meta.models if m.profile is not None})
     out = [
         f"Registry: {size} APIs{f' ({reg.format})' if reg.format else ''}, choice `{reg.choice}` ({how}). "
         "The paper used 46,984 ToolBench APIs.",
-        f"Embedded text: {EMBED_TEXT_RULE}",
+        f"Embedded text: {CORPUS_TEXT_RULE if corpus else EMBED_TEXT_RULE}",
         f"Queries: {sum(qps.values())} in {len(qps)} subset(s): {subsets}. The paper used 200/200/100 "
         "queries for G1/G2/G3.",
         f"Embedder: `{meta.embedder}`, {meta.backend} {meta.precision} (the paper: gte-base, 768-d); vectors are "
@@ -138,6 +141,14 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
         "re-scored in float64 so results do not depend on how queries were batched or where they were searched; "
         "exact ties go to the higher registry row, as FAISS orders them.",
     ]
+    if corpus or result.graded:
+        out.append(f"Gold: the BEIR folder's `qrels/{meta.settings.data.split}.tsv`. A document judged with a score "
+                   "> 0 is relevant (both gold sets) with its score as its grade: "
+                   + (f"{result.graded} queries have grades other than 1, and NDCG gains the grade (Table 1c)"
+                      if result.graded else "every grade is 1 (binary relevance)")
+                   + "; recall, precision, MRR, COMP and pass count every grade alike. A score of 0 is judged "
+                   "non-relevant; queries the split does not judge are left out, as BEIR's loader does (counted under "
+                   "Data warnings).")
     if (retriever := meta.settings.retrieval.retriever) != "dense":
         out.append(f"Retriever `{retriever}`: {RETRIEVER_RULES[retriever]}. PtR merges its stubs' lists by the "
                    "best score any stub gives an API, with the retriever's own score (BM25 scores of different "

@@ -150,6 +150,14 @@ def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") ->
 RANK_NAMES = {"ndcg": "NDCG", "mrr": "MRR", "comp": "COMP"}
 
 
+def _relevance(c: Ctx) -> str:
+    if not c.r.graded:
+        return "Binary relevance."
+    return (f"Graded relevance ({c.r.graded} queries carry grades other than 1): rel_i is the gold API's grade "
+            "(NDCG's gain, linear), the ideal list the highest grades first; MRR, COMP, recall and precision count "
+            "every grade > 0 as relevant.")
+
+
 def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
     """NDCG@k, MRR@k and COMP@k per subset and k (the k-ablation of the rank metrics)."""
     with_ptr = model is not None and has(c.s, model, "ptr")
@@ -163,7 +171,7 @@ def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
                 line += _at_k_cells(c, model, sub, metric, k, gold, with_ptr, extra)
             body.append(line)
     return section("Table 1c: Rank metrics at retrieval budget k",
-                   f"{c.label(model, gold)}. Binary relevance. NDCG@k: DCG = Σ rel_i/log2(i+1) over the top k, "
+                   f"{c.label(model, gold)}. {_relevance(c)} NDCG@k: DCG = Σ rel_i/log2(i+1) over the top k, "
                    "ideal DCG over min(|G|, k) gold APIs; MRR@k: 1/rank of the first gold API in the top k (0 if "
                    "none); COMP@k: 1 if every gold API is in the top k (0 whenever |G| > k). Per query, equal to "
                    "pytrec_eval's `ndcg_cut`, `recip_rank` (list cut to k) and `recall` = 1 (tests/test_metrics_ir.py). "

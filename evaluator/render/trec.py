@@ -2,9 +2,11 @@
 
 - One run file per (model, run, architecture, retriever): `qid Q0 docid rank score tag`, one line per retrieved
   API (best first, ranks from 1, the record's top K_MAX), tag = the file's stem.
-- One qrels file per gold set (`qrels.<gold>.txt`): `qid 0 docid 1` per gold API.
-- qid = `<subset>/<query_id>`, docid = the API id; whitespace and `%` in either are percent-encoded (UTF-8
-  bytes, so `urllib.parse.unquote` gives the id back): TREC files are whitespace-separated.
+- One qrels file per gold set (`qrels.<gold>.txt`): `qid 0 docid grade` per gold API, the grade its relevance
+  (a BEIR folder's qrels score, > 0; 1 for binary gold), so trec_eval's graded NDCG is the report's.
+- qid = `<subset>/<query_id>` (`bare`: the query id alone, as a BEIR folder's own qrels name it; the caller
+  checks no two subsets share one: `shared_qids`), docid = the API id; whitespace and `%` in either are
+  percent-encoded (UTF-8 bytes, so `urllib.parse.unquote` gives the id back): TREC files are whitespace-separated.
 - score = the record's score (the retriever's: cosine, BM25 or RRF, 6 decimals). Tools re-sort a run by score
   and break ties by docid, and trec_eval (pytrec_eval) reads scores in single precision, so a score that is
   not below the previous one by a millionth of its size (16 single-precision steps) is lowered to that:
@@ -33,8 +35,18 @@ def encode(text: str) -> str:
     return _ESCAPE.sub(lambda m: "".join(f"%{b:02X}" for b in m.group().encode("utf-8")), text)
 
 
-def qid(subset: str, query_id: object) -> str:
-    return encode(f"{subset}/{query_id}")
+def qid(subset: str, query_id: object, bare: bool = False) -> str:
+    return encode(str(query_id) if bare else f"{subset}/{query_id}")
+
+
+def shared_qids(records: Iterable[Record]) -> tuple[str, str, str] | None:
+    """A query id two subsets share (id, one subset, the other), which bare qids could not tell apart; None if none."""
+    first: dict[str, str] = {}
+    for r in records:
+        q = str(r.query_id)
+        if first.setdefault(q, r.subset) != r.subset:
+            return q, first[q], r.subset
+    return None
 
 
 def run_name(model: str | None, run: int, arch: str, retriever: str) -> str:
@@ -52,7 +64,7 @@ def strictly_decreasing(scores: Sequence[float]) -> list[float]:
     return out
 
 
-def run_lines(records: Iterable[Record], arch: str, tag: str) -> tuple[list[str], list[str]]:
+def run_lines(records: Iterable[Record], arch: str, tag: str, bare: bool = False) -> tuple[list[str], list[str]]:
     """(lines of the run file, qids left out because the architecture's discovery failed)."""
     lines: list[str] = []
     excluded: list[str] = []
@@ -60,7 +72,7 @@ def run_lines(records: Iterable[Record], arch: str, tag: str) -> tuple[list[str]
         block = r.block(arch)
         if block is None:
             continue
-        q = qid(r.subset, r.query_id)
+        q = qid(r.subset, r.query_id, bare)
         if getattr(block, "excluded", False):
             excluded.append(q)
             continue
@@ -77,20 +89,20 @@ def run_lines(records: Iterable[Record], arch: str, tag: str) -> tuple[list[str]
     return lines, excluded
 
 
-def qrels_lines(records: Iterable[Record], gold: str) -> list[str]:
+def qrels_lines(records: Iterable[Record], gold: str, bare: bool = False) -> list[str]:
     lines: list[str] = []
     seen: set[tuple[str, object]] = set()
     for r in records:
         if (r.subset, r.query_id) in seen:
             continue
         seen.add((r.subset, r.query_id))
-        q = qid(r.subset, r.query_id)
-        lines += [f"{q} 0 {encode(doc)} 1" for doc in dict.fromkeys(r.gold_set(gold))]
+        q = qid(r.subset, r.query_id, bare)
+        lines += [f"{q} 0 {encode(doc)} {r.grade(doc)}" for doc in dict.fromkeys(r.gold_set(gold))]
     return lines
 
 
-def export(records: Sequence[Record]) -> dict[str, str]:
-    """Every run file and qrels file of these records, by file name."""
+def export(records: Sequence[Record], bare: bool = False) -> dict[str, str]:
+    """Every run file and qrels file of these records, by file name (`bare`: qids without their subset)."""
     recs = in_key_order(records)
     groups: dict[tuple[str | None, int, str, str], list[Record]] = {}
     for r in recs:
@@ -100,12 +112,12 @@ def export(records: Sequence[Record]) -> dict[str, str]:
     files: dict[str, str] = {}
     for (model, run, arch, retriever), rs in groups.items():
         name = run_name(model, run, arch, retriever)
-        lines, excluded = run_lines(rs, arch, name)
+        lines, excluded = run_lines(rs, arch, name, bare)
         files[f"{name}.trec"] = "".join(line + "\n" for line in lines)
         if excluded:
             files[f"{name}.excluded"] = "".join(q + "\n" for q in excluded)
     for gold in GOLDS:
-        lines = qrels_lines(recs, gold)
+        lines = qrels_lines(recs, gold, bare)
         if lines:
             files[f"qrels.{gold}.txt"] = "".join(line + "\n" for line in lines)
     return files

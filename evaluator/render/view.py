@@ -426,6 +426,8 @@ def _shape_records(sources: Sequence[Source], sides: list[dict[str, Any]],
                 qi = qindex[key] = len(queries)
                 queries.append({"subset": r.subset, "id": r.query_id, "text": r.query,
                                 "gold": [[api(x) for x in r.gold_set(g)] for g in GOLDS]})
+                if r.grades:  # graded gold (a BEIR folder's qrels): each gold API's grade, beside its id
+                    queries[-1]["grades"] = [[r.grade(x) for x in r.gold_set(g)] for g in GOLDS]
             records.append(_record_view(r, record_obs(r, ks=[k], k=k), k, qi, side_index[(ds, r.model)], api, lists))
     return {"apis": api.items, "lists": lists.items, "queries": queries, "records": records,
             "compare": _compare(sides, runs, sources, qindex)}

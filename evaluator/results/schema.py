@@ -246,6 +246,9 @@ class Record:
     archs: dict[str, Block] = field(default_factory=dict)
     # What made the lists (config.RETRIEVER_CHOICES); absent means "dense", as in every record before it.
     retriever: str | None = Field(default=None, exclude_if=_absent)
+    # Graded relevance (format 5; a BEIR folder's qrels scores): the grade (> 0) of every gold id. Absent: every
+    # gold id has grade 1 (binary gold, every record before format 5 and every query whose grades are all 1).
+    grades: dict[str, int] | None = Field(default=None, exclude_if=_absent)
 
     @model_validator(mode="before")
     @classmethod
@@ -294,6 +297,10 @@ class Record:
 
     def gold_set(self, name: str) -> list[str]:
         return self.gold.get(name) or []
+
+    def grade(self, api_id: str) -> int:
+        """The relevance grade of a gold id (1 for binary gold); what NDCG gains and `export trec` writes."""
+        return self.grades.get(api_id, 1) if self.grades else 1
 
     @property
     def failed_calls(self) -> list[str]:
@@ -370,7 +377,7 @@ class RegistryInfo:
     choice: str = "?"
     size: int | None = None
     source: str = ""
-    format: str = ""  # the reader(s) used: jsonl, toolbench, mcp, openai (evaluator.data)
+    format: str = ""  # the reader(s) used: jsonl, toolbench, mcp, openai, beir (evaluator.data)
     digest: str = ""  # `data.Registry.digest()` of its ids ("" in folders written before it was kept)
 
 

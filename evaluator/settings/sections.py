@@ -44,6 +44,16 @@ def _arch_spec(v: str) -> str:
 
 
 Arch = Annotated[str, AfterValidator(_arch_spec)]
+
+
+def _split_name(v: str) -> str:
+    """A BEIR split: the stem of one file of the folder's qrels/ (test, dev, train)."""
+    if not v.strip() or any(c in v for c in "/\\"):
+        raise ValueError("must name a split of the BEIR folder's qrels/ (test, dev, train, ...), without '/'")
+    return v
+
+
+Split = Annotated[str, AfterValidator(_split_name)]
 RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrieval/retrievers.py
 BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
 PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
@@ -67,6 +77,11 @@ class DataSettings:
     tools: str = ""  # a registry file or folder in any supported format (else the data folder's)
     queries: tuple[str, ...] = ()  # query files or folders (else the data folder's)
     tools_format: ToolsFormat = "auto"
+    # A BEIR folder (data.beir): the split whose qrels judge the queries, and the query field naming each query's
+    # subset (dotted: "metadata.subset"; "" = one subset named after the folder). Saved only when not the default,
+    # so the settings of a study of other data read as they did before these existed.
+    split: Split = Field(default="test", exclude_if=lambda v: v == "test")
+    subset_field: str = Field(default="", exclude_if=lambda v: not v)
 
 
 @dataclass(frozen=True)

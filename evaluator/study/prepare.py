@@ -96,7 +96,8 @@ def load_inputs(data: DataSettings, *, data_from_cli: bool = False) -> Inputs:
     tools = resolve_path(data.tools) if data.tools else _resolved(data_dir)
     registry = load_registry(tools, data.registry, warnings, fmt=data.tools_format)
     files = [resolve_path(q) for q in data.queries] if data.queries else find_query_files(_resolved(data_dir))
-    queries = load_query_files(files, registry, warnings, limit=data.limit or None, subsets=list(data.subsets) or None)
+    queries = load_query_files(files, registry, warnings, limit=data.limit or None, subsets=list(data.subsets) or None,
+                               split=data.split, subset_field=data.subset_field)
     return Inputs(data_dir, registry, queries, warnings, time.perf_counter() - t)
 
 

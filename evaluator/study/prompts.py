@@ -174,15 +174,16 @@ def discovery_messages(query: str) -> list[dict[str, str]]:
     ]
 
 
-def api_line(tool_name: str, api_name: str, description: str | None) -> str:
+def api_line(display: str, description: str | None) -> str:
     # One line per API: a description's own newlines would read as further list entries. An oversized
     # description is cut at DESCRIPTION_CAP_TOKENS (counted as a data warning when the registry loads).
-    return f"- {tool_name}/{api_name}: {prompt_description(description)[0]}"
+    return f"- {display}: {prompt_description(description)[0]}"
 
 
-def planner_messages(query: str, apis: Sequence[tuple[str, str, str | None]]) -> list[dict[str, str]]:
-    """`apis` are (tool_name, api_name, description) of the retrieved set, best first."""
-    listing = "\n".join(api_line(t, a, d) for t, a, d in apis) if apis else "(none)"
+def planner_messages(query: str, apis: Sequence[tuple[str, str | None]]) -> list[dict[str, str]]:
+    """`apis` are (display, description) of the retrieved set, best first: `Api.display` names an API as
+    `{tool_name}/{api_name}` (a corpus document by its id)."""
+    listing = "\n".join(api_line(n, d) for n, d in apis) if apis else "(none)"
     user = f"User request:\n{query}\n\nAvailable APIs:\n{listing}"
     return [
         {"role": "system", "content": PLANNER_SYSTEM},

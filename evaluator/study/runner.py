@@ -152,7 +152,7 @@ class StubBatcher:
 def base_record(q: Query, model: str | None, run: int, retriever: str = "dense") -> Record:
     return Record(model=model, run=run, subset=q.subset, query_id=q.query_id, query=q.text,
                   gold={g: list(ids) for g, ids in q.gold.items()},
-                  retriever=None if retriever == "dense" else retriever)
+                  retriever=None if retriever == "dense" else retriever, grades=dict(q.grades) or None)
 
 
 def retrieval_block(r: Retrieved, registry: Registry) -> ArchBlock:
@@ -284,7 +284,7 @@ class StudyRunner:
 
     async def _plan(self, model: str, run: int, query: str, rows: list[int]) -> tuple[ChatResult, Plan | None]:
         apis = [self.reg.apis[i] for i in rows[: self.study.retrieval.k]]
-        msgs = prompts.planner_messages(query, [(a.tool_name, a.api_name, a.description) for a in apis])
+        msgs = prompts.planner_messages(query, [(a.display, a.description) for a in apis])
         result = await self._chat(model, msgs, run, prompts.PLANNER_VERSION, prompts.PLANNER_SCHEMA)
         if result.error is not None:
             return result, None

@@ -342,7 +342,8 @@ function queryPage(qi, ri) {
   const gsets = goldSets(q);
   const d = ds(r);
   const k = d.k;
-  const gold = GOLDS.map((g, i) => `<div><h4>Gold ${g}</h4><ul>${q.gold[i].map((id) => `<li class="api">${esc(api(id))}</li>`).join("") || "<li>none</li>"}</ul></div>`).join("");
+  const grade = (i, j) => (q.grades ? ` <span class="tag">grade ${q.grades[i][j]}</span>` : "");
+  const gold = GOLDS.map((g, i) => `<div><h4>Gold ${g}</h4><ul>${q.gold[i].map((id, j) => `<li class="api">${esc(api(id))}${grade(i, j)}</li>`).join("") || "<li>none</li>"}</ul></div>`).join("");
   const picker = recs.map(([x, i]) => `<a class="pick${i === idx ? " on" : ""}" href="${qhref(qi, i)}">${esc(side(x.side).label)} · run ${x.run}</a>`).join("");
   const rtp = r.rtp ? `<h4>Top ${list(r.rtp.top)[0].length} retrieved (k = ${k} marked)</h4>${topList(r.rtp.top, gsets, k)}` +
     `<h4>Planner</h4>${planBlock(r.rtp.plan, gsets, list(r.rtp.top)[0].slice(0, k))}${tokensLine(r.rtp.tokens)}` : "<p>Not run.</p>";
