@@ -162,6 +162,7 @@ def chat_to_gemini_response(completion: dict[str, Any]) -> dict[str, Any]:
             "promptTokenCount": usage["prompt_tokens"],
             "candidatesTokenCount": usage["completion_tokens"],
             "totalTokenCount": usage["total_tokens"],
+            **({"cachedContentTokenCount": cached} if (cached := (usage.get("prompt_tokens_details") or {}).get("cached_tokens")) else {}),
         },
         "modelVersion": completion["model"],
     }

@@ -17,9 +17,13 @@ from data_fixtures import make_data_dir
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from evaluator.app.dry_run import cache_estimate  # noqa: E402
+from evaluator.batch.providers import gemini_to_completion  # noqa: E402
+from evaluator.core.money import cost_usd  # noqa: E402
 from evaluator.core.redact import redact  # noqa: E402
 from evaluator.llm import ConfigError, load_profile  # noqa: E402
 from evaluator.llm.catalog import key_envs, providers  # noqa: E402
+from evaluator.llm.reply import read_reply  # noqa: E402
 from simulator.harness import batch_stats, configure_batch, start_simulator  # noqa: E402
 
 KEYS = sorted(key_envs())
@@ -221,3 +225,33 @@ def test_vllm_and_ollama_hosts_with_no_profile_file(ws):
     missing = run_cli(*study(ws, "vllm/x", "vllm-missing", runs=1), cwd=root)
     assert missing.returncode == 2 and "vllm is self-hosted: pass --base-url" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_cached_input_tokens_read_from_each_providers_usage_and_priced_at_the_cached_rate():
+    def usage(u: dict) -> dict:
+        return {"choices": [{"message": {"content": "x"}, "finish_reason": "stop"}], "usage": u}
+
+    openai = read_reply(usage({"prompt_tokens": 2000, "completion_tokens": 5,
+                               "prompt_tokens_details": {"cached_tokens": 1536, "audio_tokens": 0}}))
+    deepseek = read_reply(usage({"prompt_tokens": 2000, "completion_tokens": 5, "prompt_cache_hit_tokens": 1920,
+                                 "prompt_cache_miss_tokens": 80}))
+    gemini = read_reply(gemini_to_completion({"candidates": [{"content": {"parts": [{"text": "x"}]}}],
+                                              "usageMetadata": {"promptTokenCount": 2000, "candidatesTokenCount": 5,
+                                                                "cachedContentTokenCount": 1024}}, "gemini-2.5-flash"))
+    assert (openai.cached_tokens, deepseek.cached_tokens, gemini.cached_tokens) == (1536, 1920, 1024)
+    p = load_profile("openai/gpt-4o-mini", require_key=False, env={})
+    # 464 fresh tokens at $0.15, 1,536 cached at $0.075, 5 out at $0.60 (per 1M)
+    assert cost_usd(p, 2000, 5, cached=1536) == pytest.approx((464 * 0.15 + 1536 * 0.075 + 5 * 0.6) / 1e6)
+    assert cost_usd(p, 2000, 5, cached=1536, batch=True) == pytest.approx(cost_usd(p, 2000, 5, cached=1536) / 2)
+
+
+def test_the_dry_run_estimates_cached_tokens_by_the_providers_minimum():
+    long_system = "x" * 8000  # ~2,000 tokens: over every minimum
+    bodies = [{"messages": [{"role": "system", "content": s}, {"role": "user", "content": f"q{i}"}]}
+              for i, s in enumerate([long_system] * 3 + ["short"] * 3)]
+    claude = load_profile(ANTHROPIC, require_key=False, env={})
+    read, write = cache_estimate(claude, bodies)
+    assert read == 2 * write and write > 1024  # written once, read by the two other calls; "short" under 1,024
+    gpt = load_profile("openai/gpt-4o-mini", require_key=False, env={})
+    assert cache_estimate(gpt, bodies) == (read, 0)  # automatic caching: no write surcharge
+    assert cache_estimate(load_profile("sim"), bodies) == (0, 0)  # a profile that names no caching

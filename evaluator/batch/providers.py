@@ -287,11 +287,14 @@ def gemini_to_completion(resp: dict[str, Any], model: str) -> dict[str, Any]:
     pt = int(usage.get("promptTokenCount") or 0)
     ct = int(usage.get("candidatesTokenCount") or 0) + int(usage.get("thoughtsTokenCount") or 0)
     finish = _GEMINI_FINISH.get(cand.get("finishReason", "STOP"), str(cand.get("finishReason", "stop")).lower())
+    out_usage: dict[str, Any] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+    if usage.get("cachedContentTokenCount"):  # of the prompt: from the context cache (implicit or explicit)
+        out_usage["prompt_tokens_details"] = {"cached_tokens": int(usage["cachedContentTokenCount"])}
     return {
         "id": resp.get("responseId", "gemini-batch"), "object": "chat.completion", "created": int(time.time()),
         "model": resp.get("modelVersion", model),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text or None}, "finish_reason": finish}],
-        "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
+        "usage": out_usage,
     }
 
 
