@@ -1,6 +1,7 @@
 """Anthropic's Message Batches through the project's client and runner, against the simulator's routes on
 loopback: replies equal the online ones, failed / expired / cancelled requests are submitted again and none is
-answered twice, a batch over the provider's limits is split, a batch whose id was lost is found again."""
+answered twice, a batch over the provider's limits is split, a batch whose id was lost is found again (cancelling a stuck one:
+tests/test_batch_api.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import sys
 from pathlib import Path
 
 import orjson
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -147,28 +147,3 @@ def test_batch_lost_before_its_id_was_stored_is_found_not_recreated(sim, tmp_pat
     asyncio.run(crash_after_create(9, tmp_path / "b", twice=True))
     stats, got = asyncio.run(run_batch(p, tmp_path / "b", 9))
     assert stats.resumed == 0 and all(got.values()) and batch_stats(sim.base_url)["batches_created"] == 3
-
-
-def test_cancel_a_stuck_batch(sim, tmp_path):
-    configure_batch(sim.base_url, stuck_next=1)
-    p = profile(sim)
-
-    async def go():
-        reqs = await requests(p, tmp_path, 4)
-        async with LLMEngine(p, cache_root=tmp_path, api_key=KEY) as engine:
-            store, cache, api = JobStore(tmp_path), ResponseCache(tmp_path), batch_api(p, KEY)
-            task = asyncio.create_task(BatchRunner(p, engine, api, store, cache, log=lambda m: None).run(reqs))
-            await asyncio.sleep(0.5)
-            assert not task.done()
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            n = await BatchRunner(p, engine, api, store, cache, log=lambda m: None).cancel_open()
-            left = store.open_jobs(p.name)
-            await api.close()
-            store.close()
-            cache.close()
-            return n, left
-
-    n, left = asyncio.run(go())
-    assert n == 1 and left == [] and batch_stats(sim.base_url)["cancelled"] == 1

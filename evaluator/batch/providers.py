@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from evaluator.batch.files import BatchError, Request, Result, error_dict, parse_results
+from evaluator.batch.files import BatchError, Request, Result, error_dict, json_lines, parse_results
 from evaluator.core.redact import redact
 from evaluator.llm.dialects import AnthropicWire, dialect, from_message
 from evaluator.llm.errors import ConfigError, FatalLLMError
@@ -531,17 +531,8 @@ class AnthropicBatch:
         b = await self._get(batch_id)
         url = b.get("results_url") or f"{self.base}/messages/batches/{batch_id}/results"
         data, _ = await self.http.call("GET", url)
-        out = []
-        for n, line in enumerate(data.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                x = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                raise BatchAPIError(f"{self.http.profile.name}: batch {batch_id} results line {n} is not JSON") from None
-            if isinstance(x, dict) and (r := anthropic_result(x)) is not None:
-                out.append(r)
-        return out
+        lines = json_lines(data.splitlines(), f"batch {batch_id} results")
+        return [r for _, x in lines if (r := anthropic_result(x)) is not None]
 
     async def cancel(self, batch_id: str) -> None:
         await self.http.call("POST", f"{self.base}/messages/batches/{batch_id}/cancel")
