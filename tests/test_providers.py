@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from data_fixtures import make_data_dir
+from test_batch_study import same_rows
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -22,6 +23,7 @@ from evaluator.batch.providers import gemini_to_completion  # noqa: E402
 from evaluator.core.money import cost_usd  # noqa: E402
 from evaluator.core.redact import redact  # noqa: E402
 from evaluator.llm import ConfigError, load_profile  # noqa: E402
+from evaluator.llm.budget import check_priced  # noqa: E402
 from evaluator.llm.catalog import key_envs, providers  # noqa: E402
 from evaluator.llm.reply import read_reply  # noqa: E402
 from simulator.harness import batch_stats, configure_batch, start_simulator  # noqa: E402
@@ -158,18 +160,6 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
 
 
-def same(a: object, b: object) -> bool:
-    """Equal, but for float noise (~1e-7) in stub cosines: a stub's vector depends on which other stubs share its
-    embedding batch, and the online and batch paths batch stubs differently (tests/test_batch_study.py)."""
-    if isinstance(a, float) and isinstance(b, float):
-        return abs(a - b) <= 1e-6
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(map(same, a, b))
-    return a == b
-
-
 def test_anthropic_study_online_and_through_message_batches_gives_identical_records(ws):
     root, _, sim = ws
     key = {"ANTHROPIC_API_KEY": "sk-ant-sim-0123456789"}
@@ -181,7 +171,7 @@ def test_anthropic_study_online_and_through_message_batches_gives_identical_reco
     assert batch.returncode == 0, batch.stderr
     assert sim.stats()["requests"] == 0 and batch_stats(sim.base_url)["requests_ok"] == 30  # all of it batched
     got, want = records(root / "a-batch"), records(root / "a-online")
-    assert same(got, want) and len(want) == 10 and all(r["archs"]["rtp"]["plan"]["llm_error"] is None for r in want)
+    assert same_rows(got, want) and len(want) == 10  # stub cosines to float noise (test_batch_study.py) and all(r["archs"]["rtp"]["plan"]["llm_error"] is None for r in want)
     meta = json.loads((root / "a-batch" / "meta.json").read_text())
     cost = meta["cost"][ANTHROPIC]
     assert cost["batch"]["usd"] == pytest.approx(cost["all_online_usd"] / 2, rel=1e-3)  # half price
@@ -255,3 +245,11 @@ def test_the_dry_run_estimates_cached_tokens_by_the_providers_minimum():
     gpt = load_profile("openai/gpt-4o-mini", require_key=False, env={})
     assert cache_estimate(gpt, bodies) == (read, 0)  # automatic caching: no write surcharge
     assert cache_estimate(load_profile("sim"), bodies) == (0, 0)  # a profile that names no caching
+
+
+def test_a_budget_refuses_an_unpriced_model_and_takes_a_priced_one():
+    with pytest.raises(ConfigError, match="--budget needs prices: 'claude-unreleased-9' is not in the price table of "
+                                          "anthropic .*provider = \"anthropic\""):
+        check_priced({"x": load_profile("anthropic/claude-unreleased-9", require_key=False, env={})})
+    check_priced({"a": load_profile(ANTHROPIC, require_key=False, env={}),
+                  "v": load_profile("vllm/m", base_url="http://h:1/v1", require_key=False, env={})})  # $0 is a price

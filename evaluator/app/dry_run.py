@@ -33,6 +33,7 @@ from evaluator.core import aio
 from evaluator.core.money import cost_usd
 from evaluator.core.tokens import MESSAGE_TOKENS, prompt_tokens
 from evaluator.llm import ChatResult, LLMEngine, ModelProfile, Prepared
+from evaluator.llm.budget import unpriced
 from evaluator.llm.limits import RPM_SAFETY
 from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
@@ -121,17 +122,6 @@ class DryRunPlan:
 
 def _usd(x: float | None) -> str:
     return usd(x, "unknown (no price in the profile)")
-
-
-def unpriced(p: ModelProfile) -> str | None:
-    """Why a model's USD is unknown (no price for it), or None when it has its prices."""
-    if p.price_input_per_mtok is not None and p.price_output_per_mtok is not None:
-        return None
-    if p.provider is not None:
-        return (f"{p.model!r} is not in the price table of {p.provider} (configs/providers.toml); give "
-                "price_input_per_mtok and price_output_per_mtok in a profile file naming provider = "
-                f"\"{p.provider}\" to price it")
-    return "no price in the profile: add price_input_per_mtok and price_output_per_mtok to it"
 
 
 def cache_estimate(p: ModelProfile, bodies: list[dict[str, Any]]) -> tuple[int, int]:
