@@ -41,7 +41,7 @@ from evaluator.core.errors import (
 )
 from evaluator.core.progress import Reporter
 from evaluator.core.redact import RedactFilter, redact, redacted_traceback
-from evaluator.llm import cache_clear, cache_stats
+from evaluator.llm import cache_clear, cache_stats, catalog
 from evaluator.results.schema import OutputDir
 from evaluator.settings.invocation import BATCH_FALLBACKS, STOP_GRACE_S, Invocation, ProfileOverrides
 from evaluator.settings.load import load, load_settings
@@ -528,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
     sys.excepthook = lambda *exc: sys.stderr.write(redacted_traceback(*exc))  # even a crash's traceback carries no key
     try:
+        catalog.watch_key_envs()  # every provider's key is redacted from whatever this command prints
         return HANDLERS[command](rest)
     except SystemExit as e:  # argparse: --help (0) or a usage error already printed (2)
         return e.code if isinstance(e.code, int) else EXIT_USAGE

@@ -22,6 +22,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
+from evaluator.core.redact import watch_env
 from evaluator.core.validation import checked, toml_label
 from evaluator.llm.errors import ConfigError
 
@@ -206,6 +207,13 @@ def profile_fields(provider: Provider, model: str, name: str) -> dict[str, Any]:
 def key_envs() -> set[str]:
     """Every environment variable a provider of the table reads its API key from (the redactor masks them)."""
     return {p.api_key_env for p in providers().values() if p.api_key_env}
+
+
+def watch_key_envs() -> None:
+    """Feed every provider's key variable to the redactor (core/redact.py), whichever model runs: called by the
+    profile loader and at the CLI's start."""
+    for name in sorted(key_envs()):
+        watch_env(name)
 
 
 def base_url_hint(provider: Provider) -> str:

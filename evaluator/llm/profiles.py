@@ -220,8 +220,7 @@ def load_profile(
     With `require_key`, a required key missing from the environment is a `ConfigError` now, not a 401 later.
     """
     env = os.environ if env is None else env
-    for var in catalog.key_envs():  # every provider's key is redacted, whichever model this run uses
-        watch_env(var)
+    catalog.watch_key_envs()  # every provider's key is redacted, whichever model this run uses
     raw, where, hint = _raw_profile(name, models_dir)
     loader = checked(_LoaderKeys, {k: raw.pop(k) for k in _LOADER_KEYS & set(raw)}, f"{where}: ", toml_label)
     if loader.model_env and env.get(loader.model_env):
