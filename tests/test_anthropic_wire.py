@@ -122,6 +122,9 @@ def test_chat_body_as_messages_body():
     assert m["max_tokens"] == 321 and m["stop_sequences"] == ["END"] and "seed" not in m and m["top_k"] == 5
     assert m["tools"] == [{"name": "plan", "description": "Give the answer in this shape.", "input_schema": {"type": "object"}}]
     assert m["tool_choice"] == {"type": "tool", "name": "plan"} and "response_format" not in m
+    wire = AnthropicWire(cache=False, max_tokens=None)  # the table's root, or one as the SDK's ANTHROPIC_BASE_URL
+    assert wire.url("https://api.anthropic.com/v1") == wire.url("https://api.anthropic.com/") == \
+        "https://api.anthropic.com/v1/messages"
     plain = to_messages({"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "U"}]})
     assert plain == {"model": "m", "messages": [{"role": "user", "content": "U"}], "max_tokens": 9}
 

@@ -34,7 +34,7 @@ import orjson
 
 from evaluator.batch.files import BatchError, Request, Result, error_dict, json_lines, parse_results
 from evaluator.core.redact import redact
-from evaluator.llm.dialects import AnthropicWire, dialect, from_message
+from evaluator.llm.dialects import AnthropicWire, anthropic_base, dialect, from_message
 from evaluator.llm.errors import ConfigError, FatalLLMError
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.retry import backoff_delay, retry_after_from_headers
@@ -478,7 +478,7 @@ def _epoch(stamp: Any) -> float:
 
 class AnthropicBatch:
     def __init__(self, profile: ModelProfile, api_key: str | None) -> None:
-        self.base = profile.base_url.rstrip("/")
+        self.base = anthropic_base(profile.base_url)
         wire = dialect(profile)
         if not isinstance(wire, AnthropicWire):
             raise ConfigError(f"model {profile.name!r}: batch = \"anthropic\" needs wire = \"anthropic\" (the Messages API)")

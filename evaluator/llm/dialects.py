@@ -46,7 +46,7 @@ _CHAT_FIELDS = {"model", "messages", "temperature", "max_tokens", "max_completio
 class Dialect(Protocol):
     """How one host takes a chat request and answers it (see the module doc)."""
 
-    path: str  # appended to the profile's base_url
+    def url(self, base_url: str) -> str: ...  # where a chat request is POSTed
 
     def headers(self, api_key: str | None) -> dict[str, str]: ...
 
@@ -58,7 +58,8 @@ class Dialect(Protocol):
 
 
 class OpenAIWire:
-    path = "/chat/completions"
+    def url(self, base_url: str) -> str:
+        return base_url.rstrip("/") + "/chat/completions"
 
     def headers(self, api_key: str | None) -> dict[str, str]:
         return {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
@@ -140,8 +141,16 @@ def from_message(msg: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def anthropic_base(base_url: str) -> str:
+    """The API root ending in /v1: the table's `https://api.anthropic.com/v1`, or a root without it as the
+    `anthropic` SDK takes one (its ANTHROPIC_BASE_URL, e.g. a gateway's `https://gw.example/anthropic`)."""
+    base = base_url.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
 class AnthropicWire:
-    path = "/messages"
+    def url(self, base_url: str) -> str:
+        return anthropic_base(base_url) + "/messages"
 
     def __init__(self, *, cache: bool, max_tokens: int | None) -> None:
         self._cache = cache

@@ -149,7 +149,7 @@ class LLMEngine:
         payload.update(profile.extra_body)
         self._payload = payload
         self._wire = dialect(profile)  # how the chat body goes on the wire and its reply comes back (dialects.py)
-        self._url = profile.base_url.rstrip("/") + self._wire.path
+        self._url = self._wire.url(profile.base_url)
         self._headers = self._wire.headers(self._key)
         self._rng = random.Random(seed)
         self._pacing = Pacing(profile, self._rng, pacer_factory, token_pacer_factory)
