@@ -69,6 +69,7 @@ class ModelPlan:
     tpm: float | None
     by_arch: dict[str, int] = field(default_factory=dict)  # calls per architecture (each where it is made)
     prices: str | None = None  # where the prices come from and as of when; None: none given
+    follows_headers: bool = False  # the pace is a start: the provider's rate-limit headers set it (follow_rate_headers)
     unpriced: str | None = None  # why the USD is unknown, when it is
 
 
@@ -114,8 +115,9 @@ class DryRunPlan:
             if m.prices:
                 out.append(f"  prices: {m.prices}")
             limit = {"rpm": f"RPM {m.rpm}", "tpm": f"TPM {m.tpm}"}.get(m.time_floor_by, "no RPM/TPM limit")
-            out.append(f"  time floor: {_dur(m.time_floor_s)} ({limit}), and at least {m.latency_rounds:,} reply "
-                       f"latencies in sequence (concurrency {m.concurrency})")
+            follow = "; the limits the provider's rate-limit headers announce replace it" if m.follows_headers else ""
+            out.append(f"  time floor: {_dur(m.time_floor_s)} ({limit}{follow}), and at least {m.latency_rounds:,} "
+                       f"reply latencies in sequence (concurrency {m.concurrency})")
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
@@ -212,7 +214,7 @@ def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[Any, d
         ptr_planners_upper_bound=len(distinct_planners), prompt_tokens=pt, completion_tokens=ct,
         cached_prompt_tokens=cached, cache_write_tokens=written, completion_basis=basis, usd_online=_r(usd), usd_batch=_r(usd_b), time_floor_s=round(floors[by], 1),
         time_floor_by=by, latency_rounds=rounds, concurrency=p.concurrency, rpm=p.rpm, tpm=p.tpm,
-        by_arch=dict(by_arch or {}), prices=p.price_source, unpriced=unpriced(p))
+        by_arch=dict(by_arch or {}), prices=p.price_source, unpriced=unpriced(p), follows_headers=p.follow_rate_headers)
 
 
 def _r(x: float | None) -> float | None:
