@@ -10,7 +10,13 @@ cancelled). Gemini style under `v1beta` and `v1` (google-genai 3.x uses v1): res
 download at `[/download]/{v}/files/{id}:download`: GenerateContentRequest lines keyed by `key`, results as
 `{"key", "response" | "error": google.rpc.Status}` lines. `GET /v1/batches[/{id}]` is both APIs' path:
 the Gemini client is told apart by its `x-goog-api-key` header, a batch by its own style.
-The official SDKs (openai, google-genai) drive these routes in tests/conformance/.
+Anthropic style (`/v1/messages/batches`, registered by simulator/anthropic_wire.py): the requests come inline with
+the create (`{"custom_id", "params"}`, each a Messages body read by anthropic_wire.py's `to_chat`), the batch object
+has Anthropic's `processing_status` (in_progress, canceling, ended) and `request_counts` (processing,
+succeeded, errored, canceled, expired), and its `results_url` serves `{"custom_id", "result": {"type":
+succeeded | errored | canceled | expired}}` lines. A create over the size knobs is refused with 413
+`request_too_large` (Anthropic's limits are checked at create), a full queue with 429.
+The official SDKs (openai, google-genai, anthropic) drive these routes in tests/conformance/.
 
 Replies come from the online endpoint's own `Simulator.reply_body`, so a batch study and an online
 study agree. Time is lazy: a batch's state is worked out from its age each
@@ -36,6 +42,7 @@ import orjson
 from aiohttp import web
 
 from evaluator.core.tokens import prompt_tokens
+from simulator import anthropic_wire
 
 
 class _Keyed(Protocol):
@@ -49,7 +56,8 @@ class ReplySource(Protocol):
     @property
     def cfg(self) -> _Keyed: ...  # server.SimConfig
 
-    def reply_body(self, req: dict[str, Any], *, fault: str | None = None, reply_id: str = ...) -> dict[str, Any]: ...
+    def reply_body(self, req: dict[str, Any], *, fault: str | None = None, reply_id: str = ...,
+                   cache: str = ...) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -111,6 +119,10 @@ class _Batch:
     errors: list[dict[str, Any]] = field(default_factory=list)  # the provider's error objects, as it writes them
     created_wall: float = field(default_factory=time.time)
     ended: float | None = None  # monotonic time the batch reached a final status
+    # Anthropic style: how the prompt cache sees each line and the tool each forces (anthropic_wire.to_chat)
+    cache: list[str] = field(default_factory=list)
+    tools: list[str | None] = field(default_factory=list)
+    done: int = 0  # requests that ran before the batch ended (the rest expired or were cancelled)
 
 
 # -- Gemini <-> chat translation (the simulator answers chat messages either way) ----------------------
@@ -150,6 +162,7 @@ def chat_to_gemini_response(completion: dict[str, Any]) -> dict[str, Any]:
             "promptTokenCount": usage["prompt_tokens"],
             "candidatesTokenCount": usage["completion_tokens"],
             "totalTokenCount": usage["total_tokens"],
+            **({"cachedContentTokenCount": cached} if (cached := (usage.get("prompt_tokens_details") or {}).get("cached_tokens")) else {}),
         },
         "modelVersion": completion["model"],
     }
@@ -245,7 +258,8 @@ class BatchSim:
         cfg = self.cfg
         tokens = sum(prompt_tokens(body) for _, body in lines)  # as `Simulator.reply_body` bills
         queue_full = self._queue_full(tokens)  # before this batch counts itself
-        b = _Batch(self._new_id("batch_"), style, lines, time.monotonic(), file_id, metadata, model, tokens=tokens)
+        prefix = "msgbatch_" if style == "anthropic" else "batch_"
+        b = _Batch(self._new_id(prefix), style, lines, time.monotonic(), file_id, metadata, model, tokens=tokens)
         self.stats.batches_created += 1
         size = len(self.files.get(file_id, b""))
         if (cfg.max_requests is not None and len(lines) > cfg.max_requests) or (cfg.max_bytes is not None and size > cfg.max_bytes):
@@ -302,7 +316,9 @@ class BatchSim:
         for i, (cid, req) in enumerate(b.lines):
             if i >= n_done:
                 self.stats.requests_expired += 1
-                if b.style == "openai":
+                if b.style == "anthropic":
+                    err.append({"custom_id": cid, "result": {"type": "canceled" if status == "cancelled" else "expired"}})
+                elif b.style == "openai":
                     code, message = _NOT_RUN[status]
                     err.append(self._line(b, cid, None, {"code": code, "message": message}))
                 elif status == "cancelled":  # Gemini: an expired job writes no results at all
@@ -317,26 +333,36 @@ class BatchSim:
                     body, gmsg = {**body, "message": body["message"] + echo}, gmsg + echo
                 if b.style == "gemini":
                     err.append({"key": cid, "error": {"code": grpc, "message": gmsg}})  # google.rpc.Status
+                elif b.style == "anthropic":
+                    kind = anthropic_wire.ERROR_TYPES.get(http, "api_error")
+                    err.append({"custom_id": cid, "result": {"type": "errored", "error": {
+                        "type": "error", "error": {"type": kind, "message": body["message"]}}}})
                 else:
                     err.append(self._line(b, cid, (http, {"error": body}), None))
                 continue
             self._answered += 1
-            body = self.sim.reply_body(req, reply_id=f"chatcmpl-simbatch-{self._answered}")  # exactly the online reply
+            body = self.sim.reply_body(req, reply_id=f"chatcmpl-simbatch-{self._answered}",  # exactly the online reply
+                                       cache=b.cache[i] if b.cache else "auto")
             digest = hashlib.sha256(orjson.dumps(req, option=orjson.OPT_SORT_KEYS)).hexdigest()
             self.stats.ok_by_request[digest] = self.stats.ok_by_request.get(digest, 0) + 1
             self.stats.requests_ok += 1
-            out.append(self._line(b, cid, (200, body), None))
-        if b.style == "gemini":
-            lines = out + err  # Gemini writes one results file, errors inline
+            out.append(self._line(b, cid, (200, body), None, b.tools[i] if b.tools else None))
+        if b.style in ("gemini", "anthropic"):
+            lines = out + err  # Gemini and Anthropic write one results file, errors inline
             b.output_file_id = self._store_file(lines, "batch_output") if lines else None
         else:
             b.output_file_id = self._store_file(out, "batch_output") if out else None
             b.error_file_id = self._store_file(err, "batch_error") if err else None
         b.counts = (n_done - failed, failed + len(b.lines) - n_done)
+        b.done = n_done
         b.status = status
         b.ended = time.monotonic()
 
-    def _line(self, b: _Batch, cid: str, response: tuple[int, dict] | None, error: dict | None) -> dict[str, Any]:
+    def _line(self, b: _Batch, cid: str, response: tuple[int, dict] | None, error: dict | None,
+              tool: str | None = None) -> dict[str, Any]:
+        if b.style == "anthropic":  # only successful replies come here
+            assert response is not None
+            return {"custom_id": cid, "result": {"type": "succeeded", "message": anthropic_wire.to_message(response[1], tool)}}
         if b.style == "gemini":  # only successful replies come here
             assert response is not None
             return {"key": cid, "response": chat_to_gemini_response(response[1])}
@@ -615,6 +641,114 @@ class BatchSim:
             return b
         self._cancel(b)
         return _json({})
+
+
+    # -- Anthropic style (routes registered by simulator/anthropic_wire.py) ------------------------------------
+    def _a_view(self, b: _Batch, request: web.Request, advance: bool = True) -> dict[str, Any]:
+        if advance:
+            self._advance(b)
+        n = len(b.lines)
+        ended = b.status in _FINAL
+        counts = {"processing": 0 if ended else n, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
+        if ended:
+            done, failed = b.counts
+            not_run = n - b.done
+            counts |= {"succeeded": done, "errored": failed - not_run,
+                       ("canceled" if b.status == "cancelled" else "expired"): not_run}
+        status = "ended" if ended else ("canceling" if b.cancelled_at is not None else "in_progress")
+        root = f"{request.scheme}://{request.host}"
+        return {
+            "id": b.id, "type": "message_batch", "processing_status": status, "request_counts": counts,
+            "created_at": _iso(b.created_wall), "expires_at": _iso(b.created_wall + 24 * 3600),
+            "ended_at": _iso(self._wall(b, b.ended)) if b.ended is not None else None,
+            "cancel_initiated_at": _iso(self._wall(b, b.cancelled_at)) if b.cancelled_at is not None else None,
+            "archived_at": None,
+            "results_url": f"{root}/v1/messages/batches/{b.id}/results" if ended else None,
+        }
+
+    def _a_batch(self, request: web.Request) -> _Batch | web.Response:
+        if not self._a_authorized(request):
+            return anthropic_wire.error(401, "invalid x-api-key")
+        b = self.batches.get(request.match_info["batch_id"])
+        if b is None or b.style != "anthropic":
+            return anthropic_wire.error(404, "batch not found")
+        return b
+
+    def _a_authorized(self, request: web.Request) -> bool:
+        return anthropic_wire.authorized(request, self.sim.cfg.api_key)
+
+    async def a_create(self, request: web.Request) -> web.Response:
+        if not self._a_authorized(request):
+            return anthropic_wire.error(401, "invalid x-api-key")
+        raw = await request.read()
+        try:
+            req = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return anthropic_wire.error(400, "the request body is not valid JSON")
+        reqs = req.get("requests") if isinstance(req, dict) else None
+        if not isinstance(reqs, list) or not reqs:
+            return anthropic_wire.error(400, "requests: at least one request is required")
+        cfg = self.cfg
+        if (cfg.max_requests is not None and len(reqs) > cfg.max_requests) or (cfg.max_bytes is not None and len(raw) > cfg.max_bytes):
+            self.stats.rejected_oversized += 1
+            return anthropic_wire.error(413, f"Request exceeds the maximum allowed number of requests or bytes "
+                                             f"({len(reqs)} requests, {len(raw)} bytes)")
+        if cfg.refuse_create:
+            return anthropic_wire.error(cfg.refuse_create, "Message Batches are not enabled for this organization.")
+        lines, caches, tools, seen = [], [], [], set()
+        for i, item in enumerate(reqs):
+            cid = item.get("custom_id") if isinstance(item, dict) else None
+            if not isinstance(cid, str) or not anthropic_wire.CUSTOM_ID.match(cid):
+                return anthropic_wire.error(400, f"requests.{i}.custom_id: must match ^[a-zA-Z0-9_-]{{1,64}}$")
+            if cid in seen:
+                return anthropic_wire.error(400, f"requests.{i}.custom_id: {cid!r} is not unique in this batch")
+            seen.add(cid)
+            params = item.get("params")
+            why = anthropic_wire.check(params)
+            if why is not None:
+                return anthropic_wire.error(400, f"requests.{i}.params.{why}")
+            chat, cache, tool = anthropic_wire.to_chat(params)
+            lines.append((cid, chat))
+            caches.append(cache)
+            tools.append(tool)
+        if self._queue_full(sum(prompt_tokens(body) for _, body in lines)):
+            self.stats.rejected_queue_full += 1
+            return anthropic_wire.error(429, "Enqueued requests of unfinished batches exceed this organization's limit.",
+                                        {"retry-after": "1"})
+        b = self._create("anthropic", "", lines, {}, str(lines[0][1].get("model", "")))
+        b.cache, b.tools = caches, tools
+        return _json(self._a_view(b, request))
+
+    async def a_get(self, request: web.Request) -> web.Response:
+        b = self._a_batch(request)
+        return b if isinstance(b, web.Response) else _json(self._a_view(b, request))
+
+    async def a_list(self, request: web.Request) -> web.Response:
+        if not self._a_authorized(request):
+            return anthropic_wire.error(401, "invalid x-api-key")
+        ids = [b.id for b in reversed(self.batches.values()) if b.style == "anthropic"]  # newest first
+        after = request.query.get("after_id")
+        start = ids.index(after) + 1 if after in ids else 0
+        limit = max(1, min(1000, int(request.query.get("limit", "20"))))
+        page = [self._a_view(self.batches[i], request) for i in ids[start:start + limit]]
+        return _json({"data": page, "has_more": start + limit < len(ids),
+                      "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None})
+
+    async def a_cancel(self, request: web.Request) -> web.Response:
+        b = self._a_batch(request)
+        if isinstance(b, web.Response):
+            return b
+        self._cancel(b)
+        return _json(self._a_view(b, request, advance=False))  # "canceling" until the next read
+
+    async def a_results(self, request: web.Request) -> web.Response:
+        b = self._a_batch(request)
+        if isinstance(b, web.Response):
+            return b
+        self._advance(b)
+        if b.status not in _FINAL or b.output_file_id is None:
+            return anthropic_wire.error(400, f"batch {b.id} is still in progress; its results are not available yet")
+        return web.Response(body=self.files[b.output_file_id], content_type="application/binary")
 
     # -- admin -----------------------------------------------------------------------------------------
     async def admin(self, request: web.Request) -> web.Response:

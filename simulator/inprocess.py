@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from simulator import anthropic_wire
+from simulator.batch import BatchSim
 from simulator.server import SimConfig, Simulator, _Stats, config_from
 
 
@@ -44,9 +46,10 @@ class InProcessSimulator:
     def __init__(self, config: SimConfig | None = None, **knobs: Any) -> None:
         self.server = Simulator(config_from(config, **knobs))
         s = self.server
+        anthropic = anthropic_wire.MessagesRoutes(s, BatchSim(s))
         self._routes: dict[tuple[str, str], Callable[[Any], Awaitable[web.StreamResponse]]] = {
             ("POST", "/v1/chat/completions"): s.chat, ("GET", "/v1/models"): s.models,
-            ("GET", "/props"): s.props, ("GET", "/slots"): s.slots,
+            ("GET", "/props"): s.props, ("GET", "/slots"): s.slots, ("POST", "/v1/messages"): anthropic.messages,
         }
 
     async def handle(self, method: str, url: str, headers: Mapping[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:

@@ -1,7 +1,12 @@
 """OpenAI-compatible chat server that misbehaves on request: the test bed for the LLM engine.
 
-Serves `POST /v1/chat/completions`, `GET /v1/models`, `GET /stats`, `POST /stats/reset` and
+Serves `POST /v1/chat/completions`, Anthropic's `POST /v1/messages` (simulator/anthropic_wire.py: the same replies
+and faults in Anthropic's wire), `GET /v1/models`, `GET /stats`, `POST /stats/reset` and
 `POST /admin/config`. Answers come from `behaviour.reply` (a heuristic, not a language model).
+Prompt caching: a system prompt seen before is reported as cached prompt tokens (`prompt_cache`, on by
+default, from `cache_min_tokens` tokens up): automatically on the OpenAI wire
+(`usage.prompt_tokens_details.cached_tokens`, as OpenAI does), and on the Anthropic wire only where the
+request marks it with `cache_control` (a first sight is a cache write, later ones reads).
 Faults are drawn per request from `SimConfig`'s rates with a seeded RNG, or taken in order from
 `SimConfig.script` for deterministic tests. Host quirks: fields it rejects with a 400
 (`reject_params`, from the `reject_after`-th reply on), the raw wait text of its 429s (`retry_value`:
@@ -25,7 +30,7 @@ import orjson
 from aiohttp import web
 
 from evaluator.core.tokens import prompt_tokens, text_tokens
-from simulator import batch, behaviour
+from simulator import anthropic_wire, batch, behaviour
 
 FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length", "filter")
 CONTENT_FORMS = ("string", "parts", "tool_call", "number", "object")
@@ -75,6 +80,8 @@ class SimConfig:
     content_form: str = "string"  # message.content as: string | parts (list of text parts) | tool_call
     #                               (content null, the text as a tool call's arguments) | number | object
     usage: bool = True  # False: bodies carry no `usage` (some servers leave it out)
+    prompt_cache: bool = True  # a system prompt seen before is billed as cached prompt tokens (module doc)
+    cache_min_tokens: int = 0  # the shortest system prompt cached (OpenAI and Anthropic: 1,024)
     # Reply content (behaviour.reply): stray lists in prose, runaway replies, cuts at max_tokens.
     p_stray: float = 0.0  # replies whose answer sits in prose/code holding stray lists
     p_runaway: float = 0.0  # replies that keep writing list items until a token limit ends them
@@ -139,6 +146,7 @@ class _Stats:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.abandoned = 0  # requests whose client hung up before the reply (serial: worked on anyway)
+        self.cached_prompt_tokens = 0  # of prompt_tokens: reported as served from the prompt cache
         self.max_waiting = 0  # serial: most requests waiting for the one worker at once
 
     def as_dict(self) -> dict[str, Any]:
@@ -154,6 +162,7 @@ class _Stats:
             "faults": dict(self.faults),
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "abandoned": self.abandoned,
             "max_waiting": self.max_waiting,
         }
@@ -165,6 +174,12 @@ def _duration(seconds: float) -> str:
         return f"{max(1, math.ceil(seconds * 1000))}ms"
     minutes, secs = divmod(seconds, 60)
     return f"{int(minutes)}m{secs:.3g}s" if minutes else f"{secs:.3g}s"
+
+
+def _max_tokens(req: dict[str, Any]) -> int | None:
+    """The completion cap a request asks for (`max_completion_tokens`: OpenAI's reasoning models)."""
+    v = req.get("max_tokens", req.get("max_completion_tokens"))
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _err_body(code: int, message: str, status: str, *, as_list: bool, details: list | None = None) -> bytes:
@@ -180,11 +195,13 @@ class Simulator:
         self._waiting = 0
         self._workers_n = 0
         self._worker: asyncio.Semaphore | None = None
+        self._prefixes: set[str] = set()  # system prompts seen: the prompt cache
         self.apply(config or SimConfig())
 
     def apply(self, cfg: SimConfig) -> None:
         cfg.validate()
         self.cfg = cfg
+        self._prefixes = set()  # a reconfigured server starts with an empty prompt cache
         self.rng = random.Random(cfg.seed)
         self.req_bucket = _Bucket(cfg.rpm, cfg.burst_s) if cfg.rpm else None
         self.tok_bucket = _Bucket(cfg.tpm, cfg.burst_s) if cfg.tpm else None
@@ -214,7 +231,8 @@ class Simulator:
         app.router.add_get("/props", self.props)
         app.router.add_get("/slots", self.slots)
         # -- more routes register here (one line each, their handlers in their own modules) --
-        batch.register(app, self)  # provider Batch APIs (simulator/batch.py)
+        batches = batch.register(app, self)  # provider Batch APIs (simulator/batch.py)
+        anthropic_wire.register(app, self, batches)  # Anthropic's Messages API and Message Batches (simulator/anthropic_wire.py)
         return app
 
     # -- admin -----------------------------------------------------------------------------------
@@ -257,14 +275,15 @@ class Simulator:
         return web.Response(body=orjson.dumps(dataclasses.asdict(self.cfg)), content_type="application/json")
 
     # -- chat --------------------------------------------------------------------------------------
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def chat(self, request: web.Request, cache: str = "auto") -> web.StreamResponse:
+        """`POST /v1/chat/completions`; `cache` says how the prompt cache sees the request (`prefix_cache`)."""
         st = self.stats
         st.requests += 1
         st.in_flight += 1
         if st.in_flight > st.max_in_flight:
             st.max_in_flight = st.in_flight
         try:
-            resp = await self._chat(request)
+            resp = await self._chat(request, cache)
         except ConnectionResetError:
             st.by_status["drop"] = st.by_status.get("drop", 0) + 1
             raise
@@ -280,7 +299,7 @@ class Simulator:
     def _json(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
         return web.Response(status=status, body=body, content_type="application/json", headers=headers)
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: web.Request, cache: str) -> web.StreamResponse:
         cfg = self.cfg
         if self.auth is not None and request.headers.get("Authorization") != self.auth:
             got = request.headers.get("Authorization", "")
@@ -290,7 +309,7 @@ class Simulator:
         raw = await request.read()
         try:
             req = orjson.loads(raw)
-            messages = req["messages"]
+            req["messages"]  # noqa: B018 - a chat body without messages is a 400
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return self._json(400, _err_body(400, "invalid request body", "INVALID_ARGUMENT", as_list=False))
         refused = sorted(self.rejected.intersection(req)) if self.stats.ok >= cfg.reject_after else []
@@ -322,7 +341,7 @@ class Simulator:
             prompt_est = prompt_tokens(req)
             delay = self.req_bucket.take(1) if self.req_bucket else 0.0
             if not delay and self.tok_bucket:
-                delay = self.tok_bucket.take(prompt_est + int(req.get("max_tokens") or 0))
+                delay = self.tok_bucket.take(prompt_est + int(_max_tokens(req) or 0))
             if delay:
                 return self._rate_limited(delay)
             if self.fault_table:
@@ -339,17 +358,17 @@ class Simulator:
                 return early
 
         if self._worker is None:
-            return await self._generate(req, messages, raw, fault)
+            return await self._generate(req, raw, fault, cache)
         # One worker: requests wait their turn, and one whose client hangs up is still worked on to
         # the end (shielded), holding the worker as a real single-slot server does.
-        work = asyncio.ensure_future(self._serially(req, messages, raw, fault))
+        work = asyncio.ensure_future(self._serially(req, raw, fault, cache))
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
             self.stats.abandoned += 1
             raise
 
-    async def _serially(self, req: dict[str, Any], messages: list[dict], raw: bytes, fault: str | None) -> web.Response:
+    async def _serially(self, req: dict[str, Any], raw: bytes, fault: str | None, cache: str) -> web.Response:
         assert self._worker is not None
         queued = self._worker.locked()  # every worker is busy: this one waits its turn
         if queued:
@@ -358,34 +377,53 @@ class Simulator:
         async with self._worker:
             if queued:
                 self._waiting -= 1
-            return await self._generate(req, messages, raw, fault)
+            return await self._generate(req, raw, fault, cache)
 
-    async def _generate(self, req: dict[str, Any], messages: list[dict], raw: bytes, fault: str | None) -> web.Response:
-        body = self.reply_body(req, fault=fault, reply_id=f"chatcmpl-sim-{self.stats.requests}")
+    async def _generate(self, req: dict[str, Any], raw: bytes, fault: str | None, cache: str) -> web.Response:
+        body = self.reply_body(req, fault=fault, reply_id=f"chatcmpl-sim-{self.stats.requests}", cache=cache)
         usage = body.get("usage") or {"prompt_tokens": 0, "completion_tokens": 0}
         latency = self._latency() + self.cfg.latency_per_token_s * self.cfg.latency_scale * usage["completion_tokens"]
         if latency > 0:
             await asyncio.sleep(latency)
         self.stats.prompt_tokens += usage["prompt_tokens"]
         self.stats.completion_tokens += usage["completion_tokens"]
+        self.stats.cached_prompt_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         h = hash(raw)
         self.stats.ok += 1
         self.stats.ok_bodies[h] = self.stats.ok_bodies.get(h, 0) + 1
         return self._json(200, orjson.dumps(body))
 
-    def reply_body(self, req: dict[str, Any], *, fault: str | None = None, reply_id: str = "chatcmpl-sim") -> dict[str, Any]:
+    def prefix_cache(self, req: dict[str, Any], cache: str) -> tuple[int, int]:
+        """(prompt tokens read from the prompt cache, written into it) for `req`'s system prompt: `cache` "auto"
+        is OpenAI's automatic caching (reads only), "marked" a prompt marked cacheable (Anthropic's
+        cache_control: a first sight is written), "unmarked" no caching."""
+        system = next((m for m in req["messages"] if m.get("role") == "system"), None)
+        if cache == "unmarked" or not self.cfg.prompt_cache or system is None:
+            return 0, 0
+        n = prompt_tokens({"messages": [system]})
+        if n < self.cfg.cache_min_tokens:
+            return 0, 0
+        text = orjson.dumps(system.get("content")).decode()
+        if text in self._prefixes:
+            return n, 0
+        self._prefixes.add(text)
+        return 0, (n if cache == "marked" else 0)
+
+    def reply_body(self, req: dict[str, Any], *, fault: str | None = None, reply_id: str = "chatcmpl-sim",
+                   cache: str = "auto") -> dict[str, Any]:
         """The chat.completion body (usage included) answering the request body `req` under the current
         knobs — the one place replies are made, so the batch routes answer exactly as the online one.
-        `fault` "null" or "length" shapes it as those faults; no stats are touched."""
+        `fault` "null" or "length" shapes it as those faults; `cache`: how the prompt cache sees it
+        (`prefix_cache`); no stats are touched."""
         cfg = self.cfg
         messages = req["messages"]
+        max_tokens = _max_tokens(req)
         text, finish = behaviour.reply(
             messages, seed=int(req.get("seed") or 0), temperature=float(req.get("temperature") or 0.0),
-            max_tokens=req.get("max_tokens"), response_format=req.get("response_format"),
+            max_tokens=max_tokens, response_format=req.get("response_format"),
             p_stray=cfg.p_stray, p_runaway=cfg.p_runaway, cut_at_max_tokens=cfg.cut_at_max_tokens,
         )
         pt, ct = prompt_tokens(req), text_tokens(text)  # the engine's token rule: its estimates are exact here
-        max_tokens = req.get("max_tokens") if isinstance(req.get("max_tokens"), int) else None
         if fault == "length":  # cut at max_tokens: all of them used
             text, finish = text[: max(1, len(text) // 2)], "length"
             ct = max_tokens or text_tokens(text)
@@ -417,7 +455,10 @@ class Simulator:
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         }
         if cfg.usage:
-            body["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+            read, write = self.prefix_cache(req, cache)
+            details = {"cached_tokens": read} | ({"cache_write_tokens": write} if write else {})
+            body["usage"] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct,
+                             "prompt_tokens_details": details}
         return body
 
     def _latency(self) -> float:

@@ -127,9 +127,10 @@ def test_batch_lost_before_its_id_was_stored_is_found_not_recreated(sim, tmp_pat
     assert batch_stats(sim.base_url)["batches_created"] == 1
 
 
-def test_cancel_stuck_batch(sim, tmp_path):
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_cancel_stuck_batch(sim, tmp_path, kind):
     configure_batch(sim.base_url, stuck_next=1)
-    p = profile(sim)
+    p = profile(sim, kind, **({"wire": "anthropic"} if kind == "anthropic" else {}))  # Message Batches: its wire
 
     async def go():
         async with LLMEngine(p, cache_root=tmp_path) as engine:

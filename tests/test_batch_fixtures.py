@@ -96,7 +96,7 @@ class QueueFullOnce:
         self.batches[token] = requests
         return token
 
-    async def find(self, token: str) -> str | None:
+    async def find(self, token: str, size: int = 0, since: float = 0.0) -> str | None:
         return None
 
     async def state(self, batch_id: str) -> BatchState:

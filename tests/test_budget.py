@@ -111,6 +111,8 @@ def test_one_price_rule_unknown_is_never_zero_and_the_batch_discount_applies_onc
         price_input_per_mtok: float | None = 1.0
         price_output_per_mtok: float | None = 2.0
         batch_discount: float | None = 0.5
+        price_cached_input_per_mtok: float | None = None
+        price_cache_write_per_mtok: float | None = None
 
     assert cost_usd(P(), 1_000_000, 1_000_000) == 3.0
     assert cost_usd(P(), 1_000_000, 1_000_000, batch=True) == capped_usd(P(), 1_000_000, 1_000_000, batch=True) == 1.5

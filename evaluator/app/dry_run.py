@@ -12,7 +12,11 @@ per architecture (`by_arch`: each call under the architecture whose code made it
 Per model: calls in total, already cached, to send; prompt tokens by the profile's token rule
 (`core.tokens.prompt_tokens`); completion tokens as the mean of this study's cached replies of the
 same prompt version, else `max_tokens` (an upper bound; the plan says which); USD online and through
-the batch API from the profile's prices; and the time floor the RPM/TPM pacing and concurrency set.
+the batch API from the profile's prices (and where they come from, with their date); and the time floor
+the RPM/TPM pacing and concurrency set. Where the provider caches prompt prefixes (`prompt_cache`), every
+call after the first with the same system prompt is counted as reading that prompt from the cache (priced at
+the cached rate) when the prompt is at least `cache_min_tokens` long, and the first one as writing it when
+the cache is explicit (Anthropic): an estimate that assumes the prefix stays cached while the run goes on.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from evaluator.core import aio
 from evaluator.core.money import cost_usd
 from evaluator.core.tokens import MESSAGE_TOKENS, prompt_tokens
 from evaluator.llm import ChatResult, LLMEngine, ModelProfile, Prepared
+from evaluator.llm.budget import unpriced
 from evaluator.llm.limits import RPM_SAFETY
 from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
@@ -51,6 +56,8 @@ class ModelPlan:
     ptr_planners_upper_bound: int  # of `to_send`: planners that depend on a reply not cached yet (any architecture)
     prompt_tokens: int
     completion_tokens: int | None  # None: no max_tokens and no cached history to estimate from
+    cached_prompt_tokens: int  # of prompt_tokens: expected from the provider's prompt cache (module doc)
+    cache_write_tokens: int  # of prompt_tokens: expected to be written into it (explicit caching)
     completion_basis: dict[str, str]  # per prompt version (or system prompt): where the estimate comes from
     usd_online: float | None  # None: the profile gives no price (or completion unknown)
     usd_batch: float | None  # None: no price or no batch_discount
@@ -61,6 +68,9 @@ class ModelPlan:
     rpm: float | None
     tpm: float | None
     by_arch: dict[str, int] = field(default_factory=dict)  # calls per architecture (each where it is made)
+    prices: str | None = None  # where the prices come from and as of when; None: none given
+    follows_headers: bool = False  # the pace is a start: the provider's rate-limit headers set it (follow_rate_headers)
+    unpriced: str | None = None  # why the USD is unknown, when it is
 
 
 @dataclass
@@ -94,16 +104,47 @@ class DryRunPlan:
                 out.append("  calls by architecture: " + ", ".join(f"{a} {n:,}" for a, n in m.by_arch.items()))
             out.append(f"  tokens to send: {m.prompt_tokens:,} prompt, {ct} completion "
                        f"({'; '.join(f'{k}: {v}' for k, v in m.completion_basis.items()) or 'nothing to send'})")
-            out.append(f"  cost: {_usd(m.usd_online)} online, {_usd(m.usd_batch)} through the batch API")
+            if m.cached_prompt_tokens or m.cache_write_tokens:
+                writes = f", {m.cache_write_tokens:,} written into it" if m.cache_write_tokens else ""
+                out.append(f"  prompt cache: ~{m.cached_prompt_tokens:,} of the prompt tokens read from it (at the "
+                           f"cached price){writes}")
+            if m.unpriced:
+                out.append(f"  cost: unknown ({m.unpriced})")
+            else:
+                out.append(f"  cost: {_usd(m.usd_online)} online, {_usd(m.usd_batch)} through the batch API")
+            if m.prices:
+                out.append(f"  prices: {m.prices}")
             limit = {"rpm": f"RPM {m.rpm}", "tpm": f"TPM {m.tpm}"}.get(m.time_floor_by, "no RPM/TPM limit")
-            out.append(f"  time floor: {_dur(m.time_floor_s)} ({limit}), and at least {m.latency_rounds:,} reply "
-                       f"latencies in sequence (concurrency {m.concurrency})")
+            follow = "; the limits the provider's rate-limit headers announce replace it" if m.follows_headers else ""
+            out.append(f"  time floor: {_dur(m.time_floor_s)} ({limit}{follow}), and at least {m.latency_rounds:,} "
+                       f"reply latencies in sequence (concurrency {m.concurrency})")
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
 
 def _usd(x: float | None) -> str:
     return usd(x, "unknown (no price in the profile)")
+
+
+def cache_estimate(p: ModelProfile, bodies: list[dict[str, Any]]) -> tuple[int, int]:
+    """(prompt tokens read from the provider's prompt cache, written into it) over these requests (module doc)."""
+    if p.prompt_cache == "none":
+        return 0, 0
+    seen: dict[str, int] = {}
+    read = write = 0
+    for b in bodies:
+        system = next((m for m in b.get("messages") or [] if isinstance(m, dict) and m.get("role") == "system"), None)
+        if system is None or not isinstance(system.get("content"), str):
+            continue
+        n = prompt_tokens({"messages": [system]}, p.chars_per_token)
+        if n < p.cache_min_tokens:
+            continue
+        if system["content"] in seen:
+            read += n
+        else:
+            seen[system["content"]] = n
+            write += n if p.prompt_cache == "explicit" else 0
+    return read, write
 
 
 def _dur(s: float) -> str:
@@ -155,8 +196,9 @@ def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[Any, d
             est = sum(int(c) for c in caps if c is not None)
         ct = None if ct is None else ct + est
     n = len(todo)
-    usd = cost_usd(p, pt, ct) if ct is not None else None
-    usd_b = cost_usd(p, pt, ct, batch=True) if ct is not None else None
+    cached, written = cache_estimate(p, [b for _, b in todo])
+    usd = cost_usd(p, pt, ct, cached=cached, cache_write=written) if ct is not None else None
+    usd_b = cost_usd(p, pt, ct, batch=True, cached=cached, cache_write=written) if ct is not None else None
     # The engine's pacing: one second's worth may go at once, then RPM (x RPM_SAFETY) and TPM (each call
     # holds its prompt estimate + max_tokens) set the pace.
     floors = {"none": 0.0}
@@ -170,9 +212,9 @@ def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[Any, d
     return ModelPlan(
         model=p.name, calls=len(calls) + len(planners), cached=sum(c.hit is not None for c in calls), to_send=n,
         ptr_planners_upper_bound=len(distinct_planners), prompt_tokens=pt, completion_tokens=ct,
-        completion_basis=basis, usd_online=_r(usd), usd_batch=_r(usd_b), time_floor_s=round(floors[by], 1),
+        cached_prompt_tokens=cached, cache_write_tokens=written, completion_basis=basis, usd_online=_r(usd), usd_batch=_r(usd_b), time_floor_s=round(floors[by], 1),
         time_floor_by=by, latency_rounds=rounds, concurrency=p.concurrency, rpm=p.rpm, tpm=p.tpm,
-        by_arch=dict(by_arch or {}))
+        by_arch=dict(by_arch or {}), prices=p.price_source, unpriced=unpriced(p), follows_headers=p.follow_rate_headers)
 
 
 def _r(x: float | None) -> float | None:

@@ -30,7 +30,15 @@ from evaluator.batch.providers import batch_api, batch_kind, chat_to_gemini
 from evaluator.batch.runner import BatchRunner, BatchStats
 from evaluator.batch.store import JobStore
 from evaluator.core import aio
-from evaluator.llm import ChatResult, FatalLLMError, LLMEngine, ModelProfile, Prepared, resolve_api_key
+from evaluator.llm import (
+    ChatResult,
+    ConfigError,
+    FatalLLMError,
+    LLMEngine,
+    ModelProfile,
+    Prepared,
+    resolve_api_key,
+)
 from evaluator.llm.budget import Budget, context_overflow
 from evaluator.llm.cache import ResponseCache
 from evaluator.study.archs import DEFERRED_KIND
@@ -220,5 +228,9 @@ def cancel_message(stats: Mapping[str, BatchStats]) -> str:
 def check(profiles: dict[str, ModelProfile]) -> None:
     """Before any work: every model declares a batch API its requests fit (else one `ConfigError` line)."""
     for p in profiles.values():
-        if batch_kind(p) == "gemini":
+        kind = batch_kind(p)
+        if kind == "gemini":
             chat_to_gemini({"model": p.model, "messages": [], **p.extra_body})  # fields Gemini's API cannot carry
+        if kind == "anthropic" and p.wire != "anthropic":
+            raise ConfigError(f"model {p.name!r}: batch = \"anthropic\" (Message Batches) needs wire = \"anthropic\" "
+                              "(the Messages API) in its profile")

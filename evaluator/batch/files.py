@@ -118,7 +118,8 @@ def failure_kinds(results: Iterable[Result]) -> dict[str, int]:
     return dict(Counter(r.kind() for r in results if not r.ok).most_common())
 
 
-def _parse(raw_lines: Iterable[bytes], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def json_lines(raw_lines: Iterable[bytes], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank line; a line that is not a JSON object is one error naming it."""
     for n, raw in enumerate(raw_lines, 1):
         if not raw.strip():
             continue
@@ -137,7 +138,7 @@ def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     except OSError as e:
         raise RequestFileError(f"cannot read {path}: {e.strerror}") from None
     with fh:
-        yield from _parse(fh, str(path))
+        yield from json_lines(fh, str(path))
 
 
 def read_requests(path: Path | str) -> list[Request]:
@@ -168,7 +169,7 @@ def read_results(path: Path | str) -> list[Result]:
 
 def parse_results(data: bytes, where: str) -> list[Result]:
     """Results from a downloaded output or error file's bytes."""
-    return _results(_parse(data.splitlines(), where), where)
+    return _results(json_lines(data.splitlines(), where), where)
 
 
 def _results(lines: Iterable[tuple[int, dict[str, Any]]], where: str) -> list[Result]:

@@ -6,9 +6,17 @@
   `batches/{id}`); chat bodies are translated to GenerateContentRequests on the way in and the
   GenerateContentResponses back to chat.completion bodies on the way out, so the engine stores them
   exactly as it stores online replies.
+- `AnthropicBatch`: Anthropic's Message Batches (`POST /v1/messages/batches` with the requests inline, each
+  `{"custom_id", "params"}` a Messages body made by the online wire's own translation (llm/dialects.py),
+  `GET .../{id}`, `.../{id}/cancel`, its `results_url` JSONL): a `succeeded` line's message comes back as
+  the chat.completion body the online path stores, `errored` carries Anthropic's error type (mapped to its
+  HTTP status: a 4xx is permanent, `api_error` / `overloaded_error` worth another submission), `canceled` and
+  `expired` never ran. At most 100,000 requests or 256 MB per batch (split before submitting).
 
 Every submit carries a token (OpenAI: batch metadata; Gemini: display name) so a batch whose id was
-lost to a crash can be found again with `find` instead of being created twice.
+lost to a crash can be found again with `find` instead of being created twice. Anthropic's batches carry
+no metadata: `find` takes the one batch created since the job was recorded with as many requests (none
+when two match: its requests are then submitted again).
 """
 
 from __future__ import annotations
@@ -17,14 +25,16 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
 import orjson
 
-from evaluator.batch.files import BatchError, Request, Result, error_dict, parse_results
+from evaluator.batch.files import BatchError, Request, Result, error_dict, json_lines, parse_results
 from evaluator.core.redact import redact
+from evaluator.llm.dialects import AnthropicWire, anthropic_base, dialect, from_message
 from evaluator.llm.errors import ConfigError, FatalLLMError
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.retry import backoff_delay, retry_after_from_headers
@@ -35,9 +45,12 @@ TOKEN_KEY = "evaluator_token"
 # most 2 GB (ai.google.dev/gemini-api/docs/batch-api), taken as 2 * 10^9 bytes, the smaller reading.
 # Files are split to fit before upload; a provider with smaller limits rejects the batch and the runner
 # splits it again.
+# Anthropic: 100,000 requests or 256 MB per Message Batch (docs.anthropic.com/en/docs/build-with-claude/
+# batch-processing), 256 * 10^6 bytes.
 DEFAULT_LIMITS: dict[str, tuple[int | None, int | None]] = {
     "openai": (50_000, 200_000_000),
     "gemini": (None, 2_000_000_000),
+    "anthropic": (100_000, 256_000_000),
 }
 # The JSONL MIME type of each upload: google-genai's documented call is
 # `files.upload(..., config=UploadFileConfig(mime_type="jsonl"))`, sent as X-Goog-Upload-Header-Content-Type.
@@ -97,7 +110,8 @@ class BatchState:
 class BatchAPI(Protocol):
     def line_size(self, request: Request) -> int: ...  # bytes of its line in the uploaded file
     async def submit(self, requests: list[Request], token: str) -> str: ...
-    async def find(self, token: str) -> str | None: ...
+    # the batch a job's submit created (its token; its number of requests and the time it was recorded)
+    async def find(self, token: str, size: int, since: float) -> str | None: ...
     async def state(self, batch_id: str) -> BatchState: ...
     async def results(self, batch_id: str) -> list[Result]: ...
     async def cancel(self, batch_id: str) -> None: ...
@@ -191,7 +205,7 @@ class OpenAIBatch:
         raw, _ = await self.http.call("POST", f"{self.base}/batches", json=body, retries=0)
         return orjson.loads(raw)["id"]
 
-    async def find(self, token: str) -> str | None:
+    async def find(self, token: str, size: int = 0, since: float = 0.0) -> str | None:
         after: str | None = None
         for _ in range(20):  # the newest 2,000 batches: a lost one was created minutes ago
             params = {"limit": "100"} | ({"after": after} if after else {})
@@ -273,11 +287,14 @@ def gemini_to_completion(resp: dict[str, Any], model: str) -> dict[str, Any]:
     pt = int(usage.get("promptTokenCount") or 0)
     ct = int(usage.get("candidatesTokenCount") or 0) + int(usage.get("thoughtsTokenCount") or 0)
     finish = _GEMINI_FINISH.get(cand.get("finishReason", "STOP"), str(cand.get("finishReason", "stop")).lower())
+    out_usage: dict[str, Any] = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+    if usage.get("cachedContentTokenCount"):  # of the prompt: from the context cache (implicit or explicit)
+        out_usage["prompt_tokens_details"] = {"cached_tokens": int(usage["cachedContentTokenCount"])}
     return {
         "id": resp.get("responseId", "gemini-batch"), "object": "chat.completion", "created": int(time.time()),
         "model": resp.get("modelVersion", model),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text or None}, "finish_reason": finish}],
-        "usage": {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct},
+        "usage": out_usage,
     }
 
 
@@ -371,7 +388,7 @@ class GeminiBatch:
                                       json=body, retries=0)
         return orjson.loads(raw)["name"]
 
-    async def find(self, token: str) -> str | None:
+    async def find(self, token: str, size: int = 0, since: float = 0.0) -> str | None:
         page_token = None
         for _ in range(20):
             params = {"pageSize": "100"} | ({"pageToken": page_token} if page_token else {})
@@ -405,20 +422,142 @@ class GeminiBatch:
         await self.http.call("POST", f"{self.root}/v1beta/{batch_id}:cancel")
 
 
+# -- Anthropic Message Batches --------------------------------------------------------------------------
+# Anthropic's error types and the HTTP status each stands for (docs.anthropic.com/en/api/errors).
+ANTHROPIC_ERRORS: dict[str, int] = {
+    "invalid_request_error": 400, "authentication_error": 401, "billing_error": 402, "permission_error": 403,
+    "not_found_error": 404, "request_too_large": 413, "rate_limit_error": 429, "api_error": 500,
+    "timeout_error": 504, "overloaded_error": 529,
+}
+_NOT_RAN = {"canceled": ("batch_cancelled", "the batch was cancelled before this request ran"),
+            "expired": ("batch_expired", "the batch expired before this request ran")}
+
+
+def anthropic_state(b: dict[str, Any]) -> BatchState:
+    """A Message Batch object as a `BatchState`: ended is completed (or cancelled, when a cancel ended it)."""
+    counts = b.get("request_counts") or {}
+    n = {k: int(counts.get(k) or 0) for k in ("processing", "succeeded", "errored", "canceled", "expired")}
+    if b.get("processing_status") != "ended":
+        status = "running"
+    else:
+        status = "cancelled" if b.get("cancel_initiated_at") else "completed"
+    return BatchState(status, sum(n.values()), n["succeeded"], n["errored"] + n["canceled"] + n["expired"])
+
+
+def anthropic_result(x: dict[str, Any]) -> Result | None:
+    """One results line (`{"custom_id", "result": {"type": succeeded | errored | canceled | expired, ...}}`) as
+    a Result; None without a custom_id."""
+    cid, res = x.get("custom_id"), x.get("result")
+    if not isinstance(cid, str) or not isinstance(res, dict):
+        return None
+    kind = res.get("type")
+    if kind == "succeeded" and isinstance(res.get("message"), dict):
+        try:
+            return Result(cid, 200, from_message(res["message"]))
+        except ValueError as e:
+            return Result(cid, None, None, BatchError("malformed_reply", str(e)))
+    if kind in _NOT_RAN:
+        return Result(cid, None, None, BatchError(*_NOT_RAN[kind]))
+    outer = res.get("error")
+    outer = outer if isinstance(outer, dict) else {}
+    inner = outer.get("error")
+    err: dict[str, Any] = inner if isinstance(inner, dict) else outer
+    etype = str(err.get("type") or "api_error")
+    return Result(cid, ANTHROPIC_ERRORS.get(etype, 500), {"error": {"type": etype, "message": str(err.get("message") or "")}})
+
+
+CLOCK_SKEW_S = 2.0  # how far the provider's clock may lag ours (both NTP-synced)
+
+
+def _epoch(stamp: Any) -> float:
+    try:
+        return datetime.fromisoformat(str(stamp)).timestamp()
+    except ValueError:
+        return 0.0
+
+
+class AnthropicBatch:
+    def __init__(self, profile: ModelProfile, api_key: str | None) -> None:
+        self.base = anthropic_base(profile.base_url)
+        wire = dialect(profile)
+        if not isinstance(wire, AnthropicWire):
+            raise ConfigError(f"model {profile.name!r}: batch = \"anthropic\" needs wire = \"anthropic\" (the Messages API)")
+        self.wire = wire
+        self.http = _Http(profile, api_key, {k: v for k, v in wire.headers(api_key).items() if k != "Content-Type"})
+
+    async def close(self) -> None:
+        await self.http.close()
+
+    def _entry(self, request: Request) -> dict[str, Any]:
+        return {"custom_id": request.custom_id, "params": self.wire.params(request.body)}
+
+    def line_size(self, request: Request) -> int:
+        return len(orjson.dumps(self._entry(request))) + 1  # its place in the create body's list, comma included
+
+    async def submit(self, requests: list[Request], token: str) -> str:
+        body = orjson.dumps({"requests": [self._entry(r) for r in requests]})
+        raw, _ = await self.http.call("POST", f"{self.base}/messages/batches", data=body,
+                                      headers={"Content-Type": "application/json"}, retries=0)
+        return orjson.loads(raw)["id"]
+
+    async def find(self, token: str, size: int = 0, since: float = 0.0) -> str | None:
+        """The one batch of `size` requests created since `since` (the job's record, written just before the
+        create; less `CLOCK_SKEW_S`), newest first; None when none or several match."""
+        found: list[str] = []
+        after: str | None = None
+        for _ in range(20):
+            params = {"limit": "100"} | ({"after_id": after} if after else {})
+            raw, _ = await self.http.call("GET", f"{self.base}/messages/batches", params=params)
+            page = orjson.loads(raw)
+            data = page.get("data") or []
+            for b in data:
+                if _epoch(b.get("created_at")) < since - CLOCK_SKEW_S:
+                    return found[0] if len(found) == 1 else None
+                if anthropic_state(b).total == size:
+                    found.append(b["id"])
+            if not page.get("has_more") or not data:
+                break
+            after = page.get("last_id") or data[-1]["id"]
+        return found[0] if len(found) == 1 else None
+
+    async def _get(self, batch_id: str) -> dict[str, Any]:
+        raw, _ = await self.http.call("GET", f"{self.base}/messages/batches/{batch_id}")
+        return orjson.loads(raw)
+
+    async def state(self, batch_id: str) -> BatchState:
+        return anthropic_state(await self._get(batch_id))
+
+    async def results(self, batch_id: str) -> list[Result]:
+        b = await self._get(batch_id)
+        url = b.get("results_url") or f"{self.base}/messages/batches/{batch_id}/results"
+        data, _ = await self.http.call("GET", url)
+        lines = json_lines(data.splitlines(), f"batch {batch_id} results")
+        return [r for _, x in lines if (r := anthropic_result(x)) is not None]
+
+    async def cancel(self, batch_id: str) -> None:
+        await self.http.call("POST", f"{self.base}/messages/batches/{batch_id}/cancel")
+
+
 def batch_kind(profile: ModelProfile) -> str:
     """The profile's batch API, or one `ConfigError` line saying how to declare one."""
     kind = getattr(profile, "batch", None)
-    if kind in ("openai", "gemini"):
+    if kind in DEFAULT_LIMITS:
         return kind
+    if profile.provider and "/" in profile.name:  # --model PROVIDER/MODEL: no file to add it to
+        raise ConfigError(f"model {profile.name!r}: {profile.provider} has no batch API this evaluator can use "
+                          "(`python -m evaluator models` lists which do); run without --batch")
     raise ConfigError(
-        f"model {profile.name!r} declares no batch API: add batch = \"openai\" (OpenAI-compatible /v1/batches) "
-        f"or batch = \"gemini\" to its profile (configs/models/{profile.name}.toml or the .toml you passed), "
-        "or run without --batch"
+        f"model {profile.name!r} declares no batch API: add batch = \"openai\" (OpenAI-compatible /v1/batches), "
+        f"batch = \"gemini\" or batch = \"anthropic\" to its profile (configs/models/{profile.name}.toml or the .toml "
+        "you passed), or run without --batch"
     )
 
 
 def batch_api(profile: ModelProfile, api_key: str | None) -> BatchAPI:
-    return OpenAIBatch(profile, api_key) if batch_kind(profile) == "openai" else GeminiBatch(profile, api_key)
+    kind = batch_kind(profile)
+    if kind == "anthropic":
+        return AnthropicBatch(profile, api_key)
+    return OpenAIBatch(profile, api_key) if kind == "openai" else GeminiBatch(profile, api_key)
 
 
 def batch_limits(profile: ModelProfile) -> tuple[int | None, int | None]:

@@ -73,6 +73,9 @@ def _ray() -> tuple[Any, Any]:
 
 def check(profile: ModelProfile, opts: RayOptions) -> None:
     """Every mistake in the Ray options as one line, before Ray starts or anything is sent."""
+    if profile.wire != "openai":
+        raise ConfigError(f"model {profile.name!r} speaks the {profile.wire} wire; Ray's HTTP processor sends OpenAI "
+                          "chat requests only: use --engine evaluator")
     _ray()
     if opts.processor not in PROCESSORS:
         raise ConfigError(f"--processor {opts.processor!r}: expected one of {', '.join(PROCESSORS)}")

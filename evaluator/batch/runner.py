@@ -96,7 +96,7 @@ class BatchRunner:
                 self.stats.resubmitted += len(pending)
                 self.log(f"{self.profile.name}: re-submitting {len(pending):,} failed or expired requests (attempt {attempt})")
             chunks = split(pending, *batch_limits(self.profile), getattr(self.api, "line_size", None))
-            jobs = [job for chunk in chunks if (job := await self._submit_or_defer(chunk, attempt)) is not None]
+            jobs = [job for chunk in chunks for job in await self._submit_or_defer(chunk, attempt)]
             await self._wait(jobs)
             pending = self.missing(pending)
             attempt += 1
@@ -111,7 +111,7 @@ class BatchRunner:
             batch_id = job.batch_id
             if batch_id is None:
                 # Killed between writing the row and learning the id: the batch may exist anyway.
-                batch_id = await self.api.find(job.token)
+                batch_id = await self.api.find(job.token, len(job.keys), job.created)
                 if batch_id is None:
                     self.store.mark(job, "lost")  # never created; its requests are simply still missing
                     continue
@@ -136,7 +136,7 @@ class BatchRunner:
         """Cancel every batch still open for this model; import what they finished. Returns how many."""
         jobs = []
         for job in self.store.open_jobs(self.profile.name):
-            if job.batch_id is None and (found := await self.api.find(job.token)) is not None:
+            if job.batch_id is None and (found := await self.api.find(job.token, len(job.keys), job.created)) is not None:
                 self.store.submitted(job, found)
             if job.batch_id is None:
                 self.store.mark(job, "lost")
@@ -166,20 +166,27 @@ class BatchRunner:
         self.stats.submitted += len(chunk)
         return job
 
-    async def _submit_or_defer(self, chunk: list[Request], attempt: int) -> Job | None:
+    async def _submit_or_defer(self, chunk: list[Request], attempt: int) -> list[Job]:
         """`_submit`, or None when the provider refuses the create for a full queue (HTTP 429): the chunk
-        waits in `_deferred` for a running batch to finish."""
+        waits in `_deferred` for a running batch to finish. A create refused as too large (HTTP 413, Anthropic's
+        `request_too_large`: a limit below the one we split at) is split in two and each half submitted."""
         try:
-            return await self._submit(chunk, attempt)
+            return [await self._submit(chunk, attempt)]
         except BatchAPIError as e:
-            if e.status != 429:
+            if e.status not in (413, 429) or (e.status == 413 and len(chunk) < 2):
                 raise
             for job in self.store.open_jobs(self.profile.name):
                 if job.batch_id is None and self._requests.get(job.token) is chunk:
                     self.store.mark(job, "lost")  # never created
                     self._requests.pop(job.token, None)
+            if e.status == 413:
+                self.stats.split += 1
+                self.log(f"{self.profile.name}: a batch of {len(chunk):,} requests is too large for the provider; split in two")
+                half = len(chunk) // 2
+                return (await self._submit_or_defer(chunk[:half], attempt)
+                        + await self._submit_or_defer(chunk[half:], attempt))
             self._defer(chunk, attempt, str(e))
-            return None
+            return []
 
     def _defer(self, chunk: list[Request], attempt: int, why: str) -> None:
         self.stats.queue_waits += 1
@@ -215,8 +222,7 @@ class BatchRunner:
                     self.stats.split += 1
                     self.log(f"{self.profile.name}: batch {job.batch_id} too large for the provider; split in two")
                     for part in (reqs[:half], reqs[half:]):
-                        new = await self._submit_or_defer(part, job.attempt)
-                        if new is not None:
+                        for new in await self._submit_or_defer(part, job.attempt):
                             open_jobs[new.token] = new
                     continue
                 if st.status == "failed" and st.errors:
@@ -234,7 +240,7 @@ class BatchRunner:
                     self._error(f"batch queue full: {n} requests not submitted")
                 else:
                     for chunk, attempt in deferred:
-                        if (new := await self._submit_or_defer(chunk, attempt)) is not None:
+                        for new in await self._submit_or_defer(chunk, attempt):
                             open_jobs[new.token] = new
             self._show(states, time.monotonic() - t0, final=not open_jobs and not self._deferred)
             if open_jobs or self._deferred:
@@ -307,6 +313,9 @@ class BatchRunner:
             v = usage.get(name)
             if isinstance(v, int | float) and not isinstance(v, bool):
                 setattr(self.stats, name, getattr(self.stats, name) + max(0, int(v)))
+        if res is not None:  # the reply's reading of its usage (llm/reply.py): cache reads and writes
+            self.stats.cached_prompt_tokens += getattr(res, "cached_tokens", 0)
+            self.stats.cache_write_tokens += getattr(res, "cache_write_tokens", 0)
 
     def _cached(self, key: str) -> bool:
         return self.cache.get(key) is not None

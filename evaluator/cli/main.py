@@ -25,7 +25,7 @@ from typing import NoReturn, TextIO
 
 from evaluator.analysis.routing import RoutingMeta
 from evaluator.analysis.scaling import ScalingMeta
-from evaluator.app import report, requests, study
+from evaluator.app import models, report, requests, study
 from evaluator.app import view as view_app
 from evaluator.batch.ray_engine import RayOptions
 from evaluator.batch.requests import import_files
@@ -41,7 +41,7 @@ from evaluator.core.errors import (
 )
 from evaluator.core.progress import Reporter
 from evaluator.core.redact import RedactFilter, redact, redacted_traceback
-from evaluator.llm import cache_clear, cache_stats
+from evaluator.llm import cache_clear, cache_stats, catalog
 from evaluator.results.schema import OutputDir
 from evaluator.settings.invocation import BATCH_FALLBACKS, STOP_GRACE_S, Invocation, ProfileOverrides
 from evaluator.settings.load import load, load_settings
@@ -103,7 +103,7 @@ def run_parser() -> Parser:
         description=(
             "Evaluate Retrieve-then-Plan (RtP) against Plan-then-Retrieve (PtR) tool discovery on the "
             "ToolBench registry. Other commands: `cache stats|clear`, `report OUT_DIR`, "
-            "`scaling OUT_DIR`, `routing OUT_DIR` (each has --help)."
+            "`scaling OUT_DIR`, `routing OUT_DIR`, `models` (each has --help)."
         ),
     )
     p.add_argument("--config", type=Path, help="settings file (default: configs/default.toml)")
@@ -126,13 +126,16 @@ def run_parser() -> Parser:
     p.add_argument("--out", help="output folder (default: results/<timestamp>)")
     p.add_argument("--limit", type=int, help="first N queries per subset (0 = all)")
     p.add_argument("--retrieval-only", action="store_true", help="RtP retrieval metrics only; no LLM")
-    p.add_argument("--model", action="append", dest="models", help="model profile (repeatable): sim, gemini, gpt-oss-120b, ...")
+    p.add_argument("--model", action="append", dest="models", help="model (repeatable): a profile (sim, gemini, "
+                   "gpt-oss-120b, a .toml path) or PROVIDER/MODEL (anthropic/claude-sonnet-4-5, openai/gpt-5-mini, "
+                   "google/gemini-2.5-flash, vllm/NAME, ollama/NAME, ...: `models` lists them)")
     p.add_argument("--runs", type=int, help="independent runs per model (default 4)")
     p.add_argument("--archs", type=_csv, help="comma list of architectures: rtp, ptr (default both), hyde, rewrite, "
                    "fusion, route, or a plugin path/to/file.py:ClassName or package.module:ClassName")
     p.add_argument("--route-tau", type=float, metavar="TAU", help="route: RtP when RtP's top-1 score >= TAU, else PtR "
                    "(default: the median of the study's top-1 scores)")
-    p.add_argument("--base-url", help="override the model profile's endpoint (for sim: use a running simulator)")
+    p.add_argument("--base-url", help="override the model's endpoint (for sim: use a running simulator; vllm, sglang, "
+                   "llamacpp: their server's /v1 address)")
     p.add_argument("--retriever", choices=RETRIEVER_CHOICES,
                    help="what every architecture searches with: dense (default), bm25, hybrid (RRF of both)")
     p.add_argument("--fallback-to-query", action="store_true", default=None, help="PtR: embed the raw query when no stub is produced")
@@ -463,6 +466,16 @@ def cmd_view(argv: list[str]) -> int:
     return 0
 
 
+def cmd_models(argv: list[str]) -> int:
+    p = Parser(prog="python -m evaluator models",
+               description="List the providers --model PROVIDER/MODEL knows (endpoint, key variable and whether it is "
+               "set, batch API, prompt caching) and the dated prices of their known models (configs/providers.toml).")
+    p.add_argument("provider", nargs="?", help="only this provider")
+    args = p.parse_args(argv)
+    print(models.models_text(args.provider))
+    return 0
+
+
 def cmd_export(argv: list[str]) -> int:
     p = Parser(prog="python -m evaluator export",
                description="Write a finished run's ranked lists as TREC run files (one per model, run, architecture "
@@ -484,7 +497,7 @@ def cmd_export(argv: list[str]) -> int:
 
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "report": cmd_report, "cache": cmd_cache, "scaling": cmd_scaling, "routing": cmd_routing,
-    "requests": cmd_requests, "view": cmd_view, "export": cmd_export,
+    "requests": cmd_requests, "view": cmd_view, "export": cmd_export, "models": cmd_models,
 }
 
 
@@ -520,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
     sys.excepthook = lambda *exc: sys.stderr.write(redacted_traceback(*exc))  # even a crash's traceback carries no key
     try:
+        catalog.watch_key_envs()  # every provider's key is redacted from whatever this command prints
         return HANDLERS[command](rest)
     except SystemExit as e:  # argparse: --help (0) or a usage error already printed (2)
         return e.code if isinstance(e.code, int) else EXIT_USAGE

@@ -54,6 +54,8 @@ class Counters:
     usage_estimated: int = 0  # fresh replies without usage in their body: tokens by the token rule (core/tokens.py)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens: served from the provider's prompt cache (the cached price)
+    cache_write_tokens: int = 0  # of prompt_tokens: written into it (Anthropic's cache writes)
     concurrency_limit: float = 0.0  # the limit at the end (the adaptive one moves; a fixed one is the profile's)
     max_in_flight: int = 0
 

@@ -45,13 +45,23 @@ def worst_case_usd(profile: ModelProfile, body: dict[str, Any], *, batch: bool =
     return capped_usd(profile, prompt_tokens(body, profile.chars_per_token), int(max_tokens), batch=batch)
 
 
+def unpriced(p: ModelProfile) -> str | None:
+    """Why a model's USD is unknown (no price for it), or None when it has its prices."""
+    if p.price_input_per_mtok is not None and p.price_output_per_mtok is not None:
+        return None
+    if p.provider is not None and p.price_source is None:
+        return (f"{p.model!r} is not in the price table of {p.provider} (configs/providers.toml); give "
+                "price_input_per_mtok and price_output_per_mtok in a profile file naming provider = "
+                f"\"{p.provider}\" to price it")
+    missing = [k for k in ("price_input_per_mtok", "price_output_per_mtok") if getattr(p, k) is None]
+    return f"model profile {p.name!r} has no {' or '.join(missing)}: add them to its .toml (USD per 1M tokens)"
+
+
 def check_priced(profiles: dict[str, ModelProfile], where: str = "--budget") -> None:
     """Before any work: a budget needs every model's prices and a bounded completion (`max_tokens`)."""
     for p in profiles.values():
-        missing = [k for k in ("price_input_per_mtok", "price_output_per_mtok") if getattr(p, k) is None]
-        if missing:
-            raise ConfigError(f"{where} needs prices, and model profile {p.name!r} has no {' or '.join(missing)}; "
-                              "add them to its .toml (USD per 1M tokens) or run without a budget")
+        if (why := unpriced(p)) is not None:
+            raise ConfigError(f"{where} needs prices: {why}, or run without a budget")
         if not p.max_tokens:
             raise ConfigError(f"{where} needs a bounded reply, and model profile {p.name!r} sets no max_tokens; "
                               "set max_tokens in its .toml or pass --max-tokens N")

@@ -26,7 +26,7 @@ from typing import Literal
 
 from evaluator.llm.errors import CONTEXT_EXCEEDED
 from evaluator.llm.profiles import ModelProfile
-from evaluator.llm.reply import MAX_TOKENS, ChatResult, read_reply
+from evaluator.llm.reply import MAX_TOKENS, REFUSAL, ChatResult, read_reply
 from evaluator.llm.retry import (
     Kind,
     Verdict,
@@ -134,8 +134,9 @@ def decide(outcome: AttemptOutcome, state: CallState, p: ModelProfile, *, now: f
         return _on_verdict(_transport_verdict(outcome.error, p), outcome, state, p, now, jitter)
     if outcome.status == 200:
         r = outcome.reply if outcome.reply is not None else read_reply(outcome.body)
-        if r.error is not None:
-            return _on_verdict(Verdict(Kind.RETRY, r.error, label=r.error_kind or "error"), outcome, state, p, now, jitter)
+        if r.error is not None:  # a refusal is the model's answer to this prompt: asking again cannot change it
+            kind = Kind.GIVE_UP if r.error_kind == REFUSAL else Kind.RETRY
+            return _on_verdict(Verdict(kind, r.error, label=r.error_kind or "error"), outcome, state, p, now, jitter)
         # Only a cut at max_tokens may come out whole when sampled again; the server's context or a filter
         # would cut the same request the same way.
         if r.cut == MAX_TOKENS and state.truncations < p.truncation_retries:
@@ -222,7 +223,10 @@ def _duration(s: float) -> str:
 def fatal_message(status: int, v: Verdict, p: ModelProfile, now: float) -> str:
     """What to do when the run cannot go on with this model (not yet redacted)."""
     env = p.api_key_env or "the profile's api_key_env"
-    if v.is_429:
+    if v.label == "spend_limit":
+        what = ("the organisation's monthly spend limit is reached; raise it in the provider's console (or wait for "
+                "the next month) and rerun the same command (finished calls are cached and will not be re-sent)")
+    elif v.is_429:
         when = f"resume after {resume_time(now + v.retry_after, now)}" if v.retry_after else "rerun tomorrow"
         what = (f"daily quota exhausted; {when} with the same command or raise the quota "
                 "(finished calls are cached and will not be re-sent)")

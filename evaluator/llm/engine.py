@@ -34,8 +34,6 @@ from types import TracebackType
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-import orjson
-
 from evaluator.core.money import capped_usd
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.accounting import ModelStats
@@ -54,6 +52,7 @@ from evaluator.llm.cache import (
 from evaluator.llm.claims import CLAIM_LEASE_S, Claims
 from evaluator.llm.decide import AttemptOutcome, Reply, Retry, TransportError, decide
 from evaluator.llm.decisions import Call, Decisions
+from evaluator.llm.dialects import dialect
 from evaluator.llm.errors import BudgetExhausted, ConfigError, FatalLLMError, mask
 from evaluator.llm.limits import ConcurrencyLimit, ServerFacts, ask_server_facts
 from evaluator.llm.pacing import PacerFactory, Pacing, TokenPacerFactory, local_pacer, local_token_pacer
@@ -141,15 +140,17 @@ class LLMEngine:
             sampling["send_seed"] = False
         self._endpoint = profile.key_endpoint  # an auto-started server's port is not part of the key
         self._prefix = key_prefix(self._endpoint, profile.model, sampling)
-        payload: dict[str, Any] = {"model": profile.model, "temperature": profile.temperature}
+        # OpenAI's reasoning models take max_completion_tokens and only their default temperature (none sent).
+        payload: dict[str, Any] = {"model": profile.model}
+        if not profile.reasoning_params:
+            payload["temperature"] = profile.temperature
         if profile.max_tokens is not None:
-            payload["max_tokens"] = profile.max_tokens
+            payload["max_completion_tokens" if profile.reasoning_params else "max_tokens"] = profile.max_tokens
         payload.update(profile.extra_body)
         self._payload = payload
-        self._url = profile.base_url.rstrip("/") + "/chat/completions"
-        self._headers = {"Content-Type": "application/json"}
-        if self._key:
-            self._headers["Authorization"] = f"Bearer {self._key}"
+        self._wire = dialect(profile)  # how the chat body goes on the wire and its reply comes back (dialects.py)
+        self._url = self._wire.url(profile.base_url)
+        self._headers = self._wire.headers(self._key)
         self._rng = random.Random(seed)
         self._pacing = Pacing(profile, self._rng, pacer_factory, token_pacer_factory)
         self._limit = ConcurrencyLimit(profile.concurrency, adaptive=profile.adaptive_concurrency)
@@ -444,7 +445,7 @@ class LLMEngine:
 
     async def _send_once(self, call: Call, epoch: int) -> AttemptOutcome:
         wire = self._shape.wire(call.logical)
-        body = orjson.dumps(wire)
+        body = self._wire.encode(wire)
         reserved = await self._reserve(wire)
         if call.queued:
             call.queued = False
@@ -464,6 +465,8 @@ class LLMEngine:
         if isinstance(got, TransportError):
             outcome = AttemptOutcome(error=got, latency_s=latency, sent=sent, sent_json_schema=schema)
         else:
+            if self.profile.follow_rate_headers:
+                self._pacing.follow(got.headers)
             outcome = AttemptOutcome.http(got.status, got.headers, got.body, latency_s=latency, sent=sent,
                                    sent_json_schema=schema, keep_raw=call.keep_raw, max_tokens=_max_tokens(wire), max_tokens_known=True)
         self._tally.signal(outcome, epoch)
@@ -471,12 +474,14 @@ class LLMEngine:
         return outcome
 
     async def _exchange(self, body: bytes) -> Response | TransportError:
-        """One POST of the chat body; the transport's `NoReply` as a `TransportError` value."""
+        """One POST of the chat body; the transport's `NoReply` as a `TransportError` value; a 200's body as
+        chat.completion JSON whatever the wire."""
         assert self._transport is not None
         try:
-            return await self._transport.send(Request("POST", self._url, body, self._headers, self.profile.timeout_s))
+            got = await self._transport.send(Request("POST", self._url, body, self._headers, self.profile.timeout_s))
         except NoReply as e:
             return e.error
+        return dataclasses.replace(got, body=self._wire.decode(got.body)) if got.status == 200 else got
 
     async def _grace(self, exchange: asyncio.Future[Response | TransportError], call: Call, sent: frozenset[str], schema: bool,
                      reserved: float) -> None:
@@ -529,7 +534,8 @@ class LLMEngine:
 
     def _settle(self, reserved: float, reply: ChatResult | None) -> None:
         if self._budget is not None:
-            spent = capped_usd(self.profile, reply.prompt_tokens, reply.completion_tokens) if reply is not None else 0.0
+            spent = capped_usd(self.profile, reply.prompt_tokens, reply.completion_tokens, cached=reply.cached_tokens,
+                               cache_write=reply.cache_write_tokens) if reply is not None else 0.0
             self._budget.settle(reserved, spent)
 
     # -- step 3 (decisions.py) keeps a reply through this -------------------------------------------------

@@ -1,5 +1,11 @@
 """One model's pace: the 429 gate every call waits at, RPM and TPM pacing, and a limit the server announces.
 
+A profile that follows its provider's rate-limit headers (`follow_rate_headers`) paces to the limits they
+announce on every reply, up or down from its own start (`announced`: Anthropic's
+`anthropic-ratelimit-requests-limit`, OpenAI's `x-ratelimit-limit-requests` / `-tokens`), and while a header
+says a limit is spent (`...-remaining: 0`) every call waits at the gate until its reset (Anthropic: an RFC 3339
+time; OpenAI: a duration such as "6m0s").
+
 The pacers themselves are in limits.py (this process) or shared across processes (`SharedRates`, passed
 to the engine as `pacer_factory` / `token_pacer_factory`); this module holds the engine's use of them.
 """
@@ -7,12 +13,17 @@ to the engine as `pacer_factory` / `token_pacer_factory`); this module holds the
 from __future__ import annotations
 
 import logging
+import math
 import random
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from evaluator.llm.limits import RequestPacer, SlowDownGate, TokenBucket
 from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.retry import parse_duration
 
 log = logging.getLogger("evaluator.llm")
 
@@ -48,6 +59,48 @@ def local_token_pacer(profile: ModelProfile, tpm: float) -> TokenPacer:
     return TokenBucket(tpm)
 
 
+@dataclass(frozen=True)
+class Announced:
+    """What a reply's rate-limit headers say: the RPM and TPM limits, and how long until a spent one resets."""
+
+    rpm: float | None = None
+    tpm: float | None = None
+    spent_for_s: float | None = None  # a limit's remaining is 0: seconds until it resets
+
+
+def _number(v: str | None) -> float | None:
+    try:
+        x = float(v) if v else None
+    except ValueError:
+        return None
+    return x if x is not None and math.isfinite(x) and x > 0 else None
+
+
+def _until(reset: str, now: float) -> float | None:
+    """Seconds until a reset header's time: an RFC 3339 time (Anthropic) or a duration (OpenAI)."""
+    try:
+        return max(0.0, datetime.fromisoformat(reset.strip()).timestamp() - now)
+    except ValueError:
+        return parse_duration(reset)
+
+
+# (limit header, remaining header, reset header) per limit, Anthropic's then OpenAI's.
+_ANTHROPIC = "anthropic-ratelimit-"
+_SPENT = [(f"{_ANTHROPIC}{k}-remaining", f"{_ANTHROPIC}{k}-reset")
+          for k in ("requests", "tokens", "input-tokens", "output-tokens")] + [
+          (f"x-ratelimit-remaining-{k}", f"x-ratelimit-reset-{k}") for k in ("requests", "tokens")]
+
+
+def announced(headers: Mapping[str, str], now: float | None = None) -> Announced:
+    """The limits a reply's headers announce (see the module doc); nothing for a reply without them."""
+    now = time.time() if now is None else now
+    rpm = _number(headers.get(f"{_ANTHROPIC}requests-limit")) or _number(headers.get("x-ratelimit-limit-requests"))
+    tpm = _number(headers.get("x-ratelimit-limit-tokens"))
+    waits = [w for remaining, reset in _SPENT
+             if (headers.get(remaining) or "").strip() == "0" and (w := _until(headers.get(reset) or "", now))]
+    return Announced(rpm, tpm, max(waits) if waits else None)
+
+
 class Pacing:
     """The gate (closed by a 429 for everyone) and the profile's RPM/TPM pacers."""
 
@@ -57,6 +110,8 @@ class Pacing:
         self.gate = SlowDownGate(rng)
         self._new_pacer = pacer_factory
         self._pacer = pacer_factory(profile, profile.rpm) if profile.rpm else None
+        self._new_token_pacer = token_pacer_factory
+        self._tpm_limit = profile.tpm
         self.tpm = token_pacer_factory(profile, profile.tpm) if profile.tpm else None
 
     async def pace(self, est_tokens: int) -> None:
@@ -69,6 +124,18 @@ class Pacing:
             # A 429 arrived while we queued: wait it out with everyone, then use the pacing slot
             # we already hold rather than throwing it away and queueing again.
             await self.gate.wait()
+
+    def follow(self, headers: Mapping[str, str]) -> None:
+        """Pace to what a reply's rate-limit headers announce (`follow_rate_headers`; see the module doc)."""
+        a = announced(headers)
+        if a.rpm is not None and (self._pacer is None or abs(a.rpm - self._pacer.rpm) > 0.01 * a.rpm):
+            log.info("%s: the provider announces %g requests/min; pacing to it", self._profile.name, a.rpm)
+            self._pacer = self._new_pacer(self._profile, a.rpm)
+        if a.tpm is not None and a.tpm != self._tpm_limit:
+            self._tpm_limit = a.tpm
+            self.tpm = self._new_token_pacer(self._profile, a.tpm)
+        if a.spent_for_s:
+            self.gate.close_for(min(a.spent_for_s, self._profile.max_wait_s))
 
     def learn_rpm(self, rpm: float) -> None:
         """Pace to a limit the server announced when we had none or a higher one (blind profiles)."""

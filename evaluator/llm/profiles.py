@@ -12,7 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -21,16 +21,13 @@ from pydantic.dataclasses import dataclass
 from evaluator.core.redact import redact_url, watch_env
 from evaluator.core.tokens import CHARS_PER_TOKEN
 from evaluator.core.validation import checked, toml_label
+from evaluator.llm import catalog
+from evaluator.llm.catalog import BatchApi, PromptCache, Structured, Wire
 from evaluator.llm.errors import ConfigError
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
 
-# How each prompt's JSON schema is sent: "json_schema", "json_object", "json_object_schema"
-# ({"type": "json_object", "schema": ...}, llama-cpp-python) or "none" (not at all).
-Structured = Literal["json_schema", "json_object", "json_object_schema", "none"]
-BatchApi = Literal["openai", "gemini"]
 STRUCTURED: tuple[str, ...] = get_args(Structured)
-BATCH_APIS: tuple[str, ...] = get_args(BatchApi)
 
 
 @dataclass(frozen=True)
@@ -40,6 +37,11 @@ class ModelProfile:
     name: str
     model: str
     base_url: str = ""  # without a trailing slash
+    # The provider of configs/providers.toml this profile's defaults come from (`--model PROVIDER/MODEL`, or a
+    # profile file's `provider = "..."`), None for a profile that names none.
+    provider: str | None = None
+    # How requests go on the wire: "openai" (/chat/completions) or "anthropic" (the Messages API, llm/dialects.py).
+    wire: Wire = "openai"
     api_key_env: str | None = None
     concurrency: int = Field(default=16, ge=1)
     rpm: float | None = Field(default=None, gt=0)  # omit it for no limit
@@ -72,6 +74,22 @@ class ModelProfile:
     price_input_per_mtok: float | None = Field(default=None, ge=0)  # USD per 1M prompt tokens
     price_output_per_mtok: float | None = Field(default=None, ge=0)  # USD per 1M completion tokens
     batch_discount: float | None = Field(default=None, ge=0, le=1)  # share off the online price for batch (0.5 = half)
+    # Prompt tokens served from the provider's prompt cache, and those written into it (Anthropic's cache writes);
+    # None: the input price (no saving, no surcharge known).
+    price_cached_input_per_mtok: float | None = Field(default=None, ge=0)
+    price_cache_write_per_mtok: float | None = Field(default=None, ge=0)
+    price_source: str | None = None  # where the prices come from and as of when (the provider table's date)
+    # How the provider caches repeated prompt prefixes (`catalog.PromptCache`: "explicit" marks the system prompt
+    # with Anthropic's cache_control) and the shortest prefix it caches (the dry run's estimate of cached tokens).
+    prompt_cache: PromptCache = "none"
+    cache_min_tokens: int = Field(default=1024, ge=0)
+    # The rpm/tpm above are a start: pace to the limits the provider's rate-limit headers announce on each reply
+    # (OpenAI's x-ratelimit-limit-*, Anthropic's anthropic-ratelimit-*), up or down, and hold back while they say
+    # a limit is spent.
+    follow_rate_headers: bool = False
+    # OpenAI's reasoning models (o-series, gpt-5): `max_completion_tokens` instead of `max_tokens`, and no
+    # temperature sent (they take only the default).
+    reasoning_params: bool = False
     # Token rule for estimates (dry run, budget): characters of message text per prompt token (core/tokens.py).
     chars_per_token: float = Field(default=CHARS_PER_TOKEN, gt=0)
     # The model's context window in tokens, when known (llama.cpp's -c, vLLM's max_model_len): a prompt that
@@ -143,11 +161,47 @@ def _profile_path(name: str, models_dir: Path) -> Path:
     path = models_dir / f"{name}.toml"
     if not path.is_file():
         known = ", ".join(available_profiles(models_dir)) or "none"
+        if "/" in name and as_path.suffix != ".toml":
+            raise ConfigError(
+                f"unknown provider {name.partition('/')[0]!r} in --model {name}; providers: "
+                f"{', '.join(catalog.providers())} (`python -m evaluator models` lists them), or a profile: {known}")
         raise ConfigError(
-            f"unknown model {name!r}: no profile {path} (known: {known}); "
-            f"add configs/models/{name}.toml or pass a path to a .toml profile"
+            f"unknown model {name!r}: no profile {path} (known: {known}; or PROVIDER/MODEL, e.g. "
+            f"anthropic/claude-sonnet-4-5); add configs/models/{name}.toml or pass a path to a .toml profile"
         )
     return path
+
+
+def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str | None]:
+    """The profile's fields as given (a file's, laid over its provider's), where they come from (for messages),
+    and the hint for a missing endpoint. `PROVIDER/MODEL` is the provider table's profile (llm/catalog.py),
+    unless a file of that path exists."""
+    as_path = Path(name)
+    split = None if as_path.suffix == ".toml" and as_path.is_file() else catalog.split_name(name)
+    if split is not None:
+        provider, model = split
+        return catalog.profile_fields(provider, model, name), f"--model {name}", catalog.base_url_hint(provider)
+    path = _profile_path(name, models_dir)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"cannot read model profile {path}: {e}") from None
+    unknown = set(raw) - _FIELDS - _LOADER_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown field(s) {sorted(unknown)}; known: {sorted(_FIELDS | _LOADER_KEYS)}")
+    raw.setdefault("name", path.stem)
+    named = raw.get("provider")
+    if named is None:
+        return raw, str(path), None
+    known = catalog.providers()
+    if not isinstance(named, str) or named not in known:
+        raise ConfigError(f"{path}: provider = {named!r} is not a provider of {catalog.PROVIDERS_FILE} "
+                          f"(known: {', '.join(known)})")
+    if not isinstance(raw.get("model"), str):
+        raise ConfigError(f"{path}: 'model' (the provider's model id) is required")
+    # The file overrides anything of its provider's (prices included).
+    return catalog.profile_fields(known[named], raw["model"], raw["name"]) | raw, str(path), \
+        catalog.base_url_hint(known[named])
 
 
 def load_profile(
@@ -159,24 +213,16 @@ def load_profile(
     require_key: bool = True,
     **overrides: Any,
 ) -> ModelProfile:
-    """Load and validate a profile by name (or path to a .toml).
+    """Load and validate a profile by name (or path to a .toml, or `PROVIDER/MODEL`: llm/catalog.py).
 
     `base_url` (the CLI's `--base-url`) beats the profile's `base_url_env`, which beats its `base_url`.
     `overrides` replace profile fields (e.g. `rpm=`, `concurrency=` from flags; None values are ignored).
     With `require_key`, a required key missing from the environment is a `ConfigError` now, not a 401 later.
     """
     env = os.environ if env is None else env
-    path = _profile_path(name, models_dir)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError(f"cannot read model profile {path}: {e}") from None
-
-    unknown = set(raw) - _FIELDS - _LOADER_KEYS
-    if unknown:
-        raise ConfigError(f"{path}: unknown field(s) {sorted(unknown)}; known: {sorted(_FIELDS | _LOADER_KEYS)}")
-    loader = checked(_LoaderKeys, {k: raw.pop(k) for k in _LOADER_KEYS & set(raw)}, f"{path}: ", toml_label)
-    raw.setdefault("name", path.stem)
+    catalog.watch_key_envs()  # every provider's key is redacted, whichever model this run uses
+    raw, where, hint = _raw_profile(name, models_dir)
+    loader = checked(_LoaderKeys, {k: raw.pop(k) for k in _LOADER_KEYS & set(raw)}, f"{where}: ", toml_label)
     if loader.model_env and env.get(loader.model_env):
         raw["model"] = env[loader.model_env]
     if loader.base_url_env and env.get(loader.base_url_env):
@@ -184,15 +230,17 @@ def load_profile(
     if base_url:
         raw["base_url"] = base_url
     if "model" not in raw:
-        raise ConfigError(f"{path}: 'model' (the provider's model id) is required")
-    profile = checked(ModelProfile, raw, f"{path}: ", toml_label)
+        raise ConfigError(f"{where}: 'model' (the provider's model id) is required")
+    profile = checked(ModelProfile, raw, f"{where}: ", toml_label)
     given = {k: v for k, v in overrides.items() if v is not None}
     for k in given:
         if k not in _FIELDS:
             raise ConfigError(f"unknown model profile setting {k!r} (from the command line); known: {sorted(_FIELDS)}")
+    if given.keys() & {"rpm", "tpm"}:
+        given["follow_rate_headers"] = False  # a pace typed on the command line is kept, whatever the headers say
     if given:
         profile = checked(ModelProfile, dataclasses.asdict(profile) | given, "command line: ", toml_label)
-    _validate(profile, path)
+    _validate(profile, where, hint)
     watch_env(profile.api_key_env)  # a profile file from elsewhere: its key is redacted like the bundled ones
     if require_key:
         resolve_api_key(profile, env)
@@ -203,7 +251,7 @@ def load_profile(
 _ENGINE_FIELDS = ("model", "messages", "seed")
 
 
-def _validate(p: ModelProfile, path: Path) -> None:
+def _validate(p: ModelProfile, path: str, hint: str | None = None) -> None:
     if not p.model:
         raise ConfigError(f"{path}: model must not be empty")
     if not p.name.strip():
@@ -211,8 +259,11 @@ def _validate(p: ModelProfile, path: Path) -> None:
     owned = [k for k in _ENGINE_FIELDS if k in p.extra_body]
     if owned:
         raise ConfigError(f"{path}: [extra_body] may not set {', '.join(owned)} (the engine sets them per call)")
+    if p.reasoning_params and p.temperature != 1.0:
+        raise ConfigError(f"{path}: {p.model} is a reasoning model: it takes only the default temperature (1); "
+                          "remove temperature (or set reasoning_params = false for a host that accepts one)")
     if not p.base_url and not p.simulated and not p.local_model:
-        raise ConfigError(f"{path}: no base_url; set it in the profile, its base_url_env, or pass --base-url")
+        raise ConfigError(f"{path}: no base_url; " + (hint or "set it in the profile, its base_url_env, or pass --base-url"))
     if p.base_url and not p.base_url.startswith(("http://", "https://")):
         raise ConfigError(f"{path}: base_url {p.base_url!r} must start with http:// or https://")
     if p.base_url:

@@ -10,7 +10,14 @@ Accepted reply shapes (`message` of the first choice), and nothing else:
 - `content` null (or empty) with `reasoning_content` / `reasoning` (reasoning models): that text,
   marked `reasoning_only`.
 Any other shape (content a number or an object, parts that are not objects, a finish_reason or usage
-of the wrong type) is one `malformed_reply`, never an exception.
+of the wrong type) is one `malformed_reply`, never an exception. A refusal (finish_reason "refusal", as the
+Anthropic wire maps Anthropic's stop_reason, or OpenAI's `message.refusal` without content) is a failed
+reply of kind `refusal`: never cached, its tokens still billed.
+
+Prompt tokens the provider served from its prompt cache: `usage.prompt_tokens_details.cached_tokens`
+(OpenAI, Gemini's OpenAI-compatible endpoint, Groq, vLLM, the Anthropic wire), DeepSeek's
+`usage.prompt_cache_hit_tokens`; those written into it: `prompt_tokens_details.cache_write_tokens`
+(the Anthropic wire's cache_creation_input_tokens). Both are part of `prompt_tokens`.
 
 Why a reply ended (`cut`): `finish_reason` "stop" (or a tool call) is a whole reply; "length" with all
 of the request's `max_tokens` used is `max_tokens` (the model's real output for this request); "length"
@@ -28,6 +35,7 @@ import orjson
 # finish_reason values of a whole reply: the model stopped on its own (or called a tool)
 WHOLE = frozenset({"stop", "tool_calls", "function_call", "eos", "end_turn", "stop_sequence"})
 MAX_TOKENS, CONTEXT, CONTENT_FILTER = "max_tokens", "context", "content_filter"
+REFUSAL = "refusal"  # the error kind of a reply the provider refused to give (never worth a retry)
 # What each cut cause means, for warnings and the report.
 CUT_TEXT = {
     MAX_TOKENS: "cut at max_tokens",
@@ -71,6 +79,8 @@ class ChatResult:
     raw: dict[str, Any] | None = field(default=None, repr=False)
     usage_missing: bool = False  # the body carried no usage: the tokens are estimates (core/tokens.py's rule)
     cut: str | None = None  # why the reply ended early (`cut_cause`), None for a whole reply
+    cached_tokens: int = 0  # of prompt_tokens: served from the provider's prompt cache
+    cache_write_tokens: int = 0  # of prompt_tokens: written into it (Anthropic's cache writes)
 
     @property
     def truncated(self) -> bool:
@@ -127,6 +137,15 @@ def _tokens(usage: Any, name: str) -> int:
     return int(v)
 
 
+def _cache_tokens(usage: dict[str, Any], prompt: int) -> tuple[int, int]:
+    """(cache reads, cache writes) of a usage object (see the module doc), at most the prompt's tokens."""
+    details = usage.get("prompt_tokens_details")
+    details = details if isinstance(details, dict) else {}
+    read = _tokens(details, "cached_tokens") or _tokens(usage, "prompt_cache_hit_tokens")
+    write = _tokens(details, "cache_write_tokens")
+    return min(read, prompt), min(write, max(0, prompt - read))
+
+
 def read_reply(raw: bytes | dict[str, Any], keep_raw: bool = False, *, max_tokens: int | None = None,
                max_tokens_known: bool = False) -> ChatResult:
     """A 200 body (bytes, or already decoded) -> its result.
@@ -156,12 +175,19 @@ def read_reply(raw: bytes | dict[str, Any], keep_raw: bool = False, *, max_token
         reasoning = msg.get("reasoning_content") or msg.get("reasoning")
         if reasoning is not None and not isinstance(reasoning, str):
             reasoning = _text_of(reasoning)
+        cached, written = _cache_tokens(usage or {}, pt)
+        refused = msg.get("refusal") if not content and isinstance(msg.get("refusal"), str) else None
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as e:
         return _malformed(type(e).__name__)
     except ValueError as e:
         return _malformed(str(e)[:120])
     no_usage = not usage or ("prompt_tokens" not in usage and "completion_tokens" not in usage)
-    result = ChatResult(content, finish, pt, ct, raw=data if keep_raw else None, usage_missing=no_usage)
+    result = ChatResult(content, finish, pt, ct, raw=data if keep_raw else None, usage_missing=no_usage,
+                        cached_tokens=cached, cache_write_tokens=written)
+    if finish == REFUSAL or refused:
+        result.content, result.error, result.error_kind = None, (
+            "the provider refused to answer" + (f": {refused[:200]}" if refused else " (stop_reason refusal)")), REFUSAL
+        return result
     result.cut = cut_cause(finish, ct, max_tokens, usage_known=not no_usage, max_tokens_known=max_tokens_known)
     if not content:
         # content null: reasoning models (gpt-oss on vLLM/OpenRouter) put their text here instead.

@@ -202,13 +202,20 @@ def is_daily_quota(err: Mapping[str, Any]) -> bool:
     return err.get("code") == "insufficient_quota" or err.get("type") == "insufficient_quota"
 
 
+def _spend_limit(err: Mapping[str, Any]) -> bool:
+    """Anthropic's 429 for an organisation past its monthly spend limit (`error.details.error_code`)."""
+    details = err.get("details")
+    return isinstance(details, dict) and details.get("error_code") == "enforced_spend_limit_reached"
+
+
 # How servers say a request does not fit the model's context: llama.cpp ("request (810 tokens) exceeds the
 # available context size (256 tokens)", type exceed_context_size_error: tests/fixtures/providers/online/
 # llama_cpp_400_exceeds_context.json), OpenAI (code context_length_exceeded), vLLM ("This model's maximum
-# context length is 2048 tokens"), Gemini ("input token count ... exceeds the maximum").
+# context length is 2048 tokens"), Gemini ("input token count ... exceeds the maximum"), Anthropic ("prompt is too
+# long: 210000 tokens > 200000 maximum").
 _CONTEXT_RE = re.compile(
     r"exceeds? the available context size|context[_ ]length[_ ]exceeded|maximum context length|"
-    r"exceed_context_size|context window|input token count .{0,40}exceeds", re.IGNORECASE)
+    r"exceed_context_size|context window|input token count .{0,40}exceeds|prompt is too long", re.IGNORECASE)
 
 
 def exceeds_context(err: Mapping[str, Any], message: str) -> bool:
@@ -231,6 +238,8 @@ def classify_http(status: int, headers: Mapping[str, str], raw: bytes) -> Verdic
             delay = retry_after_from_body(err)
         if delay is None:
             delay = retry_after_from_message(msg)
+        if _spend_limit(err):  # no wait helps before the month ends or the limit is raised
+            return Verdict(Kind.FATAL, reason, is_429=True, label="spend_limit")
         if is_daily_quota(err):  # the hint, if any, says when to resume
             return Verdict(Kind.FATAL, reason, delay, is_429=True, label="daily_quota")
         return Verdict(Kind.RETRY, reason, delay, is_429=True, limit_rpm=rpm_from_reply(headers, err), label=label)
@@ -241,7 +250,8 @@ def classify_http(status: int, headers: Mapping[str, str], raw: bytes) -> Verdic
     if status in (400, 413, 422) and exceeds_context(err, msg):
         return Verdict(Kind.GIVE_UP, reason, label=CONTEXT_EXCEEDED)
     if status >= 500 or status in (408, 409, 425):
-        delay = retry_after_from_headers(headers) if status == 503 else None
+        # 503 (unavailable) and Anthropic's 529 (overloaded) may say when to come back
+        delay = retry_after_from_headers(headers) if status in (503, 529) else None
         return Verdict(Kind.RETRY, reason, delay, label=label)
     return Verdict(Kind.GIVE_UP, reason, label=label)
 

@@ -61,6 +61,8 @@ class Tally:
             return
         self._stats.prompt_tokens += r.prompt_tokens
         self._stats.completion_tokens += r.completion_tokens
+        self._stats.cached_prompt_tokens += r.cached_tokens
+        self._stats.cache_write_tokens += r.cache_write_tokens
         if r.error is None:
             self._stats.reasoning_only += r.reasoning_only
             self._stats.truncated += r.truncated

@@ -21,18 +21,24 @@ def cost_section_md(cost: Mapping[str, Cost], batch: Mapping[str, BatchStats] | 
     for name, c in cost.items():
         on, b = c.online, c.batch
         rows.append([name, f"{on.prompt_tokens:,} / {on.completion_tokens:,}",
-                     f"{b.prompt_tokens:,} / {b.completion_tokens:,}", _usd(on.usd),
-                     _usd(b.usd), _usd(c.total_usd), _usd(c.all_online_usd)])
+                     f"{b.prompt_tokens:,} / {b.completion_tokens:,}",
+                     f"{on.cached_prompt_tokens + b.cached_prompt_tokens:,} / {on.cache_write_tokens + b.cache_write_tokens:,}",
+                     _usd(on.usd), _usd(b.usd), _usd(c.total_usd), _usd(c.all_online_usd)])
     lines = [
         "## Cost and batch",
         "",
         "Tokens billed in this invocation (cached replies cost nothing), priced with the profile's "
         "`price_input_per_mtok` / `price_output_per_mtok` and, for batch requests, `batch_discount` "
-        "(unknown when the profile gives no price).",
+        "(unknown when the profile gives no price). Prompt tokens the provider served from its prompt cache "
+        "(cached input, part of the tokens in) are priced at `price_cached_input_per_mtok`, those written into "
+        "it at `price_cache_write_per_mtok` (the input price when not given).",
         "",
-        table(["model", "online tokens (in / out)", "batch tokens (in / out)", "online USD", "batch USD",
-               "total USD", "same tokens all online"], rows),
+        table(["model", "online tokens (in / out)", "batch tokens (in / out)", "cached input / cache writes",
+               "online USD", "batch USD", "total USD", "same tokens all online"], rows),
     ]
+    sources = [f"- `{name}`: {c.prices.source}" for name, c in cost.items() if c.prices.source]
+    if sources:
+        lines += ["", "Prices:", "", *sources]
     if batch:
         rows = [[name, str(s.batches), f"{s.submitted:,}", f"{s.stored:,}", f"{s.failed:,}", f"{s.not_run:,}",
                  f"{s.resubmitted:,}", f"{s.waited_s:.0f} s"] for name, s in batch.items()]

@@ -1,6 +1,7 @@
 """Tokens and cost per model, online and batch, under the profile's prices (`core.money`: absent = unknown).
 
-Cached replies cost nothing: only tokens billed in this invocation are counted.
+Cached replies cost nothing: only tokens billed in this invocation are counted. Of the prompt tokens, those the
+provider served from its prompt cache (and those written into it) are counted apart and priced at their rate.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class BatchStats:
     usage_estimated: int = 0  # replies without usage: their tokens by the token rule (core/tokens.py)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens: served from the provider's prompt cache
+    cache_write_tokens: int = 0  # of prompt_tokens: written into it
     waited_s: float = 0.0
     errors: list[str] = field(default_factory=list)  # the first few reasons, for the report
 
@@ -51,6 +54,9 @@ class Prices:
     input_per_mtok: float | None = None
     output_per_mtok: float | None = None
     batch_discount: float | None = None
+    cached_input_per_mtok: float | None = None  # None: the input price
+    cache_write_per_mtok: float | None = None
+    source: str | None = None  # where the prices come from, as of when (the provider table's date)
 
 
 @dataclass
@@ -58,6 +64,8 @@ class Channel:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     usd: float | None = None  # None: the profile gives no price
+    cached_prompt_tokens: int = 0  # of prompt_tokens: from the provider's prompt cache (at the cached price)
+    cache_write_tokens: int = 0  # of prompt_tokens: written into it
 
 
 @dataclass
@@ -80,26 +88,34 @@ def usd(x: float | None, missing: str) -> str:
 def accounting(profile: ModelProfile, online: Any | None, batch: Any | None) -> Cost:
     """The `meta.json` block for one model from its online and batch counters (`CallStats`/`BatchStats`,
     or None for a channel not used): tokens and USD per channel, and the total (None = unknown)."""
-    on_pt, on_ct = _tokens(online)
-    b_pt, b_ct = _tokens(batch)
-    on_usd = cost_usd(profile, on_pt, on_ct)
-    b_usd = cost_usd(profile, b_pt, b_ct, batch=True) if (b_pt or b_ct) else (0.0 if on_usd is not None else None)
+    on, b = _tokens(online), _tokens(batch)
+    on_usd = cost_usd(profile, on[0], on[1], cached=on[2], cache_write=on[3])
+    b_usd = (cost_usd(profile, b[0], b[1], batch=True, cached=b[2], cache_write=b[3]) if (b[0] or b[1])
+             else (0.0 if on_usd is not None else None))
     total = None if on_usd is None or b_usd is None else on_usd + b_usd
+    p = profile
     return Cost(
-        Prices(profile.price_input_per_mtok, profile.price_output_per_mtok, profile.batch_discount),
-        Channel(on_pt, on_ct, _r(on_usd)), Channel(b_pt, b_ct, _r(b_usd)), _r(total),
+        Prices(p.price_input_per_mtok, p.price_output_per_mtok, p.batch_discount, p.price_cached_input_per_mtok,
+               p.price_cache_write_per_mtok, p.price_source),
+        Channel(on[0], on[1], _r(on_usd), on[2], on[3]), Channel(b[0], b[1], _r(b_usd), b[2], b[3]), _r(total),
         # the saving the batch API bought
-        _r(cost_usd(profile, on_pt + b_pt, on_ct + b_ct)),
+        _r(cost_usd(profile, on[0] + b[0], on[1] + b[1], cached=on[2] + b[2], cache_write=on[3] + b[3])),
     )
 
 
-def _tokens(stats: Any | None) -> tuple[int, int]:
-    """(prompt, completion) billed: from typed counters, or their `as_dict()` form (bench scripts)."""
+_COUNTS = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "cache_write_tokens")
+
+
+def _tokens(stats: Any | None) -> tuple[int, int, int, int]:
+    """(prompt, completion, cached prompt, cache-write prompt) billed: from typed counters, or their `as_dict()`
+    form (bench scripts)."""
     if stats is None:
-        return 0, 0
+        return 0, 0, 0, 0
     if isinstance(stats, Mapping):
-        return int(stats.get("prompt_tokens", 0)), int(stats.get("completion_tokens", 0))
-    return stats.prompt_tokens, stats.completion_tokens
+        pt, ct, cr, cw = (int(stats.get(k, 0)) for k in _COUNTS)
+    else:
+        pt, ct, cr, cw = (int(getattr(stats, k, 0)) for k in _COUNTS)
+    return pt, ct, cr, cw
 
 
 def _r(x: float | None) -> float | None:
