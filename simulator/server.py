@@ -75,6 +75,9 @@ class SimConfig:
     content_form: str = "string"  # message.content as: string | parts (list of text parts) | tool_call
     #                               (content null, the text as a tool call's arguments) | number | object
     usage: bool = True  # False: bodies carry no `usage` (some servers leave it out)
+    # 200 replies quote the server's `api_key` in their text (every string of a JSON answer, else appended), as a
+    # server echoing the request's headers would: online and batch replies alike (redaction tests)
+    quote_key: bool = False
     # Reply content (behaviour.reply): stray lists in prose, runaway replies, cuts at max_tokens.
     p_stray: float = 0.0  # replies whose answer sits in prose/code holding stray lists
     p_runaway: float = 0.0  # replies that keep writing list items until a token limit ends them
@@ -95,6 +98,8 @@ class SimConfig:
             raise ValueError(f"content_form must be one of {CONTENT_FORMS}")
         if self.slots is not None and self.slots < 1:
             raise ValueError("slots must be 1 or more")
+        if self.quote_key and not self.api_key:
+            raise ValueError("quote_key needs api_key: the key it quotes")
         bad = [f for f in self.script if f not in FAULTS]
         if bad:
             raise ValueError(f"unknown fault(s) {bad}; known: {FAULTS}")
@@ -165,6 +170,26 @@ def _duration(seconds: float) -> str:
         return f"{max(1, math.ceil(seconds * 1000))}ms"
     minutes, secs = divmod(seconds, 60)
     return f"{int(minutes)}m{secs:.3g}s" if minutes else f"{secs:.3g}s"
+
+
+def _quoting(text: str, key: str) -> str:
+    """`text` with `key` quoted in it: in every string of a JSON answer (so it reaches parsed stubs, steps and
+    names), else appended to the prose."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return f"{text}\n(request made with API key {key})"
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return f"{v} [key {key}]"
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        return v
+
+    return orjson.dumps(walk(value)).decode()
 
 
 def _err_body(code: int, message: str, status: str, *, as_list: bool, details: list | None = None) -> bytes:
@@ -384,6 +409,8 @@ class Simulator:
             max_tokens=req.get("max_tokens"), response_format=req.get("response_format"),
             p_stray=cfg.p_stray, p_runaway=cfg.p_runaway, cut_at_max_tokens=cfg.cut_at_max_tokens,
         )
+        if cfg.quote_key and cfg.api_key:
+            text = _quoting(text, cfg.api_key)
         pt, ct = prompt_tokens(req), text_tokens(text)  # the engine's token rule: its estimates are exact here
         max_tokens = req.get("max_tokens") if isinstance(req.get("max_tokens"), int) else None
         if fault == "length":  # cut at max_tokens: all of them used

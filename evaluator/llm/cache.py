@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evaluator.core.cache_layout import CacheLayout
 from evaluator.core.files import atomic_write
+from evaluator.core.redact import scrub
 from evaluator.llm.errors import ConfigError, FatalLLMError
 from evaluator.llm.reply import CONTEXT, MAX_TOKENS
 
@@ -105,7 +106,12 @@ def reusable(entry: CacheEntry, cut: str | None, n_ctx_now: int | None) -> bool:
 
 
 def encode_entry(entry: CacheEntry) -> bytes:
-    data = orjson.dumps(entry.model_dump(), option=_SORT)
+    """The stored bytes of `entry`; its text loses every configured key (a reply is read redacted already, this
+    holds for an entry made any other way too)."""
+    d = entry.model_dump()
+    if d["content"]:
+        d["content"] = scrub(d["content"])
+    data = orjson.dumps(d, option=_SORT)
     return _MAGIC + hashlib.sha256(data).hexdigest().encode() + b":" + data
 
 

@@ -10,7 +10,8 @@ Accepted reply shapes (`message` of the first choice), and nothing else:
 - `content` null (or empty) with `reasoning_content` / `reasoning` (reasoning models): that text,
   marked `reasoning_only`.
 Any other shape (content a number or an object, parts that are not objects, a finish_reason or usage
-of the wrong type) is one `malformed_reply`, never an exception.
+of the wrong type) is one `malformed_reply`, never an exception. The text read loses every configured
+key (`core.redact.scrub`): a server quoting the key back never gets it into the cache or the results.
 
 Why a reply ended (`cut`): `finish_reason` "stop" (or a tool call) is a whole reply; "length" with all
 of the request's `max_tokens` used is `max_tokens` (the model's real output for this request); "length"
@@ -24,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from evaluator.core.redact import scrub
 
 # finish_reason values of a whole reply: the model stopped on its own (or called a tool)
 WHOLE = frozenset({"stop", "tool_calls", "function_call", "eos", "end_turn", "stop_sequence"})
@@ -160,6 +163,9 @@ def read_reply(raw: bytes | dict[str, Any], keep_raw: bool = False, *, max_token
         return _malformed(type(e).__name__)
     except ValueError as e:
         return _malformed(str(e)[:120])
+    # A server may quote the key back in a 200 reply: redacted here, before anything caches, records or shows it.
+    content = scrub(content) if content else content
+    reasoning = scrub(reasoning) if reasoning else reasoning
     no_usage = not usage or ("prompt_tokens" not in usage and "completion_tokens" not in usage)
     result = ChatResult(content, finish, pt, ct, raw=data if keep_raw else None, usage_missing=no_usage)
     result.cut = cut_cause(finish, ct, max_tokens, usage_known=not no_usage, max_tokens_known=max_tokens_known)

@@ -38,6 +38,7 @@ from evaluator.core.errors import OutputError as OutputError  # defined with its
 from evaluator.core.files import (
     atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
 )
+from evaluator.core.redact import scrub
 from evaluator.data import GOLD_SETS, QueryId, qid_key
 from evaluator.llm.accounting import CallStats
 from evaluator.llm.profiles import ModelProfile
@@ -334,7 +335,8 @@ def record_line(r: Record) -> str:
     rest = dumps(d, indent=None)
     blocks = ", ".join(f"{json.dumps(name, ensure_ascii=False)}: {dumps(b, indent=None).rstrip()}"
                        for name, b in archs.items())
-    return '{"archs": {' + blocks + "}" + (", " + rest[1:] if rest.strip() != "{}" else "}\n")
+    # A plugin's trace or a stub's text may hold a key (a reply's text is redacted as it is read): never written.
+    return scrub('{"archs": {' + blocks + "}" + (", " + rest[1:] if rest.strip() != "{}" else "}\n"))
 
 
 def record_key(r: Record) -> tuple[str, int, str, tuple[int, int | str]]:
@@ -683,10 +685,10 @@ class OutputDir:
         self.write_json(META_FILE, meta)
 
     def write_json(self, name: str, obj: Any, *, indent: int = 2) -> None:
-        atomic_write(self.path / name, dumps(obj, indent=indent))
+        atomic_write(self.path / name, scrub(dumps(obj, indent=indent)))
 
     def write_text(self, name: str, text: str) -> None:
-        atomic_write(self.path / name, text)
+        atomic_write(self.path / name, scrub(text))  # report.md quotes replies and plugins' traces
 
     def read_figures(self, names: Iterable[str] | None = None) -> dict[str, bytes]:
         """PNG bytes by file name: the named figures (those a render drew), else every one in `figures/`."""
