@@ -121,7 +121,10 @@ def run_parser() -> Parser:
     p.add_argument("--backend", choices=BACKEND_CHOICES,
                    help="embedding runtime (auto: the fastest path verified equivalent to torch fp32)")
     p.add_argument("--cache-dir", help="cache root for embeddings and LLM replies (default: cache/)")
-    p.add_argument("--out", help="output folder (default: results/<timestamp>)")
+    p.add_argument("--out", help="output folder (default: results/<timestamp>); rerunning the same study into it "
+                   "resumes it, another study's results there need --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="--out holds another study's results: replace them "
+                   "(removed once this study's are written; never merged)")
     p.add_argument("--limit", type=int, help="first N queries per subset (0 = all)")
     p.add_argument("--retrieval-only", action="store_true", help="RtP retrieval metrics only; no LLM")
     p.add_argument("--model", action="append", dest="models", help="model profile (repeatable): sim, gemini, gpt-oss-120b, ...")
@@ -185,6 +188,7 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, Invocation]:
         "overrides": ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm,
                                       tpm=args.tpm, max_tokens=args.max_tokens, timeout_s=args.timeout),
         "extras": not args.no_extras, "dry_run": args.dry_run, "data_from_cli": bool(args.data),
+        "overwrite": args.overwrite,
         "batch": "cancel" if args.batch_cancel else ("submit" if args.batch else None)}
     return load(args.config, flags, options)
 
@@ -230,7 +234,9 @@ def cmd_report(argv: list[str]) -> int:
     p.add_argument("out_dir", type=Path)
     args = p.parse_args(argv)
     _writing(args.out_dir)
-    report.render_outputs(OutputDir(args.out_dir).require())
+    od = OutputDir(args.out_dir).require()
+    with od.writing("`report`", make_reporter(False).info):  # one writer per output folder
+        report.render_outputs(od)
     print(f"Re-rendered {args.out_dir}/report.md, summary.json and figures/")
     return 0
 
@@ -280,7 +286,8 @@ def _analysis_command(prog: str, description: str, argv: list[str], add: Callabl
     args = p.parse_args(argv)
     od = OutputDir(args.out_dir).require()
     _writing(args.out_dir)
-    meta = run(args, od, _analysis_settings(args, od))
+    with od.writing(f"`{prog}`", make_reporter(False).info):  # one writer per output folder
+        meta = run(args, od, _analysis_settings(args, od))
     print(f"{prog.capitalize()} study in {meta.timing_s:.1f}s: {args.out_dir}/{prog}.json; updated report.md "
           f"and figures/{prog}.png")
     return 0
@@ -446,7 +453,10 @@ def cmd_view(argv: list[str]) -> int:
     if len(args.out_dirs) > 1 and args.out is None:
         p.error("comparing runs writes one page for all of them: pass --out F.html")
     _writing(args.out.parent if args.out else args.out_dirs[0])
-    path, html = view_app.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
+    folders = [OutputDir(d).require() for d in args.out_dirs]
+    # the folder the page goes into has one writer (a study's, a `report`'s or this one), not the page's readers
+    with OutputDir(args.out.parent if args.out else args.out_dirs[0]).writing("`view`", make_reporter(False).info):
+        path, html = view_app.write_page(folders, args.out)
     print(path)
     if args.serve:
         srv = view_server.server(html, args.port, path)
