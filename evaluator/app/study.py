@@ -378,8 +378,10 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         per_unit = calls_per_unit(study) * study.run.runs
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
+        # a bundled server restarted after a crash listens on another port: its engine asks where, each request
+        locators = {n: sim.locate for n, sim in sims.items() if isinstance(sim, llamacpp.LlamaHandle)}
         with bar:
-            llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv, sink))
+            llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv, sink, locators))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
         # llama.cpp server's file, hash, sizing and token counters.
@@ -393,13 +395,15 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
 
 async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
                      bar: Progress, budget: Budget | None, inv: Invocation, sink: Sink,
+                     locators: dict[str, Callable[[], str]],
                      ) -> tuple[dict[str, CallStats], dict[str, dict[str, int]]]:
     # one RPM per key for every process on this folder (the cache's, or --rate-dir)
     rates = SharedRates(rate_folder(resolve_path(inv.rate_dir) if inv.rate_dir else None, cache_root))
     async with contextlib.AsyncExitStack() as stack:
         engines = {n: await stack.enter_async_context(LLMEngine(p, cache_root=cache_root, budget=budget,
                                                                 grace_s=inv.stop_grace_s,
-                                                                pacer_factory=rates, token_pacer_factory=rates.tpm)) for n, p in profiles.items()}
+                                                                pacer_factory=rates, token_pacer_factory=rates.tpm,
+                                                                locate=locators.get(n))) for n, p in profiles.items()}
         for n, e in engines.items():
             bar.attach(n, e.stats)
         runner = StudyRunner(study, engines, bar, sink=sink)

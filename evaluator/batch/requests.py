@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,15 +102,16 @@ async def _import(results: list[Result], owner: dict[str, str], root: Path, base
 
 async def run_requests(
     requests: list[Request], profile: ModelProfile, cache_root: Path, *, reporter: Reporter = SILENT,
-    grace_s: float = STOP_GRACE_S,
+    grace_s: float = STOP_GRACE_S, locate: Callable[[], str] | None = None,
 ) -> tuple[list[Result], CallStats]:
-    """Every request through one engine, results in input order; finished ones come from the cache."""
+    """Every request through one engine, results in input order; finished ones come from the cache. `locate`:
+    where the server listens now (a bundled server restarted on another port)."""
     bar = reporter.calls({profile.name: len(requests)})
     results: list[Result | None] = [None] * len(requests)
     # Processes on one cache folder share each key's RPM and TPM (llm/limits.py `SharedRates`).
     rates = SharedRates(rate_folder(None, cache_root))
     async with LLMEngine(profile, cache_root=cache_root, pacer_factory=rates, token_pacer_factory=rates.tpm,
-                         grace_s=grace_s) as engine:
+                         grace_s=grace_s, locate=locate) as engine:
         bar.attach(profile.name, engine.stats)
         # A window of tasks, not one per line: a million-line file must not hold a million coroutines.
         window = asyncio.Semaphore(max(64, 4 * profile.concurrency))
