@@ -26,7 +26,7 @@ import psutil
 import pytest
 from records_fixtures import flat
 
-from evaluator.llamacpp.weights import WEIGHTS
+from evaluator.llamacpp.weights import WEIGHTS, ensure
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "qwen2.5-coder-0.5b"
@@ -248,8 +248,6 @@ def test_seven_architectures_run_on_the_real_model(root):
 
 def test_a_gguf_with_flipped_bytes_and_its_mtime_restored_is_rebuilt_and_the_hash_checked_is_recorded(root):
     # the server's child hashes the whole file at every start: a timestamp put back does not hide the damage
-    from evaluator.llamacpp.weights import ensure  # noqa: PLC0415 - the joined file, shared with the other tests
-
     folder = root / "cache" / "models"
     path = ensure(W, folder).path
     st = path.stat()
