@@ -79,6 +79,21 @@ def _budget(value: str) -> float:
     return usd
 
 
+def _bounded(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: an integer from `lo` to `hi` (a count of the command's own, not a setting)."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value.replace("_", ""))
+        except ValueError:
+            n = lo - 1
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo:,} to {hi:,}, got {value!r}")
+        return n
+
+    return parse
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -411,9 +426,9 @@ def _requests_run(argv: list[str]) -> int:
     ray.add_argument("--address", help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a small local Ray")
     ray.add_argument("--processor", choices=["http", "vllm"], default="http",
                      help="http: Ray's HTTP processor against the profile's endpoint (default); vllm: the model inside Ray (needs vLLM)")
-    ray.add_argument("--actors", type=int, default=1, help="Ray actors sending (or running vLLM); default 1")
-    ray.add_argument("--batch-size", type=int, help="rows per Ray batch = requests in flight per actor (default: the profile's concurrency, at most 64)")
-    ray.add_argument("--qps", type=int, help="Ray's pace, requests per second per actor (default: the profile's rpm / 60 / actors)")
+    ray.add_argument("--actors", type=_bounded(1, 256), default=1, help="Ray actors sending (or running vLLM); default 1")
+    ray.add_argument("--batch-size", type=_bounded(1, 4096), help="rows per Ray batch = requests in flight per actor (default: the profile's concurrency, at most 64)")
+    ray.add_argument("--qps", type=_bounded(1, 100_000), help="Ray's pace, requests per second per actor (default: the profile's rpm / 60 / actors)")
     ray.add_argument("--vllm-model", help="--processor vllm: the model to load (default: the profile's model id)")
     args = ap.parse_args(argv)
     ray_flags = [f for f, v in (("--address", args.address), ("--processor", args.processor != "http"),
@@ -448,7 +463,7 @@ def cmd_view(argv: list[str]) -> int:
     p.add_argument("out_dirs", nargs="+", type=Path, metavar="OUT", help="output folder(s) of finished runs")
     p.add_argument("--out", type=Path, help="page to write (default: OUT/view.html; needed to compare runs)")
     p.add_argument("--serve", action="store_true", help="also serve the page on 127.0.0.1 until Ctrl-C")
-    p.add_argument("--port", type=int, default=0, help="port for --serve (default: any free one)")
+    p.add_argument("--port", type=_bounded(0, 65535), default=0, help="port for --serve (default: any free one)")
     args = p.parse_args(argv)
     if len(args.out_dirs) > 1 and args.out is None:
         p.error("comparing runs writes one page for all of them: pass --out F.html")
