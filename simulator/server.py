@@ -27,7 +27,7 @@ from aiohttp import web
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from simulator import batch, behaviour
 
-FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length", "filter")
+FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length", "filter", "empty")
 CONTENT_FORMS = ("string", "parts", "tool_call", "number", "object")
 RETRY_HEADER_FORMS = ("all", "seconds", "date", "ms", "reset", "none")
 
@@ -52,6 +52,7 @@ class SimConfig:
     p_drop: float = 0.0  # connection closed without a reply
     p_malformed: float = 0.0  # 200 with a truncated JSON body
     p_null: float = 0.0  # 200 with content null and the text in reasoning_content
+    p_empty: float = 0.0  # 200 with content null and no text anywhere (finish_reason stop): billed, says nothing
     p_length: float = 0.0  # 200 with finish_reason "length" (content cut short)
     null_finish: str = "stop"  # finish_reason of the null-content replies: "stop" or "length"
     hang_s: float = 120.0
@@ -217,7 +218,7 @@ class Simulator:
             (p, name)
             for p, name in (
                 (cfg.p_500, "500"), (cfg.p_503, "503"), (cfg.p_hang, "hang"), (cfg.p_drop, "drop"),
-                (cfg.p_malformed, "malformed"), (cfg.p_null, "null"), (cfg.p_length, "length"),
+                (cfg.p_malformed, "malformed"), (cfg.p_null, "null"), (cfg.p_empty, "empty"), (cfg.p_length, "length"),
                 (cfg.p_filter, "filter"),
             )
             if p > 0
@@ -401,7 +402,7 @@ class Simulator:
     def reply_body(self, req: dict[str, Any], *, fault: str | None = None, reply_id: str = "chatcmpl-sim") -> dict[str, Any]:
         """The chat.completion body (usage included) answering the request body `req` under the current
         knobs — the one place replies are made, so the batch routes answer exactly as the online one.
-        `fault` "null" or "length" shapes it as those faults; no stats are touched."""
+        `fault` "null", "empty" or "length" shapes it as those faults; no stats are touched."""
         cfg = self.cfg
         messages = req["messages"]
         text, finish = behaviour.reply(
@@ -426,6 +427,8 @@ class Simulator:
         if fault == "null":
             message = {"role": "assistant", "content": None, "reasoning_content": text}
             finish = cfg.null_finish
+        elif fault == "empty":
+            message, finish = {"role": "assistant", "content": None}, "stop"
         elif cfg.content_form == "parts":
             message["content"] = [{"type": "text", "text": text[: len(text) // 2]}, {"type": "text", "text": text[len(text) // 2:]}]
         elif cfg.content_form == "tool_call":
@@ -456,7 +459,7 @@ class Simulator:
         return self.rng.lognormvariate(math.log(cfg.latency_s), cfg.latency_sigma) * cfg.latency_scale
 
     async def _inject(self, fault: str, request: web.Request) -> web.StreamResponse | None:
-        """Serve `fault`; None for faults that shape a 200 reply instead (null, length)."""
+        """Serve `fault`; None for faults that shape a 200 reply instead (null, empty, length)."""
         cfg = self.cfg
         if fault in ("500", "503"):
             code = int(fault)

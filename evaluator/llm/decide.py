@@ -5,6 +5,8 @@ and body, or a transport error) together with what this call already went throug
 the profile's retry rules, and returns one typed decision:
 
 - `Reply`: a usable 200 (a cut one too, once its truncation retries are spent) - store and return it.
+  A 200 with no text at all (`empty_reply`, billed) is sent once more (`EMPTY_RETRIES`), then given up:
+  a server that answers a prompt with nothing tends to do it again, and each try is paid.
 - `Retry(after_s, reason, is_429)`: send again after `after_s`; a 429 closes the model's shared gate.
 - `DropFields(names)`: the host rejects these optional request fields - never send them again, retry now.
 - `DowngradeSchema(also_drop)`: the host rejects `json_schema` - send the schema as json_object form.
@@ -26,7 +28,7 @@ from typing import Literal
 
 from evaluator.llm.errors import CONTEXT_EXCEEDED
 from evaluator.llm.profiles import ModelProfile
-from evaluator.llm.reply import MAX_TOKENS, ChatResult, read_reply
+from evaluator.llm.reply import EMPTY_REPLY, MAX_TOKENS, ChatResult, read_reply
 from evaluator.llm.retry import (
     Kind,
     Verdict,
@@ -39,6 +41,7 @@ from evaluator.llm.retry import (
 # Fields a host may reject and the request still means the same thing without; `model` and
 # `messages` are the request itself.
 REQUIRED_FIELDS = frozenset({"model", "messages"})
+EMPTY_RETRIES = 1  # an empty 200 is sent again this many times (each one billed), then the call is given up
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class CallState:
     rate_limited: int = 0  # 429s received
     truncations: int = 0  # cut replies retried
     daily_quota: int = 0  # per-day quota 429s with a short hint, retried once after it
+    empty: int = 0  # empty 200 replies retried
     retried_without: frozenset[str] = frozenset()  # fields this call was already retried without
 
 
@@ -96,7 +100,7 @@ class Retry:
     after_s: float
     reason: str
     is_429: bool = False
-    cause: Literal["transient", "429", "truncated", "daily_quota"] = "transient"
+    cause: Literal["transient", "429", "truncated", "daily_quota", "empty"] = "transient"
     hint_s: float | None = None  # what the server asked for (before the max_wait_s cap)
     limit_rpm: float | None = None  # a requests-per-minute limit the server announced
 
@@ -134,6 +138,10 @@ def decide(outcome: AttemptOutcome, state: CallState, p: ModelProfile, *, now: f
         return _on_verdict(_transport_verdict(outcome.error, p), outcome, state, p, now, jitter)
     if outcome.status == 200:
         r = outcome.reply if outcome.reply is not None else read_reply(outcome.body)
+        if r.error_kind == EMPTY_REPLY:
+            if state.empty >= EMPTY_RETRIES:
+                return GiveUp(EMPTY_REPLY, f"{r.error}, again after {state.empty} more try: not sent again")
+            return Retry(0.0, r.error or EMPTY_REPLY, cause="empty")
         if r.error is not None:
             return _on_verdict(Verdict(Kind.RETRY, r.error, label=r.error_kind or "error"), outcome, state, p, now, jitter)
         # Only a cut at max_tokens may come out whole when sampled again; the server's context or a filter

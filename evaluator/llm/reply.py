@@ -31,6 +31,7 @@ from evaluator.core.redact import scrub
 # finish_reason values of a whole reply: the model stopped on its own (or called a tool)
 WHOLE = frozenset({"stop", "tool_calls", "function_call", "eos", "end_turn", "stop_sequence"})
 MAX_TOKENS, CONTEXT, CONTENT_FILTER = "max_tokens", "context", "content_filter"
+EMPTY_REPLY = "empty_reply"  # a 200 with no text at all (content null or empty, no reasoning, not cut)
 # What each cut cause means, for warnings and the report.
 CUT_TEXT = {
     MAX_TOKENS: "cut at max_tokens",
@@ -178,5 +179,5 @@ def read_reply(raw: bytes | dict[str, Any], keep_raw: bool = False, *, max_token
         else:
             result.content = None
             result.error = f"empty reply (content null, finish_reason={finish})"
-            result.error_kind = "empty_reply"
+            result.error_kind = EMPTY_REPLY
     return result
