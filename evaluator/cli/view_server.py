@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from evaluator.render.view import VIEW_FILE, parts_folder
 
@@ -20,7 +20,7 @@ class _PageHandler(BaseHTTPRequestHandler):
     parts: Path | None = None  # the page's parts folder (a paged page loads them)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        host, port = self.server.server_address[:2]
+        host, port = cast(tuple[str, int], self.server.server_address)[:2]
         if self.headers.get("Host", "").strip().lower() not in {f"{host}:{port}", *([str(host)] if port == 80 else [])}:
             self._answer(403, f"forbidden: this viewer answers http://{host}:{port}/ only".encode(), "text/plain")
             return
