@@ -400,7 +400,11 @@ def _requests_import(argv: list[str]) -> int:
           f"{c.errors:,} errors{kinds} and {c.unusable:,} unusable replies were not cached.")
     for line in c.first_errors:
         print(f"  {line}")
-    if c.errors or c.unusable:
+    if c.bad_lines:
+        more = f" (and {c.bad_lines - len(c.first_bad):,} more)" if c.bad_lines > len(c.first_bad) else ""
+        print(f"warning: {c.bad_lines:,} line(s) of the results could not be read and were skipped: "
+              f"{'; '.join(c.first_bad)}{more}", file=sys.stderr)
+    if c.errors or c.unusable or c.bad_lines:
         print("Requests without a cached reply are sent again by the next export (or online by the study).")
     return 0
 
