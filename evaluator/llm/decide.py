@@ -46,10 +46,11 @@ EMPTY_RETRIES = 1  # an empty 200 is sent again this many times (each one billed
 
 @dataclass(frozen=True)
 class TransportError:
-    """No HTTP answer: `timeout` (after timeout_s), `connect` (nothing listens), `connection` (cut)."""
+    """No HTTP answer: `timeout` (after timeout_s), `connect` (nothing listens), `connection` (cut), `tls` (the
+    server's certificate is not trusted, or the handshake failed: sending again cannot help)."""
 
-    kind: Literal["timeout", "connect", "connection"]
-    detail: str = ""  # the exception's type name
+    kind: Literal["timeout", "connect", "connection", "tls"]
+    detail: str = ""  # the exception's type name; for tls, what failed in words ("certificate not trusted: ...")
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,8 @@ def _transport_verdict(e: TransportError, p: ModelProfile) -> Verdict:
         return Verdict(Kind.RETRY, f"timeout after {p.timeout_s:g}s", label="timeout")
     if e.kind == "connect":
         return Verdict(Kind.RETRY, f"cannot connect to {p.base_url} ({e.detail})", fatal_when_exhausted=True, label="connection")
+    if e.kind == "tls":
+        return Verdict(Kind.FATAL, e.detail or "TLS handshake failed", label="tls")
     return Verdict(Kind.RETRY, f"connection error ({e.detail})", label="connection")
 
 
@@ -240,6 +243,9 @@ def fatal_message(status: int, v: Verdict, p: ModelProfile, now: float) -> str:
         what = f"permission denied; check that the key in {env} may use model {p.model!r} (API enabled, billing, region)"
     elif status == 404:
         what = f"endpoint or model not found; check base_url {p.base_url!r} and model id {p.model!r}"
+    elif v.label == "tls":  # said first, in plain words: no request reached the server
+        return (f"{p.name}: {v.reason} ({p.base_url}); give the server a certificate a trusted authority signed, "
+                "or point SSL_CERT_FILE at the bundle of the authority that signed it")
     else:
         what = f"the endpoint does not answer; check that the server is up and base_url/--base-url ({p.base_url!r})"
     return f"{p.name}: {what} [{v.reason}]"
