@@ -19,6 +19,7 @@ import errno
 import logging
 import sqlite3
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TextIO
@@ -536,9 +537,17 @@ def _log_to_stderr() -> None:
     root.addHandler(handler)
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: TextIO | None = None, line: str | None = None) -> None:
+    """A Python warning (a library's, a plugin's) as one line like every other, not the source line it came from."""
+    text = " ".join(str(message).split())
+    sys.stderr.write(redact(f"warning: {text} ({category.__name__} in {Path(filename).name}:{lineno})") + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _log_to_stderr()
+    warnings.showwarning = _one_line_warning  # no raw library warning (with its source line) on stderr
     interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (core/aio.py)
     command = argv[0] if argv and argv[0] in HANDLERS else "run"
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
