@@ -78,16 +78,16 @@ def arch_label(arch: str) -> str:
 
 
 # Text from the data or a reply (a query, a plan step, an id, a server's error) shown in report.md: HTML's markup
-# characters as entities and a table's `|`, a link's brackets, a code span's backtick and the escape character
-# escaped, line breaks as spaces, so it renders as the text it is in every Markdown previewer (a registry or a
-# reply holding `<script>` or `<img onerror=...>` is shown, never run). Text without them is left as it is.
-_TEXT = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|", "[": "\\[", "]": "\\]", "`": "\\`",
-                       "\\": "\\\\", "\n": " ", "\r": " "})
+# characters as entities, a table's `|`, a code span's backtick and the escape character escaped, a link's `](`
+# broken, line breaks as spaces, so it renders as the text it is in every Markdown previewer (a registry or a reply
+# holding `<script>`, `<img onerror=...>` or `[x](javascript:...)` is shown, never run). Other text is left as it is.
+_TEXT = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|", "`": "\\`", "\\": "\\\\", "\n": " ",
+                       "\r": " "})
 
 
 def text(s: str) -> str:
     """`s` (from the data or a reply) as Markdown that renders as that text (see `_TEXT`)."""
-    return s.translate(_TEXT)
+    return s.translate(_TEXT).replace("](", "]\\(")
 
 
 def code(s: str) -> str:
