@@ -32,7 +32,7 @@ from aiohttp import web
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from simulator import anthropic_wire, batch, behaviour
 
-FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length", "filter")
+FAULTS = ("500", "503", "429", "401", "quota", "hang", "drop", "malformed", "null", "length", "filter", "empty")
 CONTENT_FORMS = ("string", "parts", "tool_call", "number", "object")
 RETRY_HEADER_FORMS = ("all", "seconds", "date", "ms", "reset", "none")
 
@@ -57,6 +57,7 @@ class SimConfig:
     p_drop: float = 0.0  # connection closed without a reply
     p_malformed: float = 0.0  # 200 with a truncated JSON body
     p_null: float = 0.0  # 200 with content null and the text in reasoning_content
+    p_empty: float = 0.0  # 200 with content null and no text anywhere (finish_reason stop): billed, says nothing
     p_length: float = 0.0  # 200 with finish_reason "length" (content cut short)
     null_finish: str = "stop"  # finish_reason of the null-content replies: "stop" or "length"
     hang_s: float = 120.0
@@ -82,6 +83,9 @@ class SimConfig:
     usage: bool = True  # False: bodies carry no `usage` (some servers leave it out)
     prompt_cache: bool = True  # a system prompt seen before is billed as cached prompt tokens (module doc)
     cache_min_tokens: int = 0  # the shortest system prompt cached (OpenAI and Anthropic: 1,024)
+    # 200 replies quote the server's `api_key` in their text (every string of a JSON answer, else appended), as a
+    # server echoing the request's headers would: online and batch replies alike (redaction tests)
+    quote_key: bool = False
     # Reply content (behaviour.reply): stray lists in prose, runaway replies, cuts at max_tokens.
     p_stray: float = 0.0  # replies whose answer sits in prose/code holding stray lists
     p_runaway: float = 0.0  # replies that keep writing list items until a token limit ends them
@@ -102,6 +106,8 @@ class SimConfig:
             raise ValueError(f"content_form must be one of {CONTENT_FORMS}")
         if self.slots is not None and self.slots < 1:
             raise ValueError("slots must be 1 or more")
+        if self.quote_key and not self.api_key:
+            raise ValueError("quote_key needs api_key: the key it quotes")
         bad = [f for f in self.script if f not in FAULTS]
         if bad:
             raise ValueError(f"unknown fault(s) {bad}; known: {FAULTS}")
@@ -182,6 +188,26 @@ def _max_tokens(req: dict[str, Any]) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _quoting(text: str, key: str) -> str:
+    """`text` with `key` quoted in it: in every string of a JSON answer (so it reaches parsed stubs, steps and
+    names), else appended to the prose."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return f"{text}\n(request made with API key {key})"
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, str):
+            return f"{v} [key {key}]"
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        return v
+
+    return orjson.dumps(walk(value)).decode()
+
+
 def _err_body(code: int, message: str, status: str, *, as_list: bool, details: list | None = None) -> bytes:
     err: dict[str, Any] = {"code": code, "message": message, "status": status}
     if details:
@@ -209,7 +235,7 @@ class Simulator:
             (p, name)
             for p, name in (
                 (cfg.p_500, "500"), (cfg.p_503, "503"), (cfg.p_hang, "hang"), (cfg.p_drop, "drop"),
-                (cfg.p_malformed, "malformed"), (cfg.p_null, "null"), (cfg.p_length, "length"),
+                (cfg.p_malformed, "malformed"), (cfg.p_null, "null"), (cfg.p_empty, "empty"), (cfg.p_length, "length"),
                 (cfg.p_filter, "filter"),
             )
             if p > 0
@@ -413,7 +439,7 @@ class Simulator:
                    cache: str = "auto") -> dict[str, Any]:
         """The chat.completion body (usage included) answering the request body `req` under the current
         knobs — the one place replies are made, so the batch routes answer exactly as the online one.
-        `fault` "null" or "length" shapes it as those faults; `cache`: how the prompt cache sees it
+        `fault` "null", "empty" or "length" shapes it as those faults; `cache`: how the prompt cache sees it
         (`prefix_cache`); no stats are touched."""
         cfg = self.cfg
         messages = req["messages"]
@@ -423,6 +449,8 @@ class Simulator:
             max_tokens=max_tokens, response_format=req.get("response_format"),
             p_stray=cfg.p_stray, p_runaway=cfg.p_runaway, cut_at_max_tokens=cfg.cut_at_max_tokens,
         )
+        if cfg.quote_key and cfg.api_key:
+            text = _quoting(text, cfg.api_key)
         pt, ct = prompt_tokens(req), text_tokens(text)  # the engine's token rule: its estimates are exact here
         if fault == "length":  # cut at max_tokens: all of them used
             text, finish = text[: max(1, len(text) // 2)], "length"
@@ -437,6 +465,8 @@ class Simulator:
         if fault == "null":
             message = {"role": "assistant", "content": None, "reasoning_content": text}
             finish = cfg.null_finish
+        elif fault == "empty":
+            message, finish = {"role": "assistant", "content": None}, "stop"
         elif cfg.content_form == "parts":
             message["content"] = [{"type": "text", "text": text[: len(text) // 2]}, {"type": "text", "text": text[len(text) // 2:]}]
         elif cfg.content_form == "tool_call":
@@ -470,7 +500,7 @@ class Simulator:
         return self.rng.lognormvariate(math.log(cfg.latency_s), cfg.latency_sigma) * cfg.latency_scale
 
     async def _inject(self, fault: str, request: web.Request) -> web.StreamResponse | None:
-        """Serve `fault`; None for faults that shape a 200 reply instead (null, length)."""
+        """Serve `fault`; None for faults that shape a 200 reply instead (null, empty, length)."""
         cfg = self.cfg
         if fault in ("500", "503"):
             code = int(fault)

@@ -29,11 +29,11 @@ def _cfg(tmp_path: Path, text: str) -> Path:
     ('[retrieval]\nk = "5"\n', '[retrieval] k = "5" is a string; expected an integer'),
     ("[run]\nruns = true\n", "[run] runs = True is a boolean; expected an integer"),
     ("[data]\nsubsets = \"G1\"\n", '[data] subsets = "G1" is a string; expected a list of strings'),
-    ("[run]\nruns = 0\n", "[run] runs = 0 is impossible; it must be >= 1"),
+    ("[run]\nruns = 0\n", "[run] runs = 0 is impossible; it must be between 1 and 1000"),
     ('[embed]\nbackend = "tf"\n', '[embed] backend = "tf" is impossible; it must be one of auto, torch, onnx'),
     ("[run]\nmodel = \"sim\"\n", "unknown key 'model' in [run]; known: models"),
     ("[embeddings]\nmodel = \"x\"\n", "unknown section [embeddings]"),
-    ("[analysis]\nscaling_sizes = [100, 0]\n", "scaling_sizes = [100, 0] is impossible; every value must be >= 1"),
+    ("[analysis]\nscaling_sizes = [100, 0]\n", "scaling_sizes = [100, 0] is impossible; every value must be between 1 and 100000000"),
     ("[retrieval\n", "invalid TOML"),
 ])
 def test_config_file_errors_name_file_key_and_type(tmp_path: Path, text: str, expected: str) -> None:
@@ -59,7 +59,7 @@ def test_sections_are_frozen_and_flags_go_over_the_file(tmp_path: Path) -> None:
     assert not hasattr(s.run, "budget_usd") and "budget_usd" not in json.dumps(dataclasses.asdict(s))
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.retrieval.k = 7  # type: ignore[misc]  # the point: a checked section cannot change
-    with pytest.raises(ConfigError, match="^--ks \\[0\\] is impossible; every value must be >= 1$"):
+    with pytest.raises(ConfigError, match="^--ks \\[0\\] is impossible; every value must be between 1 and 100$"):
         load(cfg, {"retrieval.ks": [0]})
     with pytest.raises(ConfigError, match="^--embedder 3 is an integer; expected a string$"):
         load(cfg, {"embed.model": 3})
@@ -117,8 +117,10 @@ def test_budgets_above_the_registry_and_empty_query_sets(tmp_path: Path, data: P
     base = ["--retrieval-only", "--data", str(data), "--cache-dir", str(cache), "--out", str(out)]
     rc, err = _run(capsys, *base, "--k", "100")
     assert rc == 2 and "--k 100 is above the registry's 14 APIs" in _one_line(err)
-    rc, err = _run(capsys, *base, "--ks", "1,5,500")
-    assert rc == 2 and "--ks 500" in _one_line(err)
+    rc, err = _run(capsys, *base, "--ks", "1,5,50")
+    assert rc == 2 and "--ks 50" in _one_line(err)
+    rc, err = _run(capsys, *base, "--ks", "1,5,500")  # past the bound of every registry: a record's depth
+    assert rc == 2 and "--ks [1, 5, 500] is impossible; every value must be between 1 and 100" in _one_line(err)
     (data / "queries" / "G2_instruction.json").write_text("[]")
     (data / "queries" / "G1_instruction.json").write_text("[]")
     rc, err = _run(capsys, *base)

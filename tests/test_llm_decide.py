@@ -146,12 +146,18 @@ def test_a_usable_reply_is_returned_and_a_cut_one_retried_once():
     assert isinstance(last, Reply) and last.result.truncated
 
 
-def test_malformed_and_empty_replies_are_transient():
-    for body, kind in ((b'{"choices": [', "malformed"), (_reply(content=None), "empty reply")):
-        got = decide(AttemptOutcome.http(200, {}, body), CallState(), PROFILE, now=NOW, jitter=0.0)
-        assert isinstance(got, Retry) and kind in got.reason and got.after_s == _backoff(0, 0.0)
-        spent = decide(AttemptOutcome.http(200, {}, body), CallState(failures=4), PROFILE, now=NOW, jitter=0.0)
-        assert isinstance(spent, GiveUp) and "(after 5 tries)" in spent.reason
+def test_malformed_replies_are_transient_and_an_empty_one_is_sent_once_more():
+    body = b'{"choices": ['
+    got = decide(AttemptOutcome.http(200, {}, body), CallState(), PROFILE, now=NOW, jitter=0.0)
+    assert isinstance(got, Retry) and "malformed" in got.reason and got.after_s == _backoff(0, 0.0)
+    spent = decide(AttemptOutcome.http(200, {}, body), CallState(failures=4), PROFILE, now=NOW, jitter=0.0)
+    assert isinstance(spent, GiveUp) and "(after 5 tries)" in spent.reason
+    # an empty 200 is billed each time and tends to come again: one more try, whatever max_retries says
+    empty = AttemptOutcome.http(200, {}, _reply(content=None))
+    again = decide(empty, CallState(), PROFILE, now=NOW, jitter=0.0)
+    assert isinstance(again, Retry) and again.cause == "empty" and "empty reply" in again.reason
+    done = decide(empty, CallState(empty=1), PROFILE, now=NOW, jitter=0.0)
+    assert isinstance(done, GiveUp) and done.kind == "empty_reply" and "not sent again" in done.reason
 
 
 def test_transport_errors():

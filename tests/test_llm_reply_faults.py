@@ -4,11 +4,14 @@ bodies, and a response cache holding an old entry or damaged pages."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import llm_fixtures as F
 import orjson
@@ -248,3 +251,23 @@ def test_damaged_pages_are_one_line_and_only_the_damaged_rows_are_dropped(tmp_pa
     cache.set("new", entry, tag="sim")  # the repaired cache works
     assert cache.get("new") == entry and encode_entry(entry)
     assert list(db.parent.glob("cache.db.damaged-*"))
+
+
+def test_an_empty_reply_is_sent_once_more_then_counted_and_said(caplog):
+    """A server answering content null with no text (billed each time) cost 6 retries per call before (126 requests
+    for 20 calls); now each call is sent twice at most, counted in `empty_replies` and failed as `empty_reply`."""
+    sim = F.LocalSim(p_empty=1.0)
+    profile = F.sim_profile(sim, max_retries=6, concurrency=4)
+
+    async def go() -> list[Any]:
+        async with sim.engine(profile) as llm:
+            got = await asyncio.gather(*(llm.chat(F.msgs(i), run=0, prompt_version="v") for i in range(20)))
+            return [got, llm.stats.summary()]
+
+    with caplog.at_level(logging.WARNING, logger="evaluator.llm"):
+        results, st = asyncio.run(go())
+    assert sim.stats()["requests"] == 40  # 20 calls, each sent twice
+    assert all(r.error_kind == "empty_reply" for r in results)
+    assert st.empty_replies == 40 and st.failed == {"empty_reply": 20} and st.retries == 20
+    said = [r.getMessage() for r in caplog.records if "empty reply" in r.getMessage()]
+    assert len(said) == 1 and "sent 1 more time(s)" in said[0] and "empty_replies" in said[0]

@@ -21,10 +21,10 @@ sys.path.insert(0, str(REPO))
 from evaluator.app.dry_run import cache_estimate  # noqa: E402
 from evaluator.batch.providers import gemini_to_completion  # noqa: E402
 from evaluator.core.money import cost_usd  # noqa: E402
-from evaluator.core.redact import redact  # noqa: E402
+from evaluator.core.redact import key_envs, redact  # noqa: E402
 from evaluator.llm import ConfigError, load_profile  # noqa: E402
 from evaluator.llm.budget import check_priced  # noqa: E402
-from evaluator.llm.catalog import key_envs, providers  # noqa: E402
+from evaluator.llm.catalog import providers  # noqa: E402
 from evaluator.llm.reply import read_reply  # noqa: E402
 from simulator.harness import batch_stats, configure_batch, start_simulator  # noqa: E402
 
@@ -105,7 +105,7 @@ def test_every_providers_key_is_redacted(monkeypatch):
     monkeypatch.setenv("DEEPSEEK_API_KEY", secret)
     load_profile("sim")  # any profile load registers every provider's key variable with the redactor
     assert secret not in redact(f"HTTP 401: bad key {secret}") and "[REDACTED:DEEPSEEK_API_KEY]" in redact(secret)
-    assert {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GROQ_API_KEY", "MISTRAL_API_KEY"} <= key_envs()
+    assert {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GROQ_API_KEY", "MISTRAL_API_KEY"} <= set(key_envs())
 
 
 def test_models_command_lists_providers_prices_and_whether_each_key_is_set(tmp_path):

@@ -247,7 +247,7 @@ def test_ray_mistakes_are_one_line_before_ray_starts(tmp_path, capfd, monkeypatc
     cases = [([*run, "--address", "auto"], "--address is an option of --engine ray"),
              ([*run, "--engine", "ray", "--processor", "vllm"], "needs vLLM"),
              ([*run, "--engine", "ray", "--rpm", "30"], "whole requests per second per actor"),
-             ([*run, "--engine", "ray", "--actors", "0"], "must be 1 or more")]
+             ([*run, "--engine", "ray", "--actors", "0"], "--actors: expected an integer from 1 to 256")]
     for args, needle in cases:
         rc, out, err = _main(args, capfd)
         assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, (args, err)

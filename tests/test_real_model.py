@@ -26,7 +26,7 @@ import psutil
 import pytest
 from records_fixtures import flat
 
-from evaluator.llamacpp.weights import WEIGHTS
+from evaluator.llamacpp.weights import WEIGHTS, ensure
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "qwen2.5-coder-0.5b"
@@ -244,3 +244,28 @@ def test_seven_architectures_run_on_the_real_model(root):
         assert r["archs"]["fusion"]["tokens"]["discovery"] == r["archs"]["ptr"]["tokens"]["discovery"]
     calls = _meta(root / "seven")["runtime"]["arch_calls"][MODEL]
     assert all(2 <= calls[a] <= 4 for a in ("ptr", "hyde", "rewrite")) and "route" not in calls  # reply + planner
+
+
+def test_a_gguf_with_flipped_bytes_and_its_mtime_restored_is_rebuilt_and_the_hash_checked_is_recorded(root):
+    # the server's child hashes the whole file at every start: a timestamp put back does not hide the damage
+    folder = root / "cache" / "models"
+    path = ensure(W, folder).path
+    st = path.stat()
+    with path.open("r+b") as f:  # 200 bytes flipped in the middle of the weights
+        f.seek(st.st_size // 2)
+        chunk = bytearray(f.read(200))
+        f.seek(st.st_size // 2)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    child = subprocess.Popen([sys.executable, "-m", "evaluator.llamacpp", "--weights", MODEL, "--cache-dir",
+                              str(folder), "--threads", "1", "--ctx", "512"], cwd=REPO, env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        assert child.stdout is not None
+        warning = json.loads(child.stdout.readline())
+        info = json.loads(child.stdout.readline())
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    assert "is damaged (sha256" in warning["warning"] and "rebuilt from its wheels" in warning["warning"]
+    assert info["sha256"] == W.sha256 and "base_url" in info  # the hash of the file it loaded, checked just now

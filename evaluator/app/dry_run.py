@@ -22,7 +22,6 @@ the cache is explicit (Anthropic): an estimate that assumes the prefix stays cac
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,25 +125,40 @@ def _usd(x: float | None) -> str:
     return usd(x, "unknown (no price in the profile)")
 
 
-def cache_estimate(p: ModelProfile, bodies: list[dict[str, Any]]) -> tuple[int, int]:
-    """(prompt tokens read from the provider's prompt cache, written into it) over these requests (module doc)."""
-    if p.prompt_cache == "none":
-        return 0, 0
-    seen: dict[str, int] = {}
-    read = write = 0
-    for b in bodies:
-        system = next((m for m in b.get("messages") or [] if isinstance(m, dict) and m.get("role") == "system"), None)
+class PromptCacheEstimate:
+    """Prompt tokens a provider's prompt cache would serve (read) and take in (written), summed as requests go by
+    (module doc): a request whose system prompt (at least `cache_min_tokens`) was seen before reads it; the first
+    of each writes it where caching is explicit. Holds one digest per distinct system prompt."""
+
+    def __init__(self, p: ModelProfile) -> None:
+        self.profile = p
+        self.seen: set[int] = set()
+        self.read = self.written = 0
+
+    def add(self, body: dict[str, Any]) -> None:
+        p = self.profile
+        if p.prompt_cache == "none":
+            return
+        system = next((m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "system"),
+                      None)
         if system is None or not isinstance(system.get("content"), str):
-            continue
+            return
         n = prompt_tokens({"messages": [system]}, p.chars_per_token)
         if n < p.cache_min_tokens:
-            continue
-        if system["content"] in seen:
-            read += n
+            return
+        if (d := hash(system["content"])) in self.seen:
+            self.read += n
         else:
-            seen[system["content"]] = n
-            write += n if p.prompt_cache == "explicit" else 0
-    return read, write
+            self.seen.add(d)
+            self.written += n if p.prompt_cache == "explicit" else 0
+
+
+def cache_estimate(p: ModelProfile, bodies: list[dict[str, Any]]) -> tuple[int, int]:
+    """(prompt tokens read from the provider's prompt cache, written into it) over these requests."""
+    est = PromptCacheEstimate(p)
+    for b in bodies:
+        est.add(b)
+    return est.read, est.written
 
 
 def _dur(s: float) -> str:
@@ -152,51 +166,89 @@ def _dur(s: float) -> str:
 
 
 @dataclass
-class _Call:
-    key: str
-    version: str  # prompt version, or the system prompt's head for a request file
-    body: dict[str, Any]  # the provider request body (llm.engine.Prepared.body)
-    hit: ChatResult | None
-    arch: str = ""  # the architecture whose code made it (a study's collect pass)
+class _Version:
+    """The calls of one prompt version (or system prompt) still to send, summed."""
+
+    n: int = 0
+    prompt_tokens: int = 0
+    caps: int = 0  # their max_tokens summed
+    first_cap: int | None = None
+    uncapped: bool = False  # one of them has no max_tokens (no profile cap either)
 
 
-def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[Any, dict[str, Any]]],
-                by_arch: dict[str, int] | None = None) -> ModelPlan:
-    """`calls`: every call the run makes that is known now; `planners`: ((stand-in key, architecture), stand-in
-    body) of the planner behind each architecture's reply that is not cached yet."""
-    history: dict[str, list[int]] = defaultdict(list)
-    for c in calls:
-        if c.hit is not None:
-            history[c.version].append(c.hit.completion_tokens)
-    unsent: dict[str, _Call] = {}
-    for c in calls:
-        if c.hit is None:
-            unsent.setdefault(c.key, c)
-    todo = [(c.version, c.body) for c in unsent.values()]
-    distinct_planners = dict(planners)  # identical replies -> identical planners: one request per architecture
-    todo += [(prompts.PLANNER_VERSION, b) for b in distinct_planners.values()]
-    cpt = p.chars_per_token
-    pt = sum(prompt_tokens(b, cpt) for _, b in todo)
+@dataclass
+class _Tally:
+    """One model's plan as the calls go by, summed: no call and no body is kept, only a 64-bit digest of each
+    distinct request still to send (they are counted once however often the study makes them), so a dry run's
+    memory grows by ~60 bytes per such request whatever the runs, queries and prompts."""
+
+    profile: ModelProfile
+    calls: int = 0
+    cached: int = 0
+    deferred: int = 0  # planners behind replies not cached yet, each time the study would make one
+    unsent: set[int] = field(default_factory=set)
+    planners: set[int] = field(default_factory=set)  # distinct (stand-in key, architecture) of those planners
+    history: dict[str, list[int]] = field(default_factory=dict)  # version -> [completion tokens, replies] cached
+    todo: dict[str, _Version] = field(default_factory=dict)
+    prompt_cache: PromptCacheEstimate | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt_cache = PromptCacheEstimate(self.profile)
+
+    def call(self, key: str, version: str, body: dict[str, Any], hit: ChatResult | None) -> None:
+        self.calls += 1
+        if hit is not None:
+            self.cached += 1
+            h = self.history.setdefault(version, [0, 0])
+            h[0] += hit.completion_tokens
+            h[1] += 1
+        elif (d := hash(key)) not in self.unsent:
+            self.unsent.add(d)
+            self._send(version, body)
+
+    def planner(self, key: str, arch: str, body: dict[str, Any]) -> None:
+        self.deferred += 1
+        if (d := hash((key, arch))) not in self.planners:  # identical replies -> identical planners: one each
+            self.planners.add(d)
+            self._send(prompts.PLANNER_VERSION, body)
+
+    def _send(self, version: str, body: dict[str, Any]) -> None:
+        v = self.todo.setdefault(version, _Version())
+        v.n += 1
+        v.prompt_tokens += prompt_tokens(body, self.profile.chars_per_token)
+        assert self.prompt_cache is not None
+        self.prompt_cache.add(body)
+        cap = body.get("max_tokens") or self.profile.max_tokens
+        if cap is None:
+            v.uncapped = True
+        else:
+            v.caps += int(cap)
+            v.first_cap = int(cap) if v.first_cap is None else v.first_cap
+
+
+def _model_plan(t: _Tally, by_arch: dict[str, int] | None = None) -> ModelPlan:
+    """The plan of one model from what its calls summed to (`_Tally`)."""
+    p = t.profile
+    pt = sum(v.prompt_tokens for v in t.todo.values())
     ct: int | None = 0
     basis: dict[str, str] = {}
-    for version in dict.fromkeys(v for v, _ in todo):
-        bodies = [b for v, b in todo if v == version]
-        seen = history.get(version)
-        if seen:
-            mean = sum(seen) / len(seen)
-            basis[version] = f"mean of {len(seen):,} cached replies ({mean:.0f} tokens)"
-            est = round(mean * len(bodies))
+    for version, v in t.todo.items():
+        seen = t.history.get(version)
+        if seen and seen[1]:
+            mean = seen[0] / seen[1]
+            basis[version] = f"mean of {seen[1]:,} cached replies ({mean:.0f} tokens)"
+            est = round(mean * v.n)
+        elif v.uncapped:
+            basis[version] = "unknown (no cached reply, no max_tokens)"
+            ct = None
+            continue
         else:
-            caps = [b.get("max_tokens") or p.max_tokens for b in bodies]
-            if any(c is None for c in caps):
-                basis[version] = "unknown (no cached reply, no max_tokens)"
-                ct = None
-                continue
-            basis[version] = f"max_tokens ({caps[0]:,}) each: an upper bound, nothing of it cached yet"
-            est = sum(int(c) for c in caps if c is not None)
+            basis[version] = f"max_tokens ({v.first_cap or 0:,}) each: an upper bound, nothing of it cached yet"
+            est = v.caps
         ct = None if ct is None else ct + est
-    n = len(todo)
-    cached, written = cache_estimate(p, [b for _, b in todo])
+    n = sum(v.n for v in t.todo.values())
+    assert t.prompt_cache is not None
+    cached, written = t.prompt_cache.read, t.prompt_cache.written
     usd = cost_usd(p, pt, ct, cached=cached, cache_write=written) if ct is not None else None
     usd_b = cost_usd(p, pt, ct, batch=True, cached=cached, cache_write=written) if ct is not None else None
     # The engine's pacing: one second's worth may go at once, then RPM (x RPM_SAFETY) and TPM (each call
@@ -205,14 +257,15 @@ def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[Any, d
     if p.rpm:
         floors["rpm"] = max(0.0, n - p.rpm / 60) * 60 / (p.rpm * RPM_SAFETY)
     if p.tpm:
-        held = pt + sum(int(b.get("max_tokens") or p.max_tokens or 0) for _, b in todo)
+        held = pt + sum(v.caps for v in t.todo.values())
         floors["tpm"] = max(0.0, held - p.tpm / 60) * 60 / p.tpm
     by = max(floors, key=lambda k: floors[k])
-    rounds = math.ceil(len(unsent) / p.concurrency) + (1 if planners else 0)
+    rounds = math.ceil(len(t.unsent) / p.concurrency) + (1 if t.deferred else 0)
     return ModelPlan(
-        model=p.name, calls=len(calls) + len(planners), cached=sum(c.hit is not None for c in calls), to_send=n,
-        ptr_planners_upper_bound=len(distinct_planners), prompt_tokens=pt, completion_tokens=ct,
-        cached_prompt_tokens=cached, cache_write_tokens=written, completion_basis=basis, usd_online=_r(usd), usd_batch=_r(usd_b), time_floor_s=round(floors[by], 1),
+        model=p.name, calls=t.calls + t.deferred, cached=t.cached, to_send=n,
+        ptr_planners_upper_bound=len(t.planners), prompt_tokens=pt, completion_tokens=ct,
+        cached_prompt_tokens=cached, cache_write_tokens=written, completion_basis=basis, usd_online=_r(usd),
+        usd_batch=_r(usd_b), time_floor_s=round(floors[by], 1),
         time_floor_by=by, latency_rounds=rounds, concurrency=p.concurrency, rpm=p.rpm, tpm=p.tpm,
         by_arch=dict(by_arch or {}), prices=p.price_source, unpriced=unpriced(p), follows_headers=p.follow_rate_headers)
 
@@ -230,8 +283,7 @@ class _Planner:
 
     def __init__(self, study: Study, profiles: dict[str, ModelProfile]) -> None:
         self.study = study
-        self.calls: dict[str, list[_Call]] = {n: [] for n in profiles}
-        self.planners: dict[str, list[tuple[Any, dict[str, Any]]]] = {n: [] for n in profiles}
+        self.tally = {n: _Tally(p) for n, p in profiles.items()}
         names = list(study_archs(study))  # in --archs order, by name (a plugin by its `name`)
         self.by_arch: dict[str, dict[str, int]] = {n: dict.fromkeys(names, 0) for n in profiles}
         self._engines = {n: LLMEngine(offline(p), api_key="") for n, p in profiles.items()}  # prepare only, no HTTP
@@ -241,10 +293,8 @@ class _Planner:
         counts[arch] = counts.get(arch, 0) + 1
 
     def __call__(self, model: str, prepared: Prepared, version: str, hit: ChatResult | None) -> None:
-        body = prepared.logical or prepared.body
-        arch = ARCH_OF_CALL.get()
-        self.calls[model].append(_Call(prepared.key, version, body, hit, arch))
-        self._count(model, arch)
+        self.tally[model].call(prepared.key, version, prepared.logical or prepared.body, hit)
+        self._count(model, ARCH_OF_CALL.get())
 
     def deferred(self, model: str, run: int, qi: int, arch: str) -> None:
         """The planner `arch` makes once its reply is in, priced with the same query's RtP planner prompt."""
@@ -253,16 +303,15 @@ class _Planner:
         msgs = prompts.planner_messages(self.study.queries[qi].text, [(a.display, a.description) for a in apis])
         p = self._engines[model].prepare(msgs, run=run, prompt_version=prompts.PLANNER_VERSION,
                                          schema=prompts.PLANNER_SCHEMA)
-        self.planners[model].append(((p.key, arch), p.logical or p.body))
+        self.tally[model].planner(p.key, arch, p.logical or p.body)
         self._count(model, arch)
 
 
 def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path) -> DryRunPlan:
     """The plan of `study` on these models; reads the cache, sends nothing."""
     planner = _Planner(study, profiles)
-    aio.run(collect(study, profiles, cache_root, on_call=planner, on_deferred=planner.deferred))
-    plan = DryRunPlan([_model_plan(p, planner.calls[n], planner.planners[n], planner.by_arch[n])
-                       for n, p in profiles.items()])
+    aio.run(collect(study, profiles, cache_root, on_call=planner, on_deferred=planner.deferred, keep=False))
+    plan = DryRunPlan([_model_plan(planner.tally[n], planner.by_arch[n]) for n in profiles])
     if any(m.ptr_planners_upper_bound for m in plan.models):
         plan.notes.append("Planners behind replies not cached yet (PtR's discovery, hyde's, rewrite's) are counted "
                           "once per architecture (an upper bound: a reply with nothing to search calls no planner), "
@@ -290,11 +339,11 @@ def _system_head(body: dict[str, Any]) -> str:
 def plan_requests(requests: list[Request], profile: ModelProfile, cache_root: Path) -> DryRunPlan:
     """The plan of a request file on one model (as `requests run` sends it); sends nothing."""
     engine = LLMEngine(offline(profile), cache_root=cache_root, api_key="")
+    tally = _Tally(profile)
     try:
-        calls = []
         for r in requests:
             prepared = engine.prepare_body({"model": profile.model, **r.body})
-            calls.append(_Call(prepared.key, _system_head(r.body), prepared.logical, engine.lookup(prepared.key)))
+            tally.call(prepared.key, _system_head(r.body), prepared.logical, engine.lookup(prepared.key))
     finally:
         engine.close_cache()
-    return DryRunPlan([_model_plan(profile, calls, [])])
+    return DryRunPlan([_model_plan(tally)])

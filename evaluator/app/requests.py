@@ -94,13 +94,15 @@ def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, rep
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         profiles = {profile.name: profile}
-        use_servers(profiles, start_servers(stack, profiles, cache_root))
+        servers = start_servers(stack, profiles, cache_root)
+        use_servers(profiles, servers)
+        server = servers.get(profile.name)
         ran: RayRun | None = None
         if ray is not None:
             results, stats, ran = run_requests_ray(requests, profiles[profile.name], cache_root, ray, reporter=reporter)
         else:
             results, stats = aio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter,
-                                                  grace_s=grace_s))
+                                                  grace_s=grace_s, locate=getattr(server, "locate", None)))
     write_lines(out, results)
     return RanFile(results, stats, time.perf_counter() - t0, ran)
 

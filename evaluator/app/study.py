@@ -35,20 +35,25 @@ from evaluator.llm.accounting import CallStats
 from evaluator.llm.budget import Budget, check_priced
 from evaluator.llm.errors import BudgetExhausted
 from evaluator.llm.limits import SharedRates, rate_folder
+from evaluator.render.view import VIEW_FILE, parts_folder
 from evaluator.results.cost import BatchStats, accounting
 from evaluator.results.schema import (
+    META_FILE,
+    QUERIES_FILE,
     ROUTING_FILE,
     SCALING_FILE,
     LocalServer,
     Meta,
     ModelInfo,
     OutputDir,
+    OutputError,
     PeakMemory,
     Record,
     RegistryInfo,
     Runtime,
     SimulatorStats,
     check_writable,
+    other_study,
 )
 from evaluator.results.stream import RecordSpill
 from evaluator.retrieval.embed import gpu_peak_mib
@@ -194,15 +199,74 @@ def run(s: Settings, inv: Invocation, *, reporter: Reporter = SILENT, retrieval_
             stats = batch_study.cancel(profiles, cache_root, reporter.info)
             return RunOutcome(out, message=batch_study.cancel_message(stats))
     with contextlib.ExitStack() as stack:
+        od = OutputDir(out)
+        stack.enter_context(od.writing("a study", reporter.info))  # one writer per --out, before any work
+        claim = OutputClaim() if inv.dry_run else claim_output(od, s, inv, retrieval_only, reporter)
         # Simulated and bundled models' servers start now and get ready beside the loading and embedding below.
         sims = start_servers(stack, profiles, cache_root) if profiles and not inv.dry_run else {}
-        return _run_study(s, inv, out, cache_root, profiles, sims, reporter, retrieval_only)
+        return _run_study(s, inv, out, cache_root, profiles, sims, reporter, retrieval_only, claim)
+
+
+@dataclass
+class OutputClaim:
+    """What the study found in its --out: the meta.json of the same study (a rerun), and whether the folder's
+    results are another study's, replaced under --overwrite (why)."""
+
+    meta: Meta | None = None
+    replace: str | None = None
+
+
+def claim_output(od: OutputDir, s: Settings, inv: Invocation, retrieval_only: bool, reporter: Reporter) -> OutputClaim:
+    """One line, before any work, when --out holds another study's results (`schema.other_study`) and
+    --overwrite was not given; with it, a note: they are replaced once this study's results are written."""
+    meta_file, queries = od.path / META_FILE, od.path / QUERIES_FILE
+    why = None
+    meta = None
+    if meta_file.is_file():
+        try:
+            meta = od.read_meta()
+            why = other_study(meta, s, retrieval_only)
+        except OutputError:
+            why = "a meta.json this evaluator cannot read"
+    elif queries.is_file():
+        why = f"a {QUERIES_FILE} without meta.json"
+    return _claimed(od, OutputClaim(meta if why is None else None, why), inv, reporter)
+
+
+def _claimed(od: OutputDir, claim: OutputClaim, inv: Invocation, reporter: Reporter) -> OutputClaim:
+    why = claim.replace
+    if why is None:
+        return claim
+    if not inv.overwrite:
+        raise OutputError(f"--out {od.path} holds the results of another study ({why}); pass --overwrite to replace "
+                          "them, or another --out (a rerun of the same study resumes into its folder)")
+    reporter.info(f"note: --overwrite: {od.path} holds the results of another study ({why}); they are replaced "
+                  "once this study's are written")
+    return claim
+
+
+def same_data(od: OutputDir, claim: OutputClaim, inputs: Inputs, inv: Invocation, reporter: Reporter) -> OutputClaim:
+    """After the data is loaded: the folder's study was run on other data (its registry's digest, its subsets'
+    query counts) is another study too."""
+    meta = claim.meta
+    if meta is None:
+        return claim
+    digest = inputs.registry.digest()
+    counts = dict(sorted(Counter(q.subset for q in inputs.queries).items()))
+    why = None
+    if meta.registry.digest and meta.registry.digest != digest:
+        why = f"its registry's digest is {meta.registry.digest}, this study's {digest}"
+    elif meta.subsets and dict(sorted(meta.subsets.items())) != counts:
+        why = f"its subsets hold {dict(sorted(meta.subsets.items()))} queries, this study's {counts}"
+    return _claimed(od, OutputClaim(None, why), inv, reporter) if why else claim
 
 
 def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
-               sims: dict[str, Server], reporter: Reporter, retrieval_only: bool) -> RunOutcome:
+               sims: dict[str, Server], reporter: Reporter, retrieval_only: bool, claim: OutputClaim) -> RunOutcome:
     checked = checked_inputs(s, inv, reporter, analyses=not retrieval_only and inv.extras)
     s = checked.settings  # the k-ablation fitted to the registry
+    if not inv.dry_run:
+        claim = same_data(OutputDir(out), claim, checked.inputs, inv, reporter)
     study = prepare_study(s, checked.inputs, cache_root, reporter)
     if profiles:  # each plugin once on one query, nothing sent: what it returns is checked before any call
         aio.run(probe_archs(study, arch_units.resolve(s.run.archs, 0.0, resolve_path)))
@@ -238,6 +302,8 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
             meta.runtime.local_server = local
         meta.batch = batch_stats
         meta.cost = {n: accounting(p, meta.llm_stats.get(n), meta.batch.get(n)) for n, p in profiles.items()}
+    if claim.replace is not None:  # --overwrite: the other study's files go now, never mixed with this one's
+        od.clear(also=(PLAN_FILE, VIEW_FILE, parts_folder(VIEW_FILE)))
     od.write_meta(meta)
     records = spill.finish()
     if not retrieval_only:
@@ -314,8 +380,10 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
         per_unit = calls_per_unit(study) * study.run.runs
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
+        # a bundled server restarted after a crash listens on another port: its engine asks where, each request
+        locators = {n: sim.locate for n, sim in sims.items() if isinstance(sim, llamacpp.LlamaHandle)}
         with bar:
-            llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv, sink))
+            llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv, sink, locators))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
         # llama.cpp server's file, hash, sizing and token counters.
@@ -329,13 +397,15 @@ def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path
 
 async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
                      bar: Progress, budget: Budget | None, inv: Invocation, sink: Sink,
+                     locators: dict[str, Callable[[], str]],
                      ) -> tuple[dict[str, CallStats], dict[str, dict[str, int]]]:
     # one RPM per key for every process on this folder (the cache's, or --rate-dir)
     rates = SharedRates(rate_folder(resolve_path(inv.rate_dir) if inv.rate_dir else None, cache_root))
     async with contextlib.AsyncExitStack() as stack:
         engines = {n: await stack.enter_async_context(LLMEngine(p, cache_root=cache_root, budget=budget,
                                                                 grace_s=inv.stop_grace_s,
-                                                                pacer_factory=rates, token_pacer_factory=rates.tpm)) for n, p in profiles.items()}
+                                                                pacer_factory=rates, token_pacer_factory=rates.tpm,
+                                                                locate=locators.get(n))) for n, p in profiles.items()}
         for n, e in engines.items():
             bar.attach(n, e.stats)
         runner = StudyRunner(study, engines, bar, sink=sink)

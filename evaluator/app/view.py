@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from evaluator.analysis import compare
 from evaluator.analysis.stats import Checks, Row, Summary, Test
 from evaluator.core.files import atomic_write
+from evaluator.core.redact import scrub
 from evaluator.render.view import (
     PART_RECORDS,
     VIEW_FILE,
@@ -133,7 +134,7 @@ def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,
     written: set[str] = set()
 
     def emit(name: str, body: str) -> None:
-        atomic_write(folder / name, body)
+        atomic_write(folder / name, scrub(body))  # the records' texts: a plugin's trace may hold a key
         written.add(name)
 
     streamed = any(isinstance(src.records, SavedRecords) for src in sources)
@@ -145,5 +146,6 @@ def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,
                 old.unlink()
         if not any(folder.iterdir()):
             folder.rmdir()
+    text = scrub(text)
     atomic_write(page, text)
     return text

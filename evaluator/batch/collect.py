@@ -64,11 +64,12 @@ class BatchIncomplete(FatalLLMError):
 class _Collector:
     """Stands in for an `LLMEngine` in a collect pass: cached calls are answered, the rest recorded."""
 
-    def __init__(self, engine: LLMEngine, on_call: OnCall | None = None) -> None:
+    def __init__(self, engine: LLMEngine, on_call: OnCall | None = None, keep: bool = True) -> None:
         self.engine = engine
         self.stats = engine.stats
         self.calls: dict[str, Any] = {}  # cache key -> Prepared, in the order the study made them
         self.on_call = on_call
+        self.keep = keep  # False: the calls are only seen by `on_call` (a dry run sums them), not held
 
     async def chat(self, messages: list[dict[str, Any]], *, run: int, prompt_version: str, **kw: Any) -> ChatResult:
         if _BRANCH_DEFERRED.get():
@@ -83,7 +84,8 @@ class _Collector:
             return await self.engine.send(prepared)  # never collected nor sent: a counted context_exceeded
         if self.on_call is not None:
             self.on_call(self.engine.profile.name, prepared, prompt_version, None)
-        self.calls.setdefault(prepared.key, prepared)
+        if self.keep:
+            self.calls.setdefault(prepared.key, prepared)
         _BRANCH_DEFERRED.set(True)
         return ChatResult(None, None, error=DEFERRED, error_kind=DEFERRED_KIND)
 
@@ -97,17 +99,19 @@ def offline(p: ModelProfile) -> ModelProfile:
 
 
 async def collect(study: Any, profiles: dict[str, ModelProfile], cache_root: Path, batcher: Any = None,
-                  on_call: OnCall | None = None, on_deferred: OnDeferred | None = None) -> dict[str, list[Request]]:
+                  on_call: OnCall | None = None, on_deferred: OnDeferred | None = None,
+                  keep: bool = True) -> dict[str, list[Request]]:
     """Every chat request the study would send now that is not cached, per model (no network).
 
     `batcher`: the stub search to use (default: the pipeline's own), as `StudyRunner` takes it.
     `on_call(model, prepared, prompt_version, cached reply or None)` sees every call the study makes (dry run);
-    `on_deferred(model, run, query index, architecture)` each planner that waits on a deferred reply."""
+    `on_deferred(model, run, query index, architecture)` each planner that waits on a deferred reply.
+    `keep` False: nothing is held or returned (the dry run sums what `on_call` sees; bounded memory)."""
     async with contextlib.AsyncExitStack() as stack:
         collectors = {}
         for n, p in profiles.items():
             engine = await stack.enter_async_context(LLMEngine(offline(p), cache_root=cache_root, api_key=""))
-            collectors[n] = _Collector(engine, on_call)
+            collectors[n] = _Collector(engine, on_call, keep)
         # the records of a collect pass are not kept: only the calls it would make are
         runner = StudyRunner(study, collectors, None, batcher, on_deferred=on_deferred, sink=_Dropped())
         await runner.run([Unit(m, r) for m in profiles for r in range(study.run.runs)])

@@ -118,9 +118,9 @@ def failure_kinds(results: Iterable[Result]) -> dict[str, int]:
     return dict(Counter(r.kind() for r in results if not r.ok).most_common())
 
 
-def json_lines(raw_lines: Iterable[bytes], where: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def json_lines(raw_lines: Iterable[bytes], where: str, first: int = 1) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) of each non-blank line; a line that is not a JSON object is one error naming it."""
-    for n, raw in enumerate(raw_lines, 1):
+    for n, raw in enumerate(raw_lines, first):
         if not raw.strip():
             continue
         try:
@@ -167,28 +167,56 @@ def read_results(path: Path | str) -> list[Result]:
     return _results(_lines(Path(path)), str(path))
 
 
+def read_results_salvaged(path: Path | str, keep: int = 5) -> tuple[list[Result], list[str], int]:
+    """Every good line of a results file that may be damaged (cut mid-line by a copy or a full disk, a line written
+    over): (the results, the first `keep` bad lines as "FILE:N: why", how many lines were bad). A file with no good
+    line at all is no results file: its first bad line is the one-line error, as `read_results` says it."""
+    path = Path(path)
+    out: list[Result] = []
+    bad: list[str] = []
+    n_bad = 0
+    try:
+        fh = path.open("rb")
+    except OSError as e:
+        raise RequestFileError(f"cannot read {path}: {e.strerror}") from None
+    with fh:
+        for n, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                out += _results(json_lines([raw], str(path), first=n), str(path))
+            except RequestFileError as e:
+                n_bad += 1
+                if len(bad) < keep:
+                    bad.append(str(e) + ("" if raw.endswith(b"\n") else " (the file ends mid-line: cut short?)"))
+    if bad and not out:
+        raise RequestFileError(bad[0])
+    return out, bad, n_bad
+
+
 def parse_results(data: bytes, where: str) -> list[Result]:
     """Results from a downloaded output or error file's bytes."""
     return _results(json_lines(data.splitlines(), where), where)
 
 
 def _results(lines: Iterable[tuple[int, dict[str, Any]]], where: str) -> list[Result]:
-    out = []
-    for n, obj in lines:
-        cid = obj.get("custom_id")
-        if not isinstance(cid, str):
-            raise RequestFileError(f"{where}:{n}: missing \"custom_id\"; is this a results file (not a request file)?")
-        resp = obj.get("response")
-        if resp is not None and not isinstance(resp, dict):
-            raise RequestFileError(f"{where}:{n}: \"response\" must be an object or null")
-        status = resp.get("status_code") if resp else None
-        if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
-            raise RequestFileError(f"{where}:{n}: \"response.status_code\" must be an integer")
-        body = resp.get("body") if resp else None
-        if body is not None and not isinstance(body, dict):
-            raise RequestFileError(f"{where}:{n}: \"response.body\" must be an object or null")
-        out.append(Result(cid, int(status) if status is not None else None, body, error_dict(obj.get("error"))))
-    return out
+    return [_result(n, obj, where) for n, obj in lines]
+
+
+def _result(n: int, obj: dict[str, Any], where: str) -> Result:
+    cid = obj.get("custom_id")
+    if not isinstance(cid, str):
+        raise RequestFileError(f"{where}:{n}: missing \"custom_id\"; is this a results file (not a request file)?")
+    resp = obj.get("response")
+    if resp is not None and not isinstance(resp, dict):
+        raise RequestFileError(f"{where}:{n}: \"response\" must be an object or null")
+    status = resp.get("status_code") if resp else None
+    if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+        raise RequestFileError(f"{where}:{n}: \"response.status_code\" must be an integer")
+    body = resp.get("body") if resp else None
+    if body is not None and not isinstance(body, dict):
+        raise RequestFileError(f"{where}:{n}: \"response.body\" must be an object or null")
+    return Result(cid, int(status) if status is not None else None, body, error_dict(obj.get("error")))
 
 
 def _content(r: Result) -> bytes:

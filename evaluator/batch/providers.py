@@ -38,6 +38,7 @@ from evaluator.llm.dialects import AnthropicWire, anthropic_base, dialect, from_
 from evaluator.llm.errors import ConfigError, FatalLLMError
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.retry import backoff_delay, retry_after_from_headers
+from evaluator.llm.transport import tls_problem
 
 TOKEN_KEY = "evaluator_token"
 # Per-batch limits when the profile names none. OpenAI: 50,000 requests and 200 MB per input file
@@ -143,6 +144,10 @@ class _Http:
             try:
                 async with self.session.request(method, url, **kw) as r:
                     raw, headers, status = await r.read(), r.headers, r.status
+            except aiohttp.ClientSSLError as e:  # sending again cannot help: said in plain words at once
+                raise BatchAPIError(f"{self.profile.name}: {tls_problem(e)} ({url}); give the server a certificate a "
+                                    "trusted authority signed, or point SSL_CERT_FILE at the bundle of the authority "
+                                    "that signed it") from None
             except (aiohttp.ClientError, TimeoutError) as e:
                 if attempt == retries:
                     raise BatchAPIError(f"{self.profile.name}: cannot reach the batch API at {url} ({type(e).__name__})") from None

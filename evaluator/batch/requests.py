@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from evaluator.batch.collect import offline
-from evaluator.batch.files import BatchError, Request, Result, dedupe, failure_kinds, read_results
+from evaluator.batch.files import BatchError, Request, Result, dedupe, failure_kinds, read_results_salvaged
 from evaluator.batch.store import JobStore
 from evaluator.core import aio
 from evaluator.core.aio import cancel_all
@@ -33,6 +34,8 @@ class ImportCounts:
     unusable: int = 0  # replies the engine could not use (no content, cut, ...)
     first_errors: list[str] = field(default_factory=list)  # "custom_id: why", the first five
     error_kinds: dict[str, int] = field(default_factory=dict)  # errors by kind ("HTTP 400": 2, "batch_expired": 1)
+    bad_lines: int = 0  # lines of a damaged file that are no result (cut mid-line, written over): skipped
+    first_bad: list[str] = field(default_factory=list)  # "FILE:N: why", the first five
 
 
 def offline_profile(name: str, base_url: str | None = None, **overrides: Any) -> ModelProfile:
@@ -42,12 +45,22 @@ def offline_profile(name: str, base_url: str | None = None, **overrides: Any) ->
 
 def import_files(paths: list[Path], cache_root: Path, *, model: str | None = None,
                  base_url: str | None = None) -> ImportCounts:
-    """Every successful reply of these results files into the response cache.
+    """Every successful reply of these results files into the response cache; a damaged file's good lines too
+    (its bad lines are counted and named, `ImportCounts.bad_lines`).
 
     Each result's profile is `model`, else the one `requests export` recorded for its custom_id; a
     custom_id of neither is one `ConfigError` line before anything is stored."""
+    # Every good line of a damaged file is taken; the bad ones are named (their requests are made again).
+    read: list[Result] = []
+    bad: list[str] = []
+    n_bad = 0
+    for path in paths:
+        got, first_bad, n = read_results_salvaged(path)
+        read += got
+        bad += first_bad
+        n_bad += n
     # A custom_id answered twice with different replies is imported from neither (the next export asks again).
-    results, conflicts = dedupe(r for path in paths for r in read_results(path))
+    results, conflicts = dedupe(read)
     store = JobStore(cache_root)
     try:
         owner: dict[str, str] = {}
@@ -63,6 +76,7 @@ def import_files(paths: list[Path], cache_root: Path, *, model: str | None = Non
     counts = aio.run(_import(results, owner, cache_root, base_url))
     counts.error_kinds = failure_kinds(results)
     counts.errors += len(conflicts)
+    counts.bad_lines, counts.first_bad = n_bad, bad[:5]
     counts.first_errors[:0] = [f"{c}: different replies for this custom_id; neither is imported" for c in conflicts[:5]]
     del counts.first_errors[5:]
     return counts
@@ -101,15 +115,16 @@ async def _import(results: list[Result], owner: dict[str, str], root: Path, base
 
 async def run_requests(
     requests: list[Request], profile: ModelProfile, cache_root: Path, *, reporter: Reporter = SILENT,
-    grace_s: float = STOP_GRACE_S,
+    grace_s: float = STOP_GRACE_S, locate: Callable[[], str] | None = None,
 ) -> tuple[list[Result], CallStats]:
-    """Every request through one engine, results in input order; finished ones come from the cache."""
+    """Every request through one engine, results in input order; finished ones come from the cache. `locate`:
+    where the server listens now (a bundled server restarted on another port)."""
     bar = reporter.calls({profile.name: len(requests)})
     results: list[Result | None] = [None] * len(requests)
     # Processes on one cache folder share each key's RPM and TPM (llm/limits.py `SharedRates`).
     rates = SharedRates(rate_folder(None, cache_root))
     async with LLMEngine(profile, cache_root=cache_root, pacer_factory=rates, token_pacer_factory=rates.tpm,
-                         grace_s=grace_s) as engine:
+                         grace_s=grace_s, locate=locate) as engine:
         bar.attach(profile.name, engine.stats)
         # A window of tasks, not one per line: a million-line file must not hold a million coroutines.
         window = asyncio.Semaphore(max(64, 4 * profile.concurrency))

@@ -19,6 +19,7 @@ import errno
 import logging
 import sqlite3
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TextIO
@@ -41,7 +42,7 @@ from evaluator.core.errors import (
 )
 from evaluator.core.progress import Reporter
 from evaluator.core.redact import RedactFilter, redact, redacted_traceback
-from evaluator.llm import cache_clear, cache_stats, catalog
+from evaluator.llm import cache_clear, cache_stats
 from evaluator.results.schema import OutputDir
 from evaluator.settings.invocation import BATCH_FALLBACKS, STOP_GRACE_S, Invocation, ProfileOverrides
 from evaluator.settings.load import load, load_settings
@@ -77,6 +78,21 @@ def _budget(value: str) -> float:
     if not 0 <= usd < float("inf"):
         raise argparse.ArgumentTypeError(f"expected the most this run may spend, in USD (0 or more), e.g. 5; got {value!r}")
     return usd
+
+
+def _bounded(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: an integer from `lo` to `hi` (a count of the command's own, not a setting)."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value.replace("_", ""))
+        except ValueError:
+            n = lo - 1
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo:,} to {hi:,}, got {value!r}")
+        return n
+
+    return parse
 
 
 def _csv(value: str) -> list[str]:
@@ -123,7 +139,10 @@ def run_parser() -> Parser:
     p.add_argument("--backend", choices=BACKEND_CHOICES,
                    help="embedding runtime (auto: the fastest path verified equivalent to torch fp32)")
     p.add_argument("--cache-dir", help="cache root for embeddings and LLM replies (default: cache/)")
-    p.add_argument("--out", help="output folder (default: results/<timestamp>)")
+    p.add_argument("--out", help="output folder (default: results/<timestamp>); rerunning the same study into it "
+                   "resumes it, another study's results there need --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="--out holds another study's results: replace them "
+                   "(removed once this study's are written; never merged)")
     p.add_argument("--limit", type=int, help="first N queries per subset (0 = all)")
     p.add_argument("--retrieval-only", action="store_true", help="RtP retrieval metrics only; no LLM")
     p.add_argument("--model", action="append", dest="models", help="model (repeatable): a profile (sim, gemini, "
@@ -191,6 +210,7 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, Invocation]:
         "overrides": ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm,
                                       tpm=args.tpm, max_tokens=args.max_tokens, timeout_s=args.timeout),
         "extras": not args.no_extras, "dry_run": args.dry_run, "data_from_cli": bool(args.data),
+        "overwrite": args.overwrite,
         "batch": "cancel" if args.batch_cancel else ("submit" if args.batch else None)}
     return load(args.config, flags, options)
 
@@ -236,7 +256,9 @@ def cmd_report(argv: list[str]) -> int:
     p.add_argument("out_dir", type=Path)
     args = p.parse_args(argv)
     _writing(args.out_dir)
-    report.render_outputs(OutputDir(args.out_dir).require())
+    od = OutputDir(args.out_dir).require()
+    with od.writing("`report`", make_reporter(False).info):  # one writer per output folder
+        report.render_outputs(od)
     print(f"Re-rendered {args.out_dir}/report.md, summary.json and figures/")
     return 0
 
@@ -286,7 +308,8 @@ def _analysis_command(prog: str, description: str, argv: list[str], add: Callabl
     args = p.parse_args(argv)
     od = OutputDir(args.out_dir).require()
     _writing(args.out_dir)
-    meta = run(args, od, _analysis_settings(args, od))
+    with od.writing(f"`{prog}`", make_reporter(False).info):  # one writer per output folder
+        meta = run(args, od, _analysis_settings(args, od))
     print(f"{prog.capitalize()} study in {meta.timing_s:.1f}s: {args.out_dir}/{prog}.json; updated report.md "
           f"and figures/{prog}.png")
     return 0
@@ -384,7 +407,11 @@ def _requests_import(argv: list[str]) -> int:
           f"{c.errors:,} errors{kinds} and {c.unusable:,} unusable replies were not cached.")
     for line in c.first_errors:
         print(f"  {line}")
-    if c.errors or c.unusable:
+    if c.bad_lines:
+        more = f" (and {c.bad_lines - len(c.first_bad):,} more)" if c.bad_lines > len(c.first_bad) else ""
+        print(f"warning: {c.bad_lines:,} line(s) of the results could not be read and were skipped: "
+              f"{'; '.join(c.first_bad)}{more}", file=sys.stderr)
+    if c.errors or c.unusable or c.bad_lines:
         print("Requests without a cached reply are sent again by the next export (or online by the study).")
     return 0
 
@@ -410,9 +437,9 @@ def _requests_run(argv: list[str]) -> int:
     ray.add_argument("--address", help="join this Ray cluster (e.g. auto, ray://head:10001); default: start a small local Ray")
     ray.add_argument("--processor", choices=["http", "vllm"], default="http",
                      help="http: Ray's HTTP processor against the profile's endpoint (default); vllm: the model inside Ray (needs vLLM)")
-    ray.add_argument("--actors", type=int, default=1, help="Ray actors sending (or running vLLM); default 1")
-    ray.add_argument("--batch-size", type=int, help="rows per Ray batch = requests in flight per actor (default: the profile's concurrency, at most 64)")
-    ray.add_argument("--qps", type=int, help="Ray's pace, requests per second per actor (default: the profile's rpm / 60 / actors)")
+    ray.add_argument("--actors", type=_bounded(1, 256), default=1, help="Ray actors sending (or running vLLM); default 1")
+    ray.add_argument("--batch-size", type=_bounded(1, 4096), help="rows per Ray batch = requests in flight per actor (default: the profile's concurrency, at most 64)")
+    ray.add_argument("--qps", type=_bounded(1, 100_000), help="Ray's pace, requests per second per actor (default: the profile's rpm / 60 / actors)")
     ray.add_argument("--vllm-model", help="--processor vllm: the model to load (default: the profile's model id)")
     args = ap.parse_args(argv)
     ray_flags = [f for f, v in (("--address", args.address), ("--processor", args.processor != "http"),
@@ -447,12 +474,15 @@ def cmd_view(argv: list[str]) -> int:
     p.add_argument("out_dirs", nargs="+", type=Path, metavar="OUT", help="output folder(s) of finished runs")
     p.add_argument("--out", type=Path, help="page to write (default: OUT/view.html; needed to compare runs)")
     p.add_argument("--serve", action="store_true", help="also serve the page on 127.0.0.1 until Ctrl-C")
-    p.add_argument("--port", type=int, default=0, help="port for --serve (default: any free one)")
+    p.add_argument("--port", type=_bounded(0, 65535), default=0, help="port for --serve (default: any free one)")
     args = p.parse_args(argv)
     if len(args.out_dirs) > 1 and args.out is None:
         p.error("comparing runs writes one page for all of them: pass --out F.html")
     _writing(args.out.parent if args.out else args.out_dirs[0])
-    path, html = view_app.write_page([OutputDir(d).require() for d in args.out_dirs], args.out)
+    folders = [OutputDir(d).require() for d in args.out_dirs]
+    # the folder the page goes into has one writer (a study's, a `report`'s or this one), not the page's readers
+    with OutputDir(args.out.parent if args.out else args.out_dirs[0]).writing("`view`", make_reporter(False).info):
+        path, html = view_app.write_page(folders, args.out)
     print(path)
     if args.serve:
         srv = view_server.server(html, args.port, path)
@@ -525,15 +555,22 @@ def _log_to_stderr() -> None:
     root.addHandler(handler)
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: TextIO | None = None, line: str | None = None) -> None:
+    """A Python warning (a library's, a plugin's) as one line like every other, not the source line it came from."""
+    text = " ".join(str(message).split())
+    sys.stderr.write(redact(f"warning: {text} ({category.__name__} in {Path(filename).name}:{lineno})") + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _log_to_stderr()
+    warnings.showwarning = _one_line_warning  # no raw library warning (with its source line) on stderr
     interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (core/aio.py)
     command = argv[0] if argv and argv[0] in HANDLERS else "run"
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
     sys.excepthook = lambda *exc: sys.stderr.write(redacted_traceback(*exc))  # even a crash's traceback carries no key
     try:
-        catalog.watch_key_envs()  # every provider's key is redacted from whatever this command prints
         return HANDLERS[command](rest)
     except SystemExit as e:  # argparse: --help (0) or a usage error already printed (2)
         return e.code if isinstance(e.code, int) else EXIT_USAGE

@@ -1,11 +1,16 @@
-"""`view --serve`: an HTTP server on 127.0.0.1 for one viewer page and its own parts, nothing else of the folder."""
+"""`view --serve`: an HTTP server on 127.0.0.1 for one viewer page and its own parts, nothing else of the folder.
+
+It answers only requests whose `Host` is the address it bound and its port (`127.0.0.1:PORT`), 403 to any other:
+a page of another site that points a name of its own at 127.0.0.1 (DNS rebinding) sends its own name as the Host,
+so it cannot read the results.
+"""
 
 from __future__ import annotations
 
 import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from evaluator.render.view import VIEW_FILE, parts_folder
 
@@ -15,6 +20,10 @@ class _PageHandler(BaseHTTPRequestHandler):
     parts: Path | None = None  # the page's parts folder (a paged page loads them)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        host, port = cast(tuple[str, int], self.server.server_address)[:2]
+        if self.headers.get("Host", "").strip().lower() not in {f"{host}:{port}", *([str(host)] if port == 80 else [])}:
+            self._answer(403, f"forbidden: this viewer answers http://{host}:{port}/ only".encode(), "text/plain")
+            return
         # Only the page and its own parts: serving its folder would expose every other file in it.
         path = self.path.split("?")[0]
         body, kind = self.page, "text/html; charset=utf-8"
@@ -26,7 +35,10 @@ class _PageHandler(BaseHTTPRequestHandler):
                 body, kind = part.read_bytes(), "text/javascript; charset=utf-8"
             else:
                 body, kind = b"not found", "text/plain"
-        self.send_response(200 if kind != "text/plain" else 404)
+        self._answer(200 if kind != "text/plain" else 404, body, kind)
+
+    def _answer(self, status: int, body: bytes, kind: str) -> None:
+        self.send_response(status)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

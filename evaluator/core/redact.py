@@ -1,12 +1,19 @@
 """One redactor for every string that leaves the process: API keys become `[REDACTED:ENV_NAME]`.
 
-It knows the value of every configured key: the environment variable each profile in
-`configs/models/` names in `api_key_env`, and that of every other profile file loaded (`watch_env`,
-called by the profile loader for `--model path.toml`), read from the environment at each call so a key
-set later is still caught. Error text also loses anything shaped like a provider key (`AIza...`,
-`sk-...`, a `Bearer` token), which may be a key we do not know (a proxy echoing another header).
-Server errors, batch errors, the CLI's error lines, the report and request/result files pass through
-`redact` before they are printed or written.
+It knows the value of every configured key: the environment variables `key_envs` lists (each profile in
+`configs/models/` names one in `api_key_env`, each provider of `configs/providers.toml` its own, and every other
+profile file loaded adds its own through `watch_env`, called by the profile loader for `--model
+path.toml`), read from the environment at each call so a key set later is still caught. Error text also
+loses anything shaped like a provider key (`AIza...`, `sk-...`, a `Bearer` token), which may be a key we
+do not know (a proxy echoing another header).
+
+Where it runs, at every boundary text from a server or a plugin crosses: server and batch errors
+(`redact`), a 200 reply's text as it is read (`llm.reply.read_reply`: content and reasoning, so the cache,
+the records and everything made from them hold no key), the response cache's entries, every file of an
+output folder (`results.schema`: queries.jsonl lines, meta.json, summary.json, report.md; `app.view`: the
+viewer's page and parts), request and result files, the CLI's lines and every note or warning
+(`core.progress`, the logging filter). Replies and files lose only configured keys (`scrub`): a reply's
+text may hold words shaped like a key that are no secret.
 """
 
 from __future__ import annotations
@@ -28,17 +35,25 @@ MIN_KEY_LEN = 6
 # Shapes of provider keys met in error text even when the key is not ours.
 KEY_SHAPES = re.compile(r"(AIza[0-9A-Za-z_\-]{20,}|sk-[A-Za-z0-9_\-]{12,}|Bearer\s+[A-Za-z0-9._~+/=\-]{8,})")
 
+# Providers' own key variables, redacted whether or not a profile names them (an SDK reads them by itself).
+PROVIDERS_FILE = MODELS_DIR.parent / "providers.toml"  # every provider's `api_key_env` (llm.catalog reads the rest)
+
 _watched: set[str] = set()  # env var names of profiles loaded from elsewhere than configs/models
 _configured: set[str] | None = None  # env var names the bundled profiles declare (read once)
 
 
-def _profile_envs(models_dir: Path = MODELS_DIR) -> set[str]:
-    names = set()
-    for f in sorted(models_dir.glob("*.toml")):
+def _profile_envs(models_dir: Path = MODELS_DIR, providers: Path = PROVIDERS_FILE) -> set[str]:
+    """The `api_key_env` of every bundled profile and of every provider's table."""
+    tables: list[object] = []
+    for f in [*sorted(models_dir.glob("*.toml")), providers]:
         try:
-            env = tomllib.loads(f.read_text(encoding="utf-8")).get("api_key_env")
+            doc = tomllib.loads(f.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
-            continue  # the profile loader reports a broken profile when it is used
+            continue  # the profile (or provider) loader reports a broken file when it is used
+        tables += [doc] if f != providers else list(doc.values())
+    names = set()
+    for t in tables:
+        env = t.get("api_key_env") if isinstance(t, dict) else None
         if isinstance(env, str) and env:
             names.add(env)
     return names
@@ -50,14 +65,20 @@ def watch_env(name: str | None) -> None:
         _watched.add(name)
 
 
-def known_keys(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """key value -> the env var holding it, for every configured key set in the environment."""
+def key_envs() -> list[str]:
+    """The one list of environment variables whose values are secrets: the bundled profiles' `api_key_env`,
+    every provider's (configs/providers.toml) and every watched one (a profile loaded from a path)."""
     global _configured
     if _configured is None:
         _configured = _profile_envs()
+    return sorted(_configured | _watched)
+
+
+def known_keys(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """key value -> the env var holding it, for every configured key set in the environment."""
     env = os.environ if env is None else env
     out: dict[str, str] = {}
-    for name in sorted(_configured | _watched):
+    for name in key_envs():
         value = env.get(name, "").strip()
         if len(value) >= MIN_KEY_LEN:
             out[value] = name
@@ -81,6 +102,15 @@ def redact_keys(data: bytes) -> bytes:
     for value, name in sorted(known_keys().items(), key=lambda kv: len(kv[0]), reverse=True):
         data = data.replace(value.encode(), f"[REDACTED:{name}]".encode())
     return data
+
+
+def scrub(text: str) -> str:
+    """`text` (a reply, a plugin's trace, a file's content) with configured keys replaced and nothing else
+    touched: no key shapes, so a model's words that merely look like a key stay as they are."""
+    for value, name in sorted(known_keys().items(), key=lambda kv: len(kv[0]), reverse=True):
+        if value in text:
+            text = text.replace(value, f"[REDACTED:{name}]")
+    return text
 
 
 class RedactFilter(logging.Filter):

@@ -22,7 +22,7 @@ _GOT = {str: "a string", bool: "a boolean", int: "an integer", float: "a number"
 _PLURAL = {int: "integers", float: "numbers", str: "strings", bool: "booleans"}
 # pydantic error types that mean "right type, impossible value"
 _RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "literal_error", "too_short",
-                 "finite_number"}
+                 "too_long", "finite_number"}
 
 
 def toml_label(key: str) -> str:
@@ -60,6 +60,8 @@ def _need(info: FieldInfo, err: Mapping[str, Any]) -> str:
         return _choices(info.annotation)
     if err["type"] == "too_short":
         return "non-empty"
+    if err["type"] == "too_long":
+        return f"at most {(err.get('ctx') or {}).get('max_length', '?')} values long"
     if err["type"] == "finite_number":
         return "a finite number"
     if ("ge" in b or "gt" in b) and ("le" in b or "lt" in b):

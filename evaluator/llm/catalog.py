@@ -7,7 +7,7 @@ model's prices, context window and overrides. `llm.profiles.load_profile` builds
 profile file naming `provider = "..."` is laid over them; flags over both). An unknown model of a known
 provider runs with the provider's defaults and unknown prices (None, never 0).
 
-`key_envs()` is every environment variable any provider reads its key from: the redactor masks them all.
+The redactor (`core.redact.key_envs`) reads every provider's key variable from the same file.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any, Literal, get_args
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from evaluator.core.redact import watch_env
 from evaluator.core.validation import checked, toml_label
 from evaluator.llm.errors import ConfigError
 
@@ -202,18 +201,6 @@ def profile_fields(provider: Provider, model: str, name: str) -> dict[str, Any]:
         if e is None or e.max_tokens is None:
             fields["max_tokens"] = max(p.max_tokens, REASONING_MAX_TOKENS)
     return {k: v for k, v in fields.items() if v is not None}
-
-
-def key_envs() -> set[str]:
-    """Every environment variable a provider of the table reads its API key from (the redactor masks them)."""
-    return {p.api_key_env for p in providers().values() if p.api_key_env}
-
-
-def watch_key_envs() -> None:
-    """Feed every provider's key variable to the redactor (core/redact.py), whichever model runs: called by the
-    profile loader and at the CLI's start."""
-    for name in sorted(key_envs()):
-        watch_env(name)
 
 
 def base_url_hint(provider: Provider) -> str:

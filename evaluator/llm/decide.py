@@ -5,6 +5,8 @@ and body, or a transport error) together with what this call already went throug
 the profile's retry rules, and returns one typed decision:
 
 - `Reply`: a usable 200 (a cut one too, once its truncation retries are spent) - store and return it.
+  A 200 with no text at all (`empty_reply`, billed) is sent once more (`EMPTY_RETRIES`), then given up:
+  a server that answers a prompt with nothing tends to do it again, and each try is paid.
 - `Retry(after_s, reason, is_429)`: send again after `after_s`; a 429 closes the model's shared gate.
 - `DropFields(names)`: the host rejects these optional request fields - never send them again, retry now.
 - `DowngradeSchema(also_drop)`: the host rejects `json_schema` - send the schema as json_object form.
@@ -26,7 +28,7 @@ from typing import Literal
 
 from evaluator.llm.errors import CONTEXT_EXCEEDED
 from evaluator.llm.profiles import ModelProfile
-from evaluator.llm.reply import MAX_TOKENS, REFUSAL, ChatResult, read_reply
+from evaluator.llm.reply import EMPTY_REPLY, MAX_TOKENS, REFUSAL, ChatResult, read_reply
 from evaluator.llm.retry import (
     Kind,
     Verdict,
@@ -39,14 +41,16 @@ from evaluator.llm.retry import (
 # Fields a host may reject and the request still means the same thing without; `model` and
 # `messages` are the request itself.
 REQUIRED_FIELDS = frozenset({"model", "messages"})
+EMPTY_RETRIES = 1  # an empty 200 is sent again this many times (each one billed), then the call is given up
 
 
 @dataclass(frozen=True)
 class TransportError:
-    """No HTTP answer: `timeout` (after timeout_s), `connect` (nothing listens), `connection` (cut)."""
+    """No HTTP answer: `timeout` (after timeout_s), `connect` (nothing listens), `connection` (cut), `tls` (the
+    server's certificate is not trusted, or the handshake failed: sending again cannot help)."""
 
-    kind: Literal["timeout", "connect", "connection"]
-    detail: str = ""  # the exception's type name
+    kind: Literal["timeout", "connect", "connection", "tls"]
+    detail: str = ""  # the exception's type name; for tls, what failed in words ("certificate not trusted: ...")
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class CallState:
     rate_limited: int = 0  # 429s received
     truncations: int = 0  # cut replies retried
     daily_quota: int = 0  # per-day quota 429s with a short hint, retried once after it
+    empty: int = 0  # empty 200 replies retried
     retried_without: frozenset[str] = frozenset()  # fields this call was already retried without
 
 
@@ -96,7 +101,7 @@ class Retry:
     after_s: float
     reason: str
     is_429: bool = False
-    cause: Literal["transient", "429", "truncated", "daily_quota"] = "transient"
+    cause: Literal["transient", "429", "truncated", "daily_quota", "empty"] = "transient"
     hint_s: float | None = None  # what the server asked for (before the max_wait_s cap)
     limit_rpm: float | None = None  # a requests-per-minute limit the server announced
 
@@ -134,6 +139,10 @@ def decide(outcome: AttemptOutcome, state: CallState, p: ModelProfile, *, now: f
         return _on_verdict(_transport_verdict(outcome.error, p), outcome, state, p, now, jitter)
     if outcome.status == 200:
         r = outcome.reply if outcome.reply is not None else read_reply(outcome.body)
+        if r.error_kind == EMPTY_REPLY:
+            if state.empty >= EMPTY_RETRIES:
+                return GiveUp(EMPTY_REPLY, f"{r.error}, again after {state.empty} more try: not sent again")
+            return Retry(0.0, r.error or EMPTY_REPLY, cause="empty")
         if r.error is not None:  # a refusal is the model's answer to this prompt: asking again cannot change it
             kind = Kind.GIVE_UP if r.error_kind == REFUSAL else Kind.RETRY
             return _on_verdict(Verdict(kind, r.error, label=r.error_kind or "error"), outcome, state, p, now, jitter)
@@ -166,6 +175,8 @@ def _transport_verdict(e: TransportError, p: ModelProfile) -> Verdict:
         return Verdict(Kind.RETRY, f"timeout after {p.timeout_s:g}s", label="timeout")
     if e.kind == "connect":
         return Verdict(Kind.RETRY, f"cannot connect to {p.base_url} ({e.detail})", fatal_when_exhausted=True, label="connection")
+    if e.kind == "tls":
+        return Verdict(Kind.FATAL, e.detail or "TLS handshake failed", label="tls")
     return Verdict(Kind.RETRY, f"connection error ({e.detail})", label="connection")
 
 
@@ -236,6 +247,9 @@ def fatal_message(status: int, v: Verdict, p: ModelProfile, now: float) -> str:
         what = f"permission denied; check that the key in {env} may use model {p.model!r} (API enabled, billing, region)"
     elif status == 404:
         what = f"endpoint or model not found; check base_url {p.base_url!r} and model id {p.model!r}"
+    elif v.label == "tls":  # said first, in plain words: no request reached the server
+        return (f"{p.name}: {v.reason} ({p.base_url}); give the server a certificate a trusted authority signed, "
+                "or point SSL_CERT_FILE at the bundle of the authority that signed it")
     else:
         what = f"the endpoint does not answer; check that the server is up and base_url/--base-url ({p.base_url!r})"
     return f"{p.name}: {what} [{v.reason}]"

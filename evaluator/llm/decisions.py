@@ -103,6 +103,8 @@ class Decisions:
         st = call.state
         if d.cause == "truncated":
             st.truncations += 1
+        elif d.cause == "empty":
+            st.empty += 1
         elif d.cause == "daily_quota":
             st.daily_quota += 1
             st.rate_limited += 1
@@ -115,7 +117,7 @@ class Decisions:
             self._pacing.learn_rpm(d.limit_rpm)
         if d.hint_s is not None and d.hint_s > self._profile.max_wait_s:
             self._tell_long_wait(d)
-        if d.cause != "truncated":
+        if d.cause not in ("truncated", "empty"):
             log.debug("%s: retry in %.2fs: %s", self._profile.name, d.after_s, redact(d.reason, self._secret))
         if d.is_429:
             self._pacing.gate.close_for(d.after_s)  # everyone waits, this call included (at the gate)

@@ -12,7 +12,9 @@ process, then the fresh path, one attempt at a time in named steps:
 3. `Decisions.apply` (decisions.py): store and return the reply, retry (a 429 closes the model's gate),
    drop fields or send the schema in another form (wire.py), give up on this call, or stop the run.
 
-The transport is aiohttp's unless one is passed (`transport=`, e.g. transport.MockTransport in tests).
+The transport is aiohttp's unless one is passed (`transport=`, e.g. transport.MockTransport in tests). The URL
+is the profile's, or asked of `locate=` at every request (the bundled llama.cpp server, restarted on a free port
+after a crash: `llamacpp.harness.LlamaHandle.locate`).
 
 A call cancelled while its request is on the wire (Ctrl-C, SIGTERM, a run stopping) gets `grace_s`
 to receive its reply and store it, so the rerun does not pay for it again. A reply the cache cannot
@@ -27,7 +29,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -130,8 +132,12 @@ class LLMEngine:
         pacer_factory: PacerFactory = local_pacer,
         token_pacer_factory: TokenPacerFactory = local_token_pacer,
         transport: Transport | None = None,
+        locate: Callable[[], str] | None = None,
     ) -> None:
         self.profile = profile
+        # Where the server listens now, asked at each request (a bundled server restarted on another port); it
+        # raises NoReply while that server is down, so nothing is sent to whatever listens on its old port.
+        self._locate = locate
         self._key = api_key if api_key is not None else resolve_api_key(profile)
         self.stats = ModelStats()
         self._cache = ResponseCache(cache_root) if cache_root is not None else None
@@ -298,7 +304,11 @@ class LLMEngine:
     async def _ask_server(self) -> ServerFacts:
         if self._transport is None or not self.profile.base_url:
             return ServerFacts()
-        return await ask_server_facts(self._transport, self.profile.base_url, self._headers)
+        try:
+            base = self.profile.base_url if self._locate is None else self._locate()
+        except NoReply:
+            return ServerFacts()  # the server is being restarted: its facts are asked again by nobody, unknown
+        return await ask_server_facts(self._transport, base, self._headers)
 
     def store_reply(self, key: str, response_body: dict[str, Any], request: dict[str, Any] | None = None) -> ChatResult:
         """Parse a chat.completion body (e.g. from a batch output) and cache it as the online path would.
@@ -478,7 +488,8 @@ class LLMEngine:
         chat.completion JSON whatever the wire."""
         assert self._transport is not None
         try:
-            got = await self._transport.send(Request("POST", self._url, body, self._headers, self.profile.timeout_s))
+            url = self._url if self._locate is None else self._wire.url(self._locate())
+            got = await self._transport.send(Request("POST", url, body, self._headers, self.profile.timeout_s))
         except NoReply as e:
             return e.error
         return dataclasses.replace(got, body=self._wire.decode(got.body)) if got.status == 200 else got

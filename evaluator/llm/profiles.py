@@ -28,6 +28,9 @@ from evaluator.llm.errors import ConfigError
 MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
 
 STRUCTURED: tuple[str, ...] = get_args(Structured)
+# Requests in flight per model at most: the runner keeps at most 1,024 queries in flight (study.runner.WINDOW), and
+# each request holds a connection; every other count of a profile has its bound beside it.
+MAX_CONCURRENCY = 1_024
 
 
 @dataclass(frozen=True)
@@ -43,24 +46,24 @@ class ModelProfile:
     # How requests go on the wire: "openai" (/chat/completions) or "anthropic" (the Messages API, llm/dialects.py).
     wire: Wire = "openai"
     api_key_env: str | None = None
-    concurrency: int = Field(default=16, ge=1)
-    rpm: float | None = Field(default=None, gt=0)  # omit it for no limit
-    tpm: float | None = Field(default=None, gt=0)
-    timeout_s: float = Field(default=60.0, gt=0)
-    max_retries: int = Field(default=6, ge=0)
-    max_tokens: int | None = Field(default=None, ge=1)  # omit it to let the server decide
+    concurrency: int = Field(default=16, ge=1, le=MAX_CONCURRENCY)
+    rpm: float | None = Field(default=None, gt=0, le=1e7, allow_inf_nan=False)  # omit it for no limit
+    tpm: float | None = Field(default=None, gt=0, le=1e10, allow_inf_nan=False)
+    timeout_s: float = Field(default=60.0, gt=0, le=86_400, allow_inf_nan=False)
+    max_retries: int = Field(default=6, ge=0, le=100)
+    max_tokens: int | None = Field(default=None, ge=1, le=1_048_576)  # omit it to let the server decide
     temperature: float = Field(default=0.0, ge=0, le=2)
     # Provider-defined request fields sent as they are: a deliberate extension point (any JSON a host accepts).
     extra_body: dict[str, Any] = field(default_factory=dict)
     simulated: bool = False
     api_key_required: bool = True
-    truncation_retries: int = Field(default=1, ge=0)
-    backoff_base_s: float = Field(default=0.5, gt=0)
-    backoff_max_s: float = Field(default=30.0, gt=0)
-    max_wait_s: float = Field(default=120.0, gt=0)
+    truncation_retries: int = Field(default=1, ge=0, le=10)
+    backoff_base_s: float = Field(default=0.5, gt=0, le=3600, allow_inf_nan=False)
+    backoff_max_s: float = Field(default=30.0, gt=0, le=86_400, allow_inf_nan=False)
+    max_wait_s: float = Field(default=120.0, gt=0, le=86_400, allow_inf_nan=False)
     # A server retry hint longer than this stops the run ("resume after HH:MM UTC"); shorter ones past
     # max_wait_s are retried every max_wait_s, with one warning saying what the server asked for.
-    give_up_after_s: float = Field(default=3600.0, gt=0)
+    give_up_after_s: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
     # Concurrency: fixed at `concurrency`, or adaptive (AIMD) up to it for servers of unknown capacity.
     adaptive_concurrency: bool = False
     structured: Structured = "none"  # how each prompt's JSON schema is sent (`Structured`)
@@ -99,9 +102,9 @@ class ModelProfile:
     # itself on llama.cpp when no base_url is given; its server's slots, threads (0: sized to the machine)
     # and context tokens per slot.
     local_model: str | None = None
-    server_slots: int = Field(default=0, ge=0)
-    server_threads: int = Field(default=0, ge=0)
-    server_ctx: int = Field(default=4096, ge=64)
+    server_slots: int = Field(default=0, ge=0, le=256)
+    server_threads: int = Field(default=0, ge=0, le=1024)
+    server_ctx: int = Field(default=4096, ge=64, le=1_048_576)
     # The server gives the same reply to the same prompt whatever the seed at temperature 0 (one local
     # llama.cpp): runs then repeat each other, and the report says so instead of testing across runs.
     deterministic: bool = False
@@ -220,7 +223,6 @@ def load_profile(
     With `require_key`, a required key missing from the environment is a `ConfigError` now, not a 401 later.
     """
     env = os.environ if env is None else env
-    catalog.watch_key_envs()  # every provider's key is redacted, whichever model this run uses
     raw, where, hint = _raw_profile(name, models_dir)
     loader = checked(_LoaderKeys, {k: raw.pop(k) for k in _LOADER_KEYS & set(raw)}, f"{where}: ", toml_label)
     if loader.model_env and env.get(loader.model_env):

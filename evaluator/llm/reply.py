@@ -17,7 +17,8 @@ reply of kind `refusal`: never cached, its tokens still billed.
 Prompt tokens the provider served from its prompt cache: `usage.prompt_tokens_details.cached_tokens`
 (OpenAI, Gemini's OpenAI-compatible endpoint, Groq, vLLM, the Anthropic wire), DeepSeek's
 `usage.prompt_cache_hit_tokens`; those written into it: `prompt_tokens_details.cache_write_tokens`
-(the Anthropic wire's cache_creation_input_tokens). Both are part of `prompt_tokens`.
+(the Anthropic wire's cache_creation_input_tokens). Both are part of `prompt_tokens`. The text read loses every configured
+key (`core.redact.scrub`): a server quoting the key back never gets it into the cache or the results.
 
 Why a reply ended (`cut`): `finish_reason` "stop" (or a tool call) is a whole reply; "length" with all
 of the request's `max_tokens` used is `max_tokens` (the model's real output for this request); "length"
@@ -32,10 +33,13 @@ from typing import Any
 
 import orjson
 
+from evaluator.core.redact import scrub
+
 # finish_reason values of a whole reply: the model stopped on its own (or called a tool)
 WHOLE = frozenset({"stop", "tool_calls", "function_call", "eos", "end_turn", "stop_sequence"})
 MAX_TOKENS, CONTEXT, CONTENT_FILTER = "max_tokens", "context", "content_filter"
 REFUSAL = "refusal"  # the error kind of a reply the provider refused to give (never worth a retry)
+EMPTY_REPLY = "empty_reply"  # a 200 with no text at all (content null or empty, no reasoning, not cut)
 # What each cut cause means, for warnings and the report.
 CUT_TEXT = {
     MAX_TOKENS: "cut at max_tokens",
@@ -181,6 +185,9 @@ def read_reply(raw: bytes | dict[str, Any], keep_raw: bool = False, *, max_token
         return _malformed(type(e).__name__)
     except ValueError as e:
         return _malformed(str(e)[:120])
+    # A server may quote the key back in a 200 reply: redacted here, before anything caches, records or shows it.
+    content = scrub(content) if content else content
+    reasoning = scrub(reasoning) if reasoning else reasoning
     no_usage = not usage or ("prompt_tokens" not in usage and "completion_tokens" not in usage)
     result = ChatResult(content, finish, pt, ct, raw=data if keep_raw else None, usage_missing=no_usage,
                         cached_tokens=cached, cache_write_tokens=written)
@@ -198,5 +205,5 @@ def read_reply(raw: bytes | dict[str, Any], keep_raw: bool = False, *, max_token
         else:
             result.content = None
             result.error = f"empty reply (content null, finish_reason={finish})"
-            result.error_kind = "empty_reply"
+            result.error_kind = EMPTY_REPLY
     return result

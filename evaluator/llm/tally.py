@@ -9,10 +9,10 @@ from typing import Any
 
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.accounting import ModelStats
-from evaluator.llm.decide import AttemptOutcome
+from evaluator.llm.decide import EMPTY_RETRIES, AttemptOutcome
 from evaluator.llm.limits import ConcurrencyLimit
 from evaluator.llm.profiles import ModelProfile
-from evaluator.llm.reply import CONTEXT, MAX_TOKENS, ChatResult, describe_cut
+from evaluator.llm.reply import CONTEXT, EMPTY_REPLY, MAX_TOKENS, ChatResult, describe_cut
 from evaluator.llm.retry import is_validation_error
 
 log = logging.getLogger("evaluator.llm")
@@ -63,6 +63,11 @@ class Tally:
         self._stats.completion_tokens += r.completion_tokens
         self._stats.cached_prompt_tokens += r.cached_tokens
         self._stats.cache_write_tokens += r.cache_write_tokens
+        if r.error_kind == EMPTY_REPLY:
+            self._stats.empty_replies += 1
+            self.tell_once(EMPTY_REPLY, "%s: the server answered with an empty reply (no text; billed); such a call is "
+                           "sent %d more time(s), then counted as failed (empty_reply); empty replies are counted in "
+                           "meta.json (empty_replies)", self._profile.name, EMPTY_RETRIES)
         if r.error is None:
             self._stats.reasoning_only += r.reasoning_only
             self._stats.truncated += r.truncated

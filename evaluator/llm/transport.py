@@ -3,8 +3,8 @@ in-process fake.
 
 A transport sends one prepared HTTP request (`Request`: method, URL, headers, body, the attempt's timeout)
 and returns what came back (`Response`: status, headers, body), or raises `NoReply` when nothing did
-(a timeout, nothing listening, a connection cut). It decides nothing: statuses, retries and pacing are
-the engine's (engine.py, decide.py).
+(a timeout, nothing listening, a connection cut, a TLS handshake that failed: a certificate not trusted says so in
+plain words). It decides nothing: statuses, retries and pacing are the engine's (engine.py, decide.py).
 
 `MockTransport(handler)` answers each request with `handler(request)` (a plain or async function) in this
 process, without a socket — in the spirit of httpx's `MockTransport`. A handler simulates a lost
@@ -59,9 +59,17 @@ class NoReply(EvaluatorError):  # noqa: N818 - a transport outcome, not a progra
     """No HTTP answer came back; `error` says which way (decide.py reads it). The engine turns it into a
     retry or a stop; it reaches no user."""
 
-    def __init__(self, kind: Literal["timeout", "connect", "connection"], detail: str = "") -> None:
+    def __init__(self, kind: Literal["timeout", "connect", "connection", "tls"], detail: str = "") -> None:
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.error = TransportError(kind, detail)
+
+
+def tls_problem(e: aiohttp.ClientSSLError) -> str:
+    """A failed TLS handshake in plain words: "certificate not trusted: self-signed certificate", or "TLS handshake
+    failed: ..." (the one wording, for the engine and the batch APIs)."""
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        return f"certificate not trusted: {getattr(e.certificate_error, 'verify_message', None) or e.certificate_error}"
+    return f"TLS handshake failed: {getattr(e, 'strerror', None) or e}"
 
 
 class Transport(Protocol):
@@ -92,6 +100,8 @@ class AiohttpTransport:
                 return Response(resp.status, await resp.read(), resp.headers)
         except TimeoutError:
             raise NoReply("timeout") from None
+        except aiohttp.ClientSSLError as e:  # before ClientConnectorError, of which it is one
+            raise NoReply("tls", tls_problem(e)) from None
         except aiohttp.ClientConnectorError as e:
             raise NoReply("connect", type(e).__name__) from None
         except aiohttp.ClientError as e:

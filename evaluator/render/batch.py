@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from evaluator.core.redact import redact
-from evaluator.render.fmt import table
+from evaluator.render.fmt import table, text
 from evaluator.results.cost import BatchStats, Cost, usd
 
 
@@ -45,7 +45,7 @@ def cost_section_md(cost: Mapping[str, Cost], batch: Mapping[str, BatchStats] | 
         lines += ["", table(["model", "batches", "requests submitted", "stored", "failed",
                              "not run (expired/cancelled)", "re-submitted", "waited"], rows)]
         # Redacted again: a meta.json written before errors were redacted at the source may hold a key.
-        errs = [redact(f"{n}: {e}") for n, s in batch.items() for e in s.errors]
+        errs = [text(redact(f"{n}: {e}")) for n, s in batch.items() for e in s.errors]
         if errs:
             lines += ["", "First batch errors: " + "; ".join(errs[:5])]
     return "\n".join(lines) + "\n"

@@ -77,6 +77,28 @@ def arch_label(arch: str) -> str:
     return ARCH_LABELS.get(arch, arch)
 
 
+# Text from the data or a reply (a query, a plan step, an id, a server's error) shown in report.md: HTML's markup
+# characters as entities, a table's `|`, a code span's backtick and the escape character escaped, a link's `](`
+# broken, line breaks as spaces, so it renders as the text it is in every Markdown previewer (a registry or a reply
+# holding `<script>`, `<img onerror=...>` or `[x](javascript:...)` is shown, never run). Other text is left as it is.
+_TEXT = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "\\|", "`": "\\`", "\\": "\\\\", "\n": " ",
+                       "\r": " "})
+
+
+def text(s: str) -> str:
+    """`s` (from the data or a reply) as Markdown that renders as that text (see `_TEXT`)."""
+    return s.translate(_TEXT).replace("](", "]\\(")
+
+
+def code(s: str) -> str:
+    """`s` (an id, a stub's name) as a code span; one holding markup characters as escaped text instead (inside a
+    code span an entity would show as written, and not every previewer keeps HTML inert there), and a backtick
+    or a `|` never ends the span or the table cell."""
+    if any(c in s for c in "<>&"):
+        return text(s)
+    return "`" + s.replace("`", "'").replace("|", "\\|").replace("\n", " ").replace("\r", " ") + "`"
+
+
 def table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]

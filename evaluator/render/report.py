@@ -10,7 +10,7 @@ from evaluator.analysis.main import MainResult
 from evaluator.data import CORPUS_TEXT_RULE, EMBED_TEXT_RULE
 from evaluator.render import tables
 from evaluator.render.batch import cost_section_md
-from evaluator.render.fmt import models_or_none, table
+from evaluator.render.fmt import models_or_none, table, text
 from evaluator.results.schema import CallStats, Meta, Runtime, WarningCount, plain, repeats_note
 
 DECISIONS = [
@@ -60,7 +60,7 @@ def warnings_md(w: Mapping[str, WarningCount]) -> str:
     """Counted data problems: kind -> 'n (e.g. ...)'."""
     if not w:
         return "No data warnings.\n"
-    return "\n".join(f"- {k}: {v.count}" + (f" (e.g. {'; '.join(v.examples[:3])})" if v.examples else "")
+    return "\n".join(f"- {k}: {v.count}" + (f" (e.g. {text('; '.join(v.examples[:3]))})" if v.examples else "")
                      for k, v in sorted(w.items())) + "\n"
 
 

@@ -14,7 +14,7 @@ from evaluator.analysis.routing import (
     Scored,
 )
 from evaluator.render.figures import png, pyplot
-from evaluator.render.fmt import DASH, fint, mean_pm, simulated_note, table
+from evaluator.render.fmt import DASH, fint, mean_pm, simulated_note, table, text
 from evaluator.results.schema import GOLDS
 
 
@@ -87,12 +87,12 @@ def section_md(result: RoutingResult) -> str:
                 body.append([name, "–", f"{100 * o.to_rtp:.0f}%", _f(o, f"recall:{gold}"),
                              _f(o, f"precision:{gold}"), _f(o, "tokens", 0), _saving(o, b.always_ptr, b.always_rtp), "–"])
             oracle = b.oracle
-            body.append(["per-subset oracle", ", ".join(f"{s}→{ARCH_LABEL[c]}" for s, c in oracle.choice.items()),
+            body.append(["per-subset oracle", text(", ".join(f"{s}→{ARCH_LABEL[c]}" for s, c in oracle.choice.items())),
                          f"{100 * oracle.to_rtp:.0f}%", _f(oracle, f"recall:{gold}"), _f(oracle, f"precision:{gold}"),
                          _f(oracle, "tokens", 0), _saving(oracle, b.always_ptr, b.always_rtp), "–"])
             for signal, (label, _d) in SIGNALS.items():
                 best = res.best_in_sample[signal][gold]
-                by = ", ".join(f"{s} {100 * best.to_rtp_by_subset[s]:.0f}%" for s in subs)
+                by = text(", ".join(f"{s} {100 * best.to_rtp_by_subset[s]:.0f}%" for s in subs))
                 body.append([f"{label}, best τ (in-sample)", _tau(signal, best.tau), f"{100 * best.to_rtp:.0f}%",
                              _f(best, f"recall:{gold}"), _f(best, f"precision:{gold}"), _f(best, "tokens", 0),
                              _saving(best, b.always_ptr, b.always_rtp), by])

@@ -10,7 +10,7 @@ import numpy as np
 from evaluator.analysis.scaling import FULL, Key, Point, ScalingResult
 from evaluator.analysis.stats import mean_std
 from evaluator.render.figures import png, pyplot
-from evaluator.render.fmt import DASH, fpct, mean_pm, models_or_none, simulated_note, table
+from evaluator.render.fmt import DASH, fpct, mean_pm, models_or_none, simulated_note, table, text
 from evaluator.results.schema import GOLDS
 
 
@@ -29,7 +29,7 @@ def _size_label(size: int | str, pts: Sequence[Point]) -> str:
     label = f"{int(size):,}"
     for p in pts:
         if p.gold_only:
-            label += f" ({p.subset}: gold-only, {p.n_apis[0]:,} APIs†)"
+            label += f" ({text(p.subset)}: gold-only, {p.n_apis[0]:,} APIs†)"
     return label
 
 
@@ -54,15 +54,15 @@ def section_md(result: ScalingResult) -> str:
            "(IDF, mean length), so points differ only in which APIs compete, as for dense"]
           if meta.retriever != "dense" else []),
         "- Sub-registry: every gold API of the subset (union of `api_list` and `relevant`: "
-        + ", ".join(f"{s} {golds[s].union:,}" for s in subsets)
+        + ", ".join(f"{text(s)} {golds[s].union:,}" for s in subsets)
         + ") + distractors drawn in proportion to category sizes (uncategorised APIs are one stratum); "
         f"{meta.seeds} seeds per size (`numpy.random.default_rng([seed, size])`); the full registry "
         "has no randomness.",
         "- † gold-only point: the subset's gold APIs alone reach the target size (no distractors, no variance).",
-        f"- Div%: share of {div_subset} queries whose RtP and PtR top-{k} sets differ "
+        f"- Div%: share of {text(div_subset)} queries whose RtP and PtR top-{k} sets differ "
         "(STUDY.md); Disj%: share whose top-k sets share no API (the paper's §3.2 wording), "
         "both on that subset's sub-registries.",
-        f"- Subsets: {', '.join(subsets)} ({meta.subsets_rule}).",
+        f"- Subsets: {text(', '.join(subsets))} ({meta.subsets_rule}).",
     ]) + "\n")
     for model in models_or_none(models):
         for gold in GOLDS:
@@ -71,9 +71,9 @@ def section_md(result: ScalingResult) -> str:
                 title += " (simulated LLM)"
             header = ["Registry size"]
             for s in subsets:
-                header += [f"{s} RtP"] + ([f"{s} PtR"] if model else [])
+                header += [f"{text(s)} RtP"] + ([f"{text(s)} PtR"] if model else [])
             if model and div_subset in subsets:
-                header += [f"{div_subset} Div%", f"{div_subset} Disj%"]
+                header += [f"{text(div_subset)} Div%", f"{text(div_subset)} Disj%"]
             body = []
             for size in sizes:
                 line = [_size_label(size, [at[(s, size)] for s in subsets if (s, size) in at])]
@@ -97,7 +97,7 @@ def section_md(result: ScalingResult) -> str:
     if checks:
         parts = []
         for s, c in checks.items():
-            seg = f"{s}: RtP {fpct(c.rtp_same_topk)}"
+            seg = f"{text(s)}: RtP {fpct(c.rtp_same_topk)}"
             if c.ptr_same_topk is not None:
                 seg += f", PtR {fpct(c.ptr_same_topk)}"
             parts.append(seg)

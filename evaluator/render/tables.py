@@ -20,6 +20,7 @@ from evaluator.render.fmt import (
     best,
     better,
     bold,
+    code,
     fms,
     fnum,
     format_p,
@@ -27,6 +28,7 @@ from evaluator.render.fmt import (
     ptest,
     section,
     table,
+    text,
 )
 
 
@@ -90,7 +92,7 @@ class Ctx:
         return text
 
     def n(self, subset: str) -> str:
-        return f"{subset} (n={self.s.checks.queries_per_subset.get(subset, '?')})"
+        return f"{text(subset)} (n={self.s.checks.queries_per_subset.get(subset, '?')})"
 
     def count(self, model: str | None, subset: str, arch: str, metric: str) -> str:
         r = self.s.row(model, subset, arch, metric)
@@ -132,7 +134,7 @@ def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") ->
     subs = c.s.subsets
     with_ptr = model is not None and has(c.s, model, "ptr")
     extra = extra_archs(c, model)
-    header = ["k"] + [f"{sub} {a}" for sub in subs for a in _at_k_archs(with_ptr, extra)]
+    header = ["k"] + [f"{text(sub)} {a}" for sub in subs for a in _at_k_archs(with_ptr, extra)]
     body = []
     for k in c.r.ks:
         line = [str(k)]
@@ -444,8 +446,8 @@ def worked_contrasts(c: Ctx, ex: Contrasts) -> str:
     for side, items in (("RtP wins", ex.rtp_wins), ("PtR wins", ex.ptr_wins)):
         for x in items:
             q = x.query if len(x.query) <= 160 else x.query[:157] + "..."
-            body.append([side, x.subset, str(x.query_id), q.replace("|", "/"), fnum(x.rtp_recall), fnum(x.ptr_recall),
-                         ", ".join(f"`{s}`" for s in x.stubs) or DASH, ", ".join(x.lost_nouns) or DASH])
+            body.append([side, text(x.subset), text(str(x.query_id)), text(q), fnum(x.rtp_recall), fnum(x.ptr_recall),
+                         ", ".join(code(s) for s in x.stubs) or DASH, text(", ".join(x.lost_nouns)) or DASH])
     if not body:
         return section("Table 2: Worked contrasts", f"{c.label(ex.model)}. Rule: {CONTRAST_RULE}",
                        "No query meets the rule in this run.")
@@ -458,12 +460,12 @@ def example_trajectory(c: Ctx, t: Trajectory | None, model: str) -> str:
         return section(title, f"{c.label(model)}. Rule: {TRAJECTORY_RULE}", "No query meets the rule in this run.")
 
     def ids(xs: list[str]) -> str:
-        return "<br>".join(f"`{x}`" for x in xs) or DASH
+        return "<br>".join(code(x) for x in xs) or DASH
 
     def steps(xs: list[str]) -> str:
-        return "<br>".join(f"{i + 1}. {x.replace('|', '/')}" for i, x in enumerate(xs)) or DASH
+        return "<br>".join(f"{i + 1}. {text(x)}" for i, x in enumerate(xs)) or DASH
 
-    body = [["Query", f"{t.subset} #{t.query_id}: {t.query.replace('|', '/')}", ""],
+    body = [["Query", text(f"{t.subset} #{t.query_id}: {t.query}"), ""],
             ["Stubs (PtR discovery)", DASH, ids(t.stubs)],
             [f"Retrieved top-{t.k}", ids(t.rtp_top), ids(t.ptr_top)],
             ["Plan steps", steps(t.rtp_steps), steps(t.ptr_steps)],

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field, is_dataclass
@@ -38,11 +39,12 @@ from evaluator.core.errors import OutputError as OutputError  # defined with its
 from evaluator.core.files import (
     atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
 )
+from evaluator.core.redact import scrub
 from evaluator.data import GOLD_SETS, QueryId, qid_key
 from evaluator.llm.accounting import CallStats
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.reply import cut_cause
-from evaluator.results import migrate
+from evaluator.results import migrate, outlock
 from evaluator.results.cost import BatchStats, Cost
 from evaluator.results.plans import ParseAudit, Stub
 from evaluator.settings.sections import Fitted, Settings
@@ -341,7 +343,8 @@ def record_line(r: Record) -> str:
     rest = dumps(d, indent=None)
     blocks = ", ".join(f"{json.dumps(name, ensure_ascii=False)}: {dumps(b, indent=None).rstrip()}"
                        for name, b in archs.items())
-    return '{"archs": {' + blocks + "}" + (", " + rest[1:] if rest.strip() != "{}" else "}\n")
+    # A plugin's trace or a stub's text may hold a key (a reply's text is redacted as it is read): never written.
+    return scrub('{"archs": {' + blocks + "}" + (", " + rest[1:] if rest.strip() != "{}" else "}\n"))
 
 
 def record_key(r: Record) -> tuple[str, int, str, tuple[int, int | str]]:
@@ -693,10 +696,26 @@ class OutputDir:
         self.write_json(META_FILE, meta)
 
     def write_json(self, name: str, obj: Any, *, indent: int = 2) -> None:
-        atomic_write(self.path / name, dumps(obj, indent=indent))
+        atomic_write(self.path / name, scrub(dumps(obj, indent=indent)))
 
     def write_text(self, name: str, text: str) -> None:
-        atomic_write(self.path / name, text)
+        atomic_write(self.path / name, scrub(text))  # report.md quotes replies and plugins' traces
+
+    def writing(self, command: str, note: Callable[[str], None] = lambda _m: None) -> contextlib.AbstractContextManager[None]:
+        """This folder's one-writer lock, held while the block runs (`results.outlock`): a second writer stops."""
+        return outlock.writing(self.path, command, note)
+
+    def clear(self, also: Iterable[str] = ()) -> None:
+        """The results of the study this folder held, for `--overwrite`: its saved and derived files, its figures
+        and the files named in `also` (the viewer's, the dry run's plan); nothing else in the folder."""
+        for name in (META_FILE, QUERIES_FILE, SUMMARY_FILE, REPORT_FILE, SCALING_FILE, ROUTING_FILE, *also):
+            p = self.path / name
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+        for png in self.figures.glob("*.png") if self.figures.is_dir() else ():
+            png.unlink()
 
     def read_figures(self, names: Iterable[str] | None = None) -> dict[str, bytes]:
         """PNG bytes by file name: the named figures (those a render drew), else every one in `figures/`."""
@@ -777,6 +796,35 @@ def disagreement(meta: Meta, records: Iterable[Record], summary: Mapping[str, An
         if names and names != said:
             return f"{SUMMARY_FILE} was written for models {names}, meta.json names {said}"
     return None
+
+
+def other_study(meta: Meta, settings: Settings, retrieval_only: bool) -> str | None:
+    """How the study a folder's meta.json holds differs from the one about to write there (`settings`), in a few
+    words; None when it is the same study, whose rerun resumes it and rewrites the folder with the same results.
+
+    The same study: the same settings in every section but the places and machine resources
+    (`Meta.VOLATILE_SETTINGS`: the data, cache and output paths, the device, the batch size), the ablation asked
+    for (a fitted one is compared as asked), and retrieval-only or not. Any other setting (models, runs, limit,
+    subsets, archs, k, ks, embedder, retriever, analysis) makes it another study."""
+    if meta.retrieval_only != retrieval_only:
+        return "a retrieval-only study" if meta.retrieval_only else f"a study of models {[m.name for m in meta.models]}"
+    theirs, mine = _compared(meta.settings, meta.fitted), _compared(settings, {})
+    for section, values in mine.items():
+        saved = theirs.get(section, {})
+        for key in sorted(set(values) | set(saved)):
+            if saved.get(key) != values.get(key):
+                return f"its {section}.{key} is {saved.get(key)!r}, this study's {values.get(key)!r}"
+    return None
+
+
+def _compared(s: Settings, fitted: Mapping[str, Fitted]) -> dict[str, dict[str, Any]]:
+    d = plain(s)
+    for dotted, f in fitted.items():  # a setting fitted to the data is compared as the study asked for it
+        section, _, key = dotted.partition(".")
+        if section in d:
+            d[section][key] = list(f.asked)
+    return {name: {k: v for k, v in section.items() if k not in Meta.VOLATILE_SETTINGS.get(name, ())}
+            for name, section in d.items()}
 
 
 def check_writable(path: Path, what: str) -> None:

@@ -105,7 +105,10 @@ class BM25Index:
     def build(cls, texts: Sequence[str]) -> BM25Index:
         bm25s = _bm25s()
         model = bm25s.BM25(method=METHOD, k1=K1, b=B)
-        scores, vocab = model.build_index_from_tokens(tokenize(texts), show_progress=False)
+        # Texts without one token (emoji only): bm25s divides by a mean length of 0 and numpy warns on stderr; the
+        # weights it builds for them are no weights at all (no token), so the warning says nothing to the user.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scores, vocab = model.build_index_from_tokens(tokenize(texts), show_progress=False)
         # bm25s's (documents x vocab) CSC arrays, read as the (vocab x documents) CSR matrix they also are
         m = _sp().csr_matrix((scores["data"].astype(np.float64), scores["indices"], scores["indptr"]),
                           shape=(len(vocab), scores["num_docs"]))

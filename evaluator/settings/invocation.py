@@ -52,6 +52,7 @@ class Invocation:
     # --batch: "submit" through the profiles' batch APIs; --batch-cancel: "cancel"
     batch: Literal["submit", "cancel"] | None = None
     dry_run: bool = False  # --dry-run: plan the calls, tokens, cost and time; send nothing
+    overwrite: bool = False  # --overwrite: --out may hold another study's results; they are replaced, not merged
     overrides: ProfileOverrides = field(default_factory=ProfileOverrides)
     # settings given as flags (not from the file), by dotted name ("retrieval.ks")
     cli_keys: frozenset[str] = frozenset()

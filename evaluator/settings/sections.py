@@ -61,6 +61,18 @@ TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
 REGISTRY_CHOICES: tuple[str, ...] = get_args(RegistryChoice)
 RETRIEVER_CHOICES: tuple[str, ...] = get_args(RetrieverChoice)
 AtLeast1 = Annotated[int, Field(ge=1)]
+# Upper bounds of the counts a user gives (one line past them, `core.validation`): each keeps the study's memory and
+# files bounded, far beyond the paper's values (k 5, ks up to 20, 4 runs). A record keeps K_MAX = max(k, ks) ids
+# per searched text, so the ablation's depth bounds queries.jsonl; the runs multiply every call.
+MAX_K = 100
+MAX_KS = 32  # values of the ablation
+MAX_RUNS = 1_000
+MAX_BATCH = 4_096  # texts per embedding batch (batches are also cut at 8,192 padded tokens)
+MAX_SIZES = 32  # sub-registry sizes of the scaling study
+MAX_SEEDS = 100  # distractor draws per size
+MAX_FOLDS = 100
+KBudget = Annotated[int, Field(ge=1, le=MAX_K)]
+RegistrySize = Annotated[int, Field(ge=1, le=100_000_000)]
 
 # Lists are tuples: a frozen section holds no value that could be changed in place. TOML and argparse
 # give lists; `core.validation` checks them as lists and the section stores them as tuples.
@@ -92,15 +104,15 @@ class EmbedSettings:
     device: str = "auto"
     precision: Precision = "auto"
     backend: Backend = "auto"
-    batch_size: int = Field(default=128, ge=1)
+    batch_size: int = Field(default=128, ge=1, le=MAX_BATCH)
 
 
 @dataclass(frozen=True)
 class RetrievalSettings:
     """[retrieval]: the planner's budget, the k-ablation and what every architecture searches with."""
 
-    k: int = Field(default=5, ge=1)
-    ks: tuple[AtLeast1, ...] = (1, 3, 5, 10, 20)
+    k: int = Field(default=5, ge=1, le=MAX_K)
+    ks: tuple[KBudget, ...] = Field(default=(1, 3, 5, 10, 20), max_length=MAX_KS)
     fallback_to_query: bool = False
     retriever: RetrieverChoice = "dense"
 
@@ -118,7 +130,7 @@ class RunSettings:
     """[run]: the models, runs and architectures of the study, and where its files go."""
 
     models: tuple[str, ...] = ("sim",)
-    runs: int = Field(default=4, ge=1)
+    runs: int = Field(default=4, ge=1, le=MAX_RUNS)
     archs: tuple[Arch, ...] = Field(default=_BOTH, min_length=1)
     # route's τ on RtP's top-1 score; None: the median of the study's top-1 scores (study/archs/route.py)
     route_tau: float | None = Field(default=None, allow_inf_nan=False, exclude_if=lambda v: v is None)
@@ -133,11 +145,11 @@ class AnalysisSettings:
 
     routing_train: tuple[str, ...] = ()
     routing_test: tuple[str, ...] = ()
-    routing_folds: int = Field(default=5, ge=2)
+    routing_folds: int = Field(default=5, ge=2, le=MAX_FOLDS)
     routing_seed: int = 0
     scaling_subsets: tuple[str, ...] = ()
-    scaling_sizes: tuple[AtLeast1, ...] = (1000, 2000, 5000, 10000, 20000)
-    scaling_seeds: int = Field(default=5, ge=1)
+    scaling_sizes: tuple[RegistrySize, ...] = Field(default=(1000, 2000, 5000, 10000, 20000), max_length=MAX_SIZES)
+    scaling_seeds: int = Field(default=5, ge=1, le=MAX_SEEDS)
     divergence_subset: str = ""
 
 
