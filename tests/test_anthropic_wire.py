@@ -199,7 +199,7 @@ async def test_structured_output_is_a_forced_tool_and_its_input_is_the_answer():
     sim, seen = F.LocalSim(), []
     p = anthropic_profile(sim, structured="json_schema")
     async with LLMEngine(p, transport=recording(sim, seen), api_key="k") as e:
-        r = await e.chat(prompts.planner_messages("find the weather", [("Weather", "forecast", "the forecast")]),
+        r = await e.chat(prompts.planner_messages("find the weather", [("Weather/forecast", "the forecast")]),
                          run=0, prompt_version="p", schema=prompts.PLANNER_SCHEMA)
     body = orjson.loads(seen[0].body)
     assert body["tool_choice"] == {"type": "tool", "name": "planner_plan"}
