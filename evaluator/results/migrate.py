@@ -19,6 +19,11 @@ Versions:
 - 4: a `queries.jsonl` line holds its architectures as one mapping, `archs: {name: block}` in `--archs` order
   (architectures are plugins: hyde, rewrite, fusion, route, a user's class); before it, `rtp` and `ptr` were
   top-level keys of the line. `record` moves them (`archs_mapping`); their blocks are unchanged.
+- 5: a block may carry `failure: {"kind", "error"}` (the architecture failed on the query: `arch_error`,
+  `contract`, `timeout`, `cycle`; the block is not scored), and every block with `errors` (an own call that
+  failed for good) is left out of the metrics and gets no planner call. A line of 4 has no `failure`, so its
+  blocks read as they were: the step is the identity, the version says an older evaluator must not read
+  the folder (it would score a failed block as one that retrieved nothing).
 
 `queries.jsonl` lines carry no version of their own: they are written only together with meta.json, and
 the folder's meta.json version applies to them (a field on every line would change every line of the
@@ -34,7 +39,7 @@ from typing import Any
 
 from evaluator.core.errors import OutputError
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 
 JSON = dict[str, Any]  # a saved file's JSON object, as read: its shape is what this module checks
 
@@ -68,7 +73,7 @@ def meta(d: Mapping[str, Any]) -> JSON:
         if not isinstance(out.get("registry"), Mapping):
             out.pop("registry", None)
         out = _torch_if_unsaid(out)
-    # 1 -> 2: meta.json's shape did not change; 3 -> 4 neither (the records' did).
+    # 1 -> 2: meta.json's shape did not change; 3 -> 4 and 4 -> 5 neither (the records' did).
     if version < 3 and isinstance(out.get("settings"), Mapping):
         out["settings"] = nested_settings(out["settings"])
     out["format_version"] = FORMAT_VERSION
@@ -112,7 +117,8 @@ def nested_settings(flat: Mapping[str, Any]) -> JSON:
 def record(d: Mapping[str, Any], version: int) -> Mapping[str, Any]:
     """A `queries.jsonl` line of a folder whose meta.json is of `version` -> FORMAT_VERSION (fields added
     since 0.1.0 have defaults that mean "not recorded"); `schema.OutputDir.read_records` sends an older
-    folder's lines through it. 3 -> 4: the top-level `rtp` / `ptr` blocks into the `archs` mapping."""
+    folder's lines through it. 3 -> 4: the top-level `rtp` / `ptr` blocks into the `archs` mapping; 4 -> 5:
+    unchanged (no block of 4 carries `failure`)."""
     return archs_mapping(d) if version < 4 else d
 
 
