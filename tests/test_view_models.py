@@ -23,7 +23,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mcp"
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """sim, sim-b, sim with BM25, and one folder holding both models: the same data (examples/mcp), one cache."""
     root = tmp_path_factory.mktemp("models")
-    common = ("--data", str(EXAMPLE), "--cache-dir", str(root / "cache"), "--runs", "2", "--no-progress",
+    common = ("--data", str(EXAMPLE), "--cache-dir", str(root / "cache"), "--runs", "1", "--no-progress",
               "--no-extras", "--k", str(K))
     out = {"root": root}
     for name, extra in (("sim", ("--model", "sim")), ("simb", ("--model", "sim-b")),
