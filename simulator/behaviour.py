@@ -12,7 +12,10 @@ with it measure the evaluator, never a language model.
 - hyde prompt: per actionable clause, an imagined registry entry: a "Tool/api" name from the clause's key
   nouns and a one-paragraph description in documentation style ("Returns the ... for the given ...").
 - rewrite prompt: {"query": ...}: the request's verbs and key nouns, proper nouns and courtesy dropped.
-- Anything else: a short generic reply.
+- Any other prompt that carries a JSON schema (`response_format` json_schema, or json_object with a `schema`,
+  llama-cpp-python's form): JSON valid against that schema (`schema_instance`), its strings made from the request
+  (a plugin's own structured prompt gets an answer its parser can read, offline).
+- Anything else: a short generic reply (a JSON object holding it when json_object is asked without a schema).
 
 Replies are a pure function of (messages, seed, temperature): a `random.Random` seeded from a
 blake2b hash of all three drives every choice, so a run is reproducible and runs (seeds) differ the
@@ -183,6 +186,11 @@ def reply(
         payload = json.dumps({"entries": json.loads(payload)}, ensure_ascii=False)
     if structured and kind == "rewrite" and not payload.startswith("{"):
         payload = json.dumps({"query": payload}, ensure_ascii=False)
+    if structured and kind is None:  # a prompt the simulator has no heuristic for: the schema's shape
+        schema = _schema_of(response_format)
+        user = _content(next((m for m in reversed(messages) if m.get("role") == "user"), None))
+        value = schema_instance(schema, _request(user), rng) if schema is not None else {"response": payload}
+        payload = json.dumps(value, ensure_ascii=False)
     if structured or kind is None:
         text = payload
     elif stray:
@@ -610,6 +618,145 @@ def _planner(query: str, apis: Sequence[tuple[str, str]], rng: random.Random, sp
         step_objs = [{"step": s, "api": _api_for(s, selected)} for s in steps]
         return json.dumps({"steps": step_objs, "selected_apis": selected}, ensure_ascii=False)
     return json.dumps({"steps": steps, "selected_apis": selected}, ensure_ascii=False, indent=rng.choice((None, 2)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Any JSON schema
+# ---------------------------------------------------------------------------------------------
+
+_FORMATS = {"date": "2025-01-15", "date-time": "2025-01-15T09:30:00Z", "time": "09:30:00", "email": "user@example.com",
+            "uri": "https://example.com/", "uuid": "123e4567-e89b-12d3-a456-426614174000"}
+
+
+def _schema_of(response_format: dict | None) -> dict | None:
+    """The JSON schema a request's `response_format` carries: OpenAI's json_schema form, or llama-cpp-python's
+    json_object with a `schema`; None without one."""
+    if not isinstance(response_format, dict):
+        return None
+    inner = response_format.get("json_schema")
+    schema = inner.get("schema") if isinstance(inner, dict) else response_format.get("schema")
+    return schema if isinstance(schema, dict) else None
+
+
+def schema_instance(schema: dict, request: str, rng: random.Random) -> object:
+    """A value valid against `schema` (the JSON Schema keywords structured outputs use: type, properties,
+    required, items, min/maxItems, enum, const, anyOf/oneOf/allOf, $ref to $defs, min/max(Length), formats),
+    its strings read from the request: a name-like field gets a stub-like name, a query-like one the request's
+    key words, any other a clause of it. One item per need of the request in an array, within its bounds.
+    `pattern` is not followed (a free regular expression has no general instance)."""
+    needs = _needs(request) or [_analyse(request)]
+    return _instance(schema, schema, "", needs, 0, rng, 0)
+
+
+def _resolve(node: dict, root: dict) -> dict:
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/"):
+        target: object = root
+        for part in ref[2:].split("/"):
+            target = target.get(part) if isinstance(target, dict) else None
+        if isinstance(target, dict):
+            return {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+def _instance(node: object, root: dict, field: str, needs: list[_Clause], i: int, rng: random.Random,
+              depth: int) -> object:
+    if not isinstance(node, dict) or depth > 12:
+        return None if depth > 12 else _text_for(field, needs, i, rng)
+    node = _resolve(node, root)
+    if "const" in node:
+        return node["const"]
+    if isinstance(node.get("enum"), list) and node["enum"]:
+        return rng.choice(node["enum"])
+    for key in ("anyOf", "oneOf"):
+        options = node.get(key)
+        if isinstance(options, list) and options:
+            chosen = next((o for o in options if isinstance(o, dict) and o.get("type") != "null"), options[0])
+            return _instance({**{k: v for k, v in node.items() if k != key}, **_resolve(chosen, root)}, root, field,
+                             needs, i, rng, depth + 1)
+    if isinstance(node.get("allOf"), list):
+        merged: dict = {k: v for k, v in node.items() if k != "allOf"}
+        for part in node["allOf"]:
+            if isinstance(part, dict):
+                part = _resolve(part, root)
+                merged["properties"] = {**merged.get("properties", {}), **part.get("properties", {})}
+                merged["required"] = [*merged.get("required", []), *part.get("required", [])]
+                merged.update({k: v for k, v in part.items() if k not in ("properties", "required")})
+        return _instance(merged, root, field, needs, i, rng, depth + 1)
+    kind = node.get("type")
+    if isinstance(kind, list):
+        kind = next((t for t in kind if t != "null"), "null")
+    if kind is None:
+        kind = "object" if "properties" in node else "array" if "items" in node else "string"
+    if kind == "object":
+        props: dict = node["properties"] if isinstance(node.get("properties"), dict) else {}
+        return {name: _instance(sub, root, name, needs, i, rng, depth + 1) for name, sub in props.items()}
+    if kind == "array":
+        low = int(node.get("minItems", 1 if needs else 0))
+        high = int(node.get("maxItems", max(low, min(len(needs), _MAX_STUBS))))
+        n = max(low, min(high, len(needs)))
+        items = node.get("items", {})
+        prefix: list = node["prefixItems"] if isinstance(node.get("prefixItems"), list) else []
+        out = [_instance(prefix[j] if j < len(prefix) else items, root, field, needs, j, rng, depth + 1)
+               for j in range(n)]
+        if node.get("uniqueItems"):
+            unique: list = []
+            for x in out:
+                if x not in unique:
+                    unique.append(x)
+            out = unique if len(unique) >= low else out
+        return out
+    if kind == "integer":
+        lo, hi = _bounds(node, 0, 10)
+        return rng.randint(int(lo), int(hi)) if int(lo) <= int(hi) else int(lo)
+    if kind == "number":
+        lo, hi = _bounds(node, 0.0, 1.0)
+        return round(rng.uniform(lo, hi), 3) if lo < hi else lo
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    fmt = node.get("format")
+    text = _FORMATS[fmt] if fmt in _FORMATS else _text_for(field, needs, i, rng)
+    min_len, max_len = int(node.get("minLength", 0)), node.get("maxLength")
+    while len(text) < min_len:
+        text = f"{text} {_filler(needs)}".strip()
+    if isinstance(max_len, int) and len(text) > max_len:
+        text = text[:max_len]
+    return text
+
+
+def _filler(needs: list[_Clause]) -> str:
+    return " ".join(n for c in needs for n in c.nouns) or "request"
+
+
+def _bounds(node: dict, lo: float, hi: float) -> tuple[float, float]:
+    if isinstance(node.get("minimum"), int | float):
+        lo = node["minimum"]
+    if isinstance(node.get("exclusiveMinimum"), int | float):
+        lo = node["exclusiveMinimum"] + 1
+    if isinstance(node.get("maximum"), int | float):
+        hi = node["maximum"]
+    if isinstance(node.get("exclusiveMaximum"), int | float):
+        hi = node["exclusiveMaximum"] - 1
+    return lo, max(lo, hi)
+
+
+_NAME_FIELD = re.compile(r"name|function|tool|api|id$|stub|title", re.I)
+_QUERY_FIELD = re.compile(r"quer|search|keyword|term", re.I)
+
+
+def _text_for(field: str, needs: list[_Clause], i: int, rng: random.Random) -> str:
+    """A string for a field of a schema: from need `i` of the request, shaped by what the field's name asks."""
+    c = needs[i % len(needs)] if needs else None
+    if c is None:
+        return "information"
+    if _QUERY_FIELD.search(field):
+        words = [c.verb or "get", *[n for n in c.nouns if n not in c.proper]]
+        return " ".join(dict.fromkeys(words)) or c.text
+    if _NAME_FIELD.search(field):
+        return _stub_name(c.verb, c.nouns, c.proper, rng, 1.0)
+    return _reasoning(c.text, rng)
 
 
 # ---------------------------------------------------------------------------------------------

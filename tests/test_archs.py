@@ -222,7 +222,7 @@ def test_a_broken_plugin_is_one_line_and_exit_2_before_any_work(tmp_path: Path, 
 def test_a_plugin_that_returns_the_wrong_type_stops_at_the_probe(tmp_path: Path) -> None:
     # app.study runs this probe after preparing, before any call: every call of it fails unsent
     (tmp_path / "wrong.py").write_text("class Bad:\n    name = 'bad'\n    async def retrieve(self, ctx):\n"
-                                       "        await ctx.chat([], prompt_version='x')\n"
+                                       "        await ctx.chat([{'role': 'user', 'content': 'x'}], prompt_version='x')\n"
                                        "        return [('x', 1.0)]\n", encoding="utf-8")
     spec = f"{tmp_path / 'wrong.py'}:Bad"
     study, search = make_study(tmp_path, ["rtp", spec])
@@ -245,13 +245,13 @@ def test_unknown_and_duplicate_architectures_are_one_line() -> None:
 
 
 def test_format_4_holds_the_archs_mapping_in_archs_order_and_migrates_older_lines(tmp_path: Path) -> None:
-    assert FORMAT_VERSION >= 4  # format 5 added `grades` beside the mapping (test_beir.py)
+    assert FORMAT_VERSION == 5  # 5 added `grades` (test_beir.py) and a block's `failure`; a line of 4 reads as it is
     old = {"model": "sim", "run": 0, "subset": "G1", "query_id": 3, "query": "q", "gold": {"api_list": ["a"]},
            "rtp": {"retrieved": ["a", "b"], "scores": [0.9, 0.8], "plan": None, "tokens": {}},
            "ptr": {"retrieved": ["b"], "scores": [0.7], "plan": None, "tokens": {}, "stubs": []}}
     new = migrate.record(old, 3)
     assert list(new["archs"]) == ["rtp", "ptr"] and "rtp" not in new and new["archs"]["ptr"] == old["ptr"]
-    assert migrate.record(new, 4) is new
+    assert migrate.record(new, 4) is new and migrate.record(new, 5) is new
     rec = Record.from_dict(new)
     assert rec.arch_names == ["rtp", "ptr"] and isinstance(rec.ptr, PtrBlock) and rec.rtp.retrieved == ["a", "b"]  # type: ignore[union-attr]
     # a run with --archs ptr,rtp,plugin writes and reads them in that order (not sorted), blocks typed by shape

@@ -30,13 +30,46 @@ def test_scores_are_bm25s_own(texts: list[str]) -> None:
     model = bm25s.BM25(method=L.METHOD, k1=L.K1, b=L.B)
     model.index(L.tokenize(texts), show_progress=False)
     scores, rows = idx.search(QUERIES, len(texts))
-    for q, s, r in zip(QUERIES, scores, rows, strict=True):
+    for q, s, r in zip(QUERIES[:3], scores, rows, strict=False):
         toks = L.tokenize([q])[0]
-        ref = model.get_scores(toks) if toks else np.zeros(len(texts))
+        ref = model.get_scores(toks)
         assert s == pytest.approx(ref[r], abs=1e-5)  # float64 here, float32 in bm25s
         # best first; ties (and the zero-score tail) to the higher registry row
         assert all((a > b) or (a == b and ra > rb) for a, b, ra, rb in zip(s, s[1:], r, r[1:], strict=False))
-    assert not scores[3].any() and rows[3].tolist() == list(range(len(texts) - 1, -1, -1))
+    # no token of "zzz qqq" is in the registry: bm25s scores every API 0, we find nothing (not the rows in order)
+    assert not model.get_scores(L.tokenize([QUERIES[3]])[0]).any()
+    assert (rows[3] == L.NO_HIT).all() and np.isneginf(scores[3]).all()
+
+
+def test_a_text_with_no_registry_token_retrieves_nothing_and_is_counted(texts: list[str]) -> None:
+    told: list[str] = []
+    lex = Lexical(L.BM25Index.build(texts), told.append)
+    found = retrieve.from_hits(lex.search(["zzz qqq", "football player transfers", "the and of"], 5))
+    assert found[0].rows == [] and found[0].scores == [] and found[2].rows == []  # stop words only: no token
+    assert len(found[1].rows) == 5 and texts[found[1].rows[0]].startswith("Football Data/player transfers")
+    assert told == ["zzz qqq", "the and of"]
+    # a stub that matches nothing adds nothing to PtR's merge; the other stub's hits stand alone
+    s, r = lex.search(["zzz qqq", "football player transfers"], 5)
+    merged = retrieve.ptr_from_hits(s, r, [0, 0], 1, 5, [1, 5])[0]
+    assert merged.rows == found[1].rows and merged.stub_rows[0] == [] and merged.width == {1: 1, 5: 5}
+    assert retrieve.ptr_rows(s, r, [0, 0], 1, 5) == [found[1].rows]
+    # hybrid: the dense list alone ranks a text BM25 found nothing for (no NO_HIT row survives the fusion)
+    dense = np.tile(np.arange(len(texts))[None, :], (2, 1))
+    fused = retrieve.from_hits(Hybrid(_SameRows(dense), lex).search(["zzz qqq", "football player transfers"], 5))
+    assert fused[0].rows == list(range(5)) and all(x >= 0 for f in fused for x in f.rows)
+
+
+class _SameRows:
+    """A retriever that returns the same rows for every text."""
+
+    name = "dense"
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def search(self, texts: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        r = self.rows[: len(texts), :k]
+        return -np.arange(r.shape[1], dtype=float)[None, :].repeat(len(texts), 0), r
 
 
 def test_identifiers_are_split(texts: list[str]) -> None:

@@ -21,28 +21,31 @@ def test_tied_run_averages_are_ties_and_match_an_exact_rational_reference() -> N
     rng = np.random.default_rng(7)
     rtp: dict[int, list[float]] = {}
     ptr: dict[int, list[float]] = {}
+    truth: list[Fraction] = []  # the true difference of each query, from the integers
     for q in range(60):
         g = int(rng.choice([3, 5, 6, 7]))
-        rtp[q] = [int(rng.integers(0, g + 1)) / g]
-        ptr[q] = _runs([int(x) for x in rng.integers(0, g + 1, size=4)], g)
+        a = int(rng.integers(0, g + 1))
+        b = [int(x) for x in rng.integers(0, g + 1, size=4)]
+        rtp[q] = [a / g]
+        ptr[q] = _runs(b, g)
+        truth.append(Fraction(a, g) - Fraction(sum(b), 4 * g))
     x_map, y_map = query_means(rtp), query_means(ptr)
     x = [x_map[q] for q in range(60)]
     y = [y_map[q] for q in range(60)]
 
-    # The naive float path sees more distinct |differences| than there are exact ones: spurious non-ties.
+    # The naive float path sees more distinct |differences| than there are true ones: spurious non-ties.
     naive = np.array([math.fsum(rtp[q]) / 1 - math.fsum(ptr[q]) / 4 for q in range(60)])
-    exact_diffs = [Fraction(a) - Fraction(b) for a, b in zip(x, y, strict=True)]
-    assert len({abs(v) for v in exact_diffs if v}) < len(set(np.abs(naive[naive != 0])))
+    assert len({abs(v) for v in truth if v}) < len(set(np.abs(naive[naive != 0])))
 
     # Reference: the same test on integers (differences scaled by a common denominator), where ties are exact.
-    common = math.lcm(*(v.denominator for v in exact_diffs))
-    ints = np.array([int(v * common) for v in exact_diffs])
+    common = math.lcm(*(v.denominator for v in truth))
+    ints = np.array([int(v * common) for v in truth])
     ref = sps.wilcoxon(ints, zero_method="wilcox", method="approx")
     w, p = wilcoxon_paired(x, y)
     assert w == ref.statistic
     assert p == ref.pvalue
 
-    # Plain floats in, same answer: values are recovered as the rationals they stand for.
+    # Plain floats in, same answer: equal values tie whatever float stands for them.
     w2, p2 = wilcoxon_paired([float(v) for v in x], [float(v) for v in y])
     assert (w2, p2) == (w, p)
 

@@ -106,7 +106,10 @@ def friedman(columns: Sequence[Sequence[float | Fraction]]) -> tuple[float, floa
     (fewer than three columns or two rows, or every query ties across all of them)."""
     if len(columns) < 3 or len(columns[0]) < 2:
         return math.nan, math.nan
-    cols = [[float(stats.exact(v)) for v in c] for c in columns]
+    # each query's values on true equality (stats.TIE_TOLERANCE): tied architectures share their rank
+    tol = stats.tie_scale(*columns)
+    rows = [stats.tied_values(row, tol) for row in zip(*columns, strict=True)]
+    cols = [list(c) for c in zip(*rows, strict=True)]
     if all(len({c[i] for c in cols}) == 1 for i in range(len(cols[0]))):
         return math.nan, math.nan  # no query ranks the architectures apart: chi² is 0/0
     from scipy.stats import friedmanchisquare  # heavy: loaded on the first test (see stats._sps)
@@ -151,8 +154,7 @@ def architectures(summary: stats.Summary, k: int, metrics: Iterable[str] = NWAY_
                         xa, yb = [x[q] for q in common], [y[q] for q in common]
                         w, p = stats.wilcoxon_paired(xa, yb)
                         family.append((a, b, len(common), float(sum(xa) / len(xa)), float(sum(yb) / len(yb)),
-                                       sum(u > v for u, v in zip(xa, yb, strict=True)),
-                                       sum(v > u for u, v in zip(xa, yb, strict=True)), _none(w), _none(p)))
+                                       *stats.wins(xa, yb), _none(w), _none(p)))
                     adjusted = holm([f[8] for f in family])
                     out.pairs += [PairTest(model, subset, metric, k, gold, *f, p_holm=ph, stars=stats.stars(ph))
                                   for f, ph in zip(family, adjusted, strict=True)]

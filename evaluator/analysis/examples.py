@@ -80,7 +80,7 @@ class ContrastPicker:
         self.ptr_side: list[tuple[float, Contrast]] = []
 
     def add(self, r: Record) -> None:
-        if r.model != self.model or r.run != 0 or r.rtp is None or r.ptr is None or r.ptr.excluded:
+        if r.model != self.model or r.run != 0 or r.rtp is None or r.ptr is None or r.ptr.excluded or r.rtp.excluded:
             return
         gold = set(r.gold_set("api_list"))
         if not gold:

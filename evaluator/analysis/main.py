@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from evaluator.analysis import compare, examples, stats
-from evaluator.results.schema import GOLDS, Meta, PtrBlock, Record
+from evaluator.results.schema import GOLDS, Meta, Record
 from evaluator.results.stream import in_key_order
 
 
@@ -54,10 +54,10 @@ class ScoredCounts:
         if r.rtp is not None:
             if (r.subset, r.query_id) not in rtp_queries:  # RtP retrieval is scored once per query
                 rtp_queries.add((r.subset, r.query_id))
-                out.setdefault((None, "rtp"), Scored()).retrieval += 1
+                out.setdefault((None, "rtp"), Scored()).retrieval += int(not r.rtp.excluded)
             if r.rtp.plan is not None:
                 sc = out.setdefault((r.model, "rtp"), Scored())
-                sc.planner += int(r.rtp.plan.usable)
+                sc.planner += int(not r.rtp.excluded and r.rtp.plan.usable)
                 sc.truncated += r.rtp.truncated_replies()
                 sc.add_cuts(r.rtp.cut_replies())
         if r.ptr is not None:
@@ -69,7 +69,7 @@ class ScoredCounts:
         for name in r.arch_names:
             if name in ("rtp", "ptr") or (block := r.arch(name)) is None:
                 continue
-            excluded = isinstance(block, PtrBlock) and block.excluded
+            excluded = block.excluded
             sc = out.setdefault((r.model, name), Scored())
             sc.retrieval += int(not excluded)
             sc.planner += int(not excluded and block.plan_usable)

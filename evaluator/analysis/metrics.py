@@ -18,7 +18,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TypeVar
 
-from evaluator.results.schema import GOLDS, ArchBlock, PlanBlock, PtrBlock, Record, Tokens
+from evaluator.results.schema import FAILURE_KINDS, GOLDS, ArchBlock, PlanBlock, PtrBlock, Record, Tokens
 
 DEFAULT_KS: tuple[int, ...] = (1, 3, 5, 10, 20)
 DEFAULT_K = 5
@@ -43,6 +43,8 @@ COUNT_METRICS = frozenset(
         "discovery_llm_error",
         "discovery_truncated",
         "fallback",
+        "own_call_error",  # a block whose own call (not the planner) failed for good: not scored (ArchBlock.errors)
+        *(f"failed_{kind}" for kind in FAILURE_KINDS),  # the architecture failed on the query (ArchBlock.failure)
     }
 )
 # Paired per-query tests (Wilcoxon) and win/loss counts are run on these.
@@ -193,8 +195,15 @@ def record_obs(record: Record, ks: Sequence[int] = DEFAULT_KS, k: int = DEFAULT_
             out[(arch, "discovery_llm_error", None, None)] = (float(bool(block.discovery_llm_error)), 1.0)
             out[(arch, "discovery_truncated", None, None)] = (float(block.discovery_finish_reason == "length"), 1.0)
             out[(arch, "fallback", None, None)] = (float(block.fallback), 1.0)
-            if block.excluded:
-                continue  # no stubs to judge: PtR retrieval and planning are excluded for this query
+        if block.errors:
+            out[(arch, "own_call_error", None, None)] = (1.0, 1.0)
+        if block.failure is not None:
+            out[(arch, f"failed_{block.failure.kind}", None, None)] = (1.0, 1.0)
+        if block.excluded:
+            # Nothing to judge (a call the list depends on failed for good, or the architecture failed): the block
+            # is left out of every retrieval, stub and planner metric and every test, whatever the architecture.
+            continue
+        if isinstance(block, PtrBlock):
             stub_obs(block, golds, ks, out, arch)
         retrieval_obs(arch, block.unique_retrieved, golds, ks, out, record.grades)
         tops[arch] = block.top(k)

@@ -121,7 +121,7 @@ def model_data(records: Sequence[Record], model: str, k: int) -> ModelData:
         rb, pb = r.rtp, r.ptr
         if rb is not None and rb.scores:
             score[i] = float(rb.scores[0])  # identical across runs: RtP retrieval is deterministic
-        if pb is None or pb.excluded or rb is None:
+        if pb is None or pb.excluded or rb is None or rb.excluded:
             continue
         gold = {g: r.gold_set(g) for g in GOLDS}
         for block, into in ((rb, rtp), (pb, ptr)):

@@ -45,7 +45,7 @@ from evaluator.results.schema import (
 )
 from evaluator.retrieval import search as retrieve
 from evaluator.retrieval.index import SubsetSearch, digest
-from evaluator.retrieval.lexical import BM25Index
+from evaluator.retrieval.lexical import NO_HIT, BM25Index
 from evaluator.retrieval.retrievers import FUSION_DEPTH, HybridSubsets, LexicalSubsets, SubSearch
 
 Encode = Callable[[list[str]], np.ndarray]
@@ -282,7 +282,7 @@ def search(found: SubSearch, si: SubsetInput, rows: np.ndarray, k: int) -> Searc
     query, then every stub of every (model, run), re-ranked per (run, query) as the run did."""
     n = len(si.query_ids)
     scores, hits = found.search(rows, k)
-    rtp = [r[:k] for r in hits[:n].tolist()]
+    rtp = [[x for x in r[:k] if x != NO_HIT] for r in hits[:n].tolist()]  # BM25 found nothing: no row
     ptr: list[list[int]] = []
     if si.units:
         n_units = len(si.units) * n

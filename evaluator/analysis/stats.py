@@ -134,9 +134,13 @@ def finite_or_nan(x: Any) -> float:
 
 
 def ttest_one_sample(values: Sequence[float], popmean: float) -> tuple[float, float]:
-    """(t, p); NaN with fewer than two runs or zero run-to-run variance (t would be ±inf)."""
-    v = [float(x) for x in values]
-    if len(v) < 2 or statistics.pvariance(v) == 0.0 or not math.isfinite(popmean):
+    """(t, p); NaN with fewer than two runs or zero run-to-run variance (t would be ±inf). Runs whose values are
+    equal (`TIE_TOLERANCE`) are equal: a sample of them is constant."""
+    if len(values) < 2 or not math.isfinite(popmean):
+        return math.nan, math.nan
+    v = tied_values([*values, popmean], tie_scale(values, [popmean]))
+    popmean, v = v[-1], v[:-1]
+    if statistics.pvariance(v) == 0.0:
         return math.nan, math.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -145,9 +149,13 @@ def ttest_one_sample(values: Sequence[float], popmean: float) -> tuple[float, fl
 
 
 def ttest_two_sample(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-    """(t, p) of Student's two-sample t-test; NaN when either side has < 2 runs or both are constant."""
-    a, b = [float(x) for x in a], [float(x) for x in b]
-    if len(a) < 2 or len(b) < 2 or statistics.pvariance(a) + statistics.pvariance(b) == 0.0:
+    """(t, p) of Student's two-sample t-test; NaN when either side has < 2 runs or both are constant (values
+    equal as `TIE_TOLERANCE` says)."""
+    if len(a) < 2 or len(b) < 2:
+        return math.nan, math.nan
+    both = tied_values([*a, *b], tie_scale(a, b))
+    a, b = both[: len(a)], both[len(a):]
+    if statistics.pvariance(a) + statistics.pvariance(b) == 0.0:
         return math.nan, math.nan
     with warnings.catch_warnings():
         # one constant side is fine (the pooled variance is not zero) but scipy warns about its moments
@@ -158,26 +166,67 @@ def ttest_two_sample(a: Sequence[float], b: Sequence[float]) -> tuple[float, flo
 
 WILCOXON_EXACT_MAX_N = 50
 
-# Paired metrics (recall, precision, pass) are ratios of small integers (hits/|gold|, hits/k, 0/1). Averaging
-# runs and subtracting in floating point turns mathematically tied differences into distinct floats (measured on
-# the full study: 50 of 60 recall/precision tests had such spurious non-ties, p drifted by up to 0.016 and 4 stars
-# flipped). Recovering each value as the nearest rational with a denominator up to 10^6 is exact for these
-# ratios (two distinct such fractions differ by more than 1e-12, far above float error), so the test ranks
-# exact differences and ties are ties.
-EXACT_MAX_DENOMINATOR = 10**6
+# Ties are decided on the values' true equality. Each per-query value is taken as the exact rational its float
+# is, run averages and differences are computed exactly, and two values count as equal when they differ by at most
+# TIE_TOLERANCE of the largest magnitude among the values compared (1e-9 of 1 for every metric of [0, 1]).
+# Floating point leaves equal values apart by far less: averaging runs in another order, or NDCG's irrational
+# terms (1/log2(3) summed one way for one query and another way for the next), differ by ~1e-16 (rounding the
+# values to rationals of denominators up to 10^6, as before, left them ~1e-12 apart and untied). Distinct values
+# of the study's metrics are far further apart: recall, precision and pass are ratios of small integers (at least
+# 1/(gold size x k x runs)^2 apart), NDCG sums of at most k terms 1/log2(i + 1). The same rule ties the paired
+# differences (zeros dropped, equal magnitudes share their rank), the win counts and the t-tests' constant samples.
+TIE_TOLERANCE = 1e-9
 
 
 @functools.lru_cache(maxsize=65536)
 def exact(value: float | Fraction) -> Fraction:
-    """The exact rational behind a per-query metric value (see EXACT_MAX_DENOMINATOR)."""
-    return Fraction(value).limit_denominator(EXACT_MAX_DENOMINATOR)
+    """The exact rational a per-query value (a float) is: sums and differences of them carry no rounding."""
+    return Fraction(value)
+
+
+def tie_scale(*groups: Sequence[float | Fraction]) -> Fraction:
+    """What values are told apart against: the largest magnitude among them (1 when all are 0), times
+    TIE_TOLERANCE."""
+    top = max((abs(exact(v)) for g in groups for v in g), default=Fraction(0))
+    return (top or Fraction(1)) * exact(TIE_TOLERANCE)
+
+
+def tied_values(values: Sequence[float | Fraction], tol: Fraction) -> list[float]:
+    """`values` as floats, each group of values within `tol` of its neighbour (in sorted order) replaced by the
+    group's first: equal values become the same float, so a test sees exactly the ties the data has."""
+    if not values:
+        return []
+    ex = [exact(v) for v in values]
+    order = sorted(range(len(ex)), key=ex.__getitem__)
+    out = [0.0] * len(ex)
+    head = prev = ex[order[0]]
+    for i in order:
+        if ex[i] - prev > tol:
+            head = ex[i]
+        prev = ex[i]
+        out[i] = float(head)
+    return out
+
+
+def differences(x: Sequence[float | Fraction], y: Sequence[float | Fraction]) -> list[float]:
+    """The paired differences x - y on true equality: 0 where the two values tie, and equal magnitudes equal."""
+    tol = tie_scale(x, y)
+    d = [exact(a) - exact(b) for a, b in zip(x, y, strict=True)]
+    nonzero = [abs(v) for v in d if abs(v) > tol]
+    mags = iter(tied_values(nonzero, tol))
+    return [0.0 if abs(v) <= tol else math.copysign(next(mags), v) for v in d]
+
+
+def wins(x: Sequence[float | Fraction], y: Sequence[float | Fraction]) -> tuple[int, int]:
+    """(pairs where x is higher, pairs where y is), ties (true equality, `TIE_TOLERANCE`) in neither."""
+    d = differences(x, y)
+    return sum(v > 0 for v in d), sum(v < 0 for v in d)
 
 
 def wilcoxon_paired(x: Sequence[float | Fraction], y: Sequence[float | Fraction]) -> tuple[float, float]:
-    """(W, p) of the paired signed-rank test on exact differences; NaN when no pair differs."""
-    diffs = [exact(a) - exact(b) for a, b in zip(x, y, strict=True)]
-    # Equal rationals convert to the same float, so scipy sees exactly the ties the data has.
-    d = np.array([float(v) for v in diffs], dtype=float)
+    """(W, p) of the paired signed-rank test on the differences' true values (`differences`); NaN when no pair
+    differs."""
+    d = np.array(differences(x, y), dtype=float)
     if d.size == 0 or not np.any(d != 0):
         return math.nan, math.nan
     nz = np.abs(d[d != 0])
@@ -376,7 +425,7 @@ def _row_sort_key(r: Row) -> tuple[Any, ...]:
 
 
 def query_means(values: Mapping[Any, list[float]]) -> dict[Any, Fraction]:
-    # Exact run averages: the paired test and the win counts compare them, and equal averages must tie.
+    # Exact run averages: the paired test and the win counts compare them (`differences`).
     return {q: _exact_mean(tuple(v)) for q, v in values.items() if v}
 
 
@@ -422,8 +471,7 @@ def _tests_and_wins(s: Summary, per_query: Mapping[GroupKey, Mapping[Any, list[f
                         add_test(model, subset, metric, kk, gold, "wilcoxon", wilcoxon_paired(x, y), len(x))
                         if metric == "recall":
                             # Wins on run-averaged per-query recall: the same values the Wilcoxon test ranks.
-                            wr = float(sum(a > b for a, b in zip(x, y, strict=True)))
-                            wp = float(sum(b > a for a, b in zip(x, y, strict=True)))
+                            wr, wp = (float(w) for w in wins(x, y))
                             rows += [
                                 Row(model, subset, "rtp", "wins", kk, gold, wr, None, [wr]),
                                 Row(model, subset, "ptr", "wins", kk, gold, wp, None, [wp]),

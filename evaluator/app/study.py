@@ -38,6 +38,7 @@ from evaluator.llm.limits import SharedRates, rate_folder
 from evaluator.render.view import VIEW_FILE, parts_folder
 from evaluator.results.cost import BatchStats, accounting
 from evaluator.results.schema import (
+    FAILURE_KINDS,
     META_FILE,
     QUERIES_FILE,
     ROUTING_FILE,
@@ -81,9 +82,25 @@ Log = Callable[[str], None]
 
 
 @dataclass
+class FailedBlocks:
+    """The blocks one architecture failed on, of one kind (`results.schema.FAILURE_KINDS`): how many, and the first."""
+
+    arch: str  # as given in --archs (a plugin's spec)
+    kind: str
+    count: int
+    example: str  # the first failed query: model, run, subset and query id
+    error: str  # its error
+
+    def line(self) -> str:
+        return (f"error: --archs {self.arch}: {self.kind} on {self.count} (query, run) block"
+                f"{'s' if self.count != 1 else ''}, e.g. {self.example}: {self.error}")
+
+
+@dataclass
 class RunOutcome:
     out: Path
     failed: Counter[str] = field(default_factory=Counter)  # calls that failed for good, per error kind
+    failed_blocks: list[FailedBlocks] = field(default_factory=list)  # per (architecture, kind), in --archs order
     cut: Counter[str] = field(default_factory=Counter)  # replies in the results that were cut short, per cause
     usage_estimated: int = 0  # fresh replies whose body had no usage: tokens (and cost) estimated
     message: str = ""  # set when the invocation did something else than a study (--batch-cancel)
@@ -319,11 +336,24 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
     od.write_meta(meta)
     failed: Counter[str] = Counter()
     cut: Counter[str] = Counter()
+    blocks: dict[tuple[str, str], FailedBlocks] = {}
+    specs = {name: spec for name, (spec, _) in arch_units.resolve(s.run.archs, 0.0, resolve_path).items()} \
+        if not retrieval_only else {}
     for r in records:  # one pass: the records may be a stream over queries.jsonl
         failed.update(r.failed_calls)
         cut.update(c for b in r.archs.values() if not (b.side and b.side in r.archs) for c in b.cut_replies())
+        for name, f in r.failed_blocks:
+            got = blocks.get((name, f.kind))
+            if got is None:
+                blocks[(name, f.kind)] = FailedBlocks(specs.get(name, name), f.kind, 1, f"model {r.model} run {r.run} "
+                                                      f"{r.subset} query {r.query_id}", f.error)
+            else:
+                got.count += 1
+    order = list(specs)
+    ranked = [blocks[key] for key in sorted(blocks, key=lambda nk: (
+        order.index(nk[0]) if nk[0] in order else len(order), FAILURE_KINDS.index(nk[1])))]
     estimated = sum(st.usage_estimated for st in meta.llm_stats.values())
-    return RunOutcome(out, failed, cut=cut, usage_estimated=estimated)
+    return RunOutcome(out, failed, ranked, cut=cut, usage_estimated=estimated)
 
 
 def peak_rss_mib() -> PeakMemory:
@@ -408,7 +438,7 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
                                                                 locate=locators.get(n))) for n, p in profiles.items()}
         for n, e in engines.items():
             bar.attach(n, e.stats)
-        runner = StudyRunner(study, engines, bar, sink=sink)
+        runner = StudyRunner(study, engines, bar, sink=sink, fail_fast=inv.fail_fast)
         units = [Unit(m, r) for m in profiles for r in range(study.run.runs)]
         try:
             await runner.run(units)

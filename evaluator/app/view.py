@@ -116,13 +116,19 @@ def runs_compared(sources: Sequence[Source]) -> compare.RunsComparison | None:
     """Every side of the page (output folder x model) against the first (`analysis.compare.runs`); a page of
     sides with no query in common is one line, before anything is written."""
     page_sides = sides(sources)
-    runs = compare.runs([((r for r in sources[s["ds"]].records if r.model == s["model"]), sources[s["ds"]].meta.k)
+    runs = compare.runs([(_of_model(sources[s["ds"]].records, s["model"]), sources[s["ds"]].meta.k)
                          for s in page_sides])
     if runs is not None and not any(p.shared for p in runs.pairs):
         names = " and ".join(s["label"] for s in page_sides)
         raise OutputError(f"{names} have no query in common (same subset and query id); "
                           "compare runs of the same query files.")
     return runs
+
+
+def _of_model(records: Sequence[Record], model: str | None) -> Iterator[Record]:
+    """One side's records: those of its model (a function, so each side keeps its own model: a generator
+    expression in a loop reads the loop's variable when it runs, the last side's)."""
+    return (r for r in records if r.model == model)
 
 
 def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,

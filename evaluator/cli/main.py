@@ -5,8 +5,9 @@ line on stderr naming the flag, file or key and what to do — no traceback. Exi
 where every error class says its own and its line): 0 done; 1 the run stopped (bad key, exhausted quota:
 finished calls are cached); 2 a usage, config or data error (before any work); 3 done, but some LLM calls
 failed for good (a rerun retries them); 4 stopped at --budget (replies received are cached: a rerun with a
-larger budget resumes); 130 interrupted (Ctrl-C, SIGTERM or SIGHUP: calls already on the wire get a few
-seconds to arrive and be cached).
+larger budget resumes); 5 done, but an architecture failed on some queries (one line per architecture and kind
+of failure; those blocks are left out of the results); 130 interrupted (Ctrl-C, SIGTERM or SIGHUP: calls
+already on the wire get a few seconds to arrive and be cached).
 
 Progress bars, notes and warnings of the stages reach stderr through the one `Reporter` made here
 (`make_reporter`); the engine's `logging` warnings through the handler `main` installs.
@@ -26,13 +27,14 @@ from typing import NoReturn, TextIO
 
 from evaluator.analysis.routing import RoutingMeta
 from evaluator.analysis.scaling import ScalingMeta
-from evaluator.app import models, report, requests, study
+from evaluator.app import arch_check, models, report, requests, study
 from evaluator.app import view as view_app
 from evaluator.batch.ray_engine import RayOptions
 from evaluator.batch.requests import import_files
 from evaluator.cli import view_server
 from evaluator.core.aio import interrupt_on_stop_signals, stop_signal
 from evaluator.core.errors import (
+    EXIT_FAILED_BLOCKS,
     EXIT_FAILED_CALLS,
     EXIT_INTERRUPTED,
     EXIT_STOPPED,
@@ -43,6 +45,8 @@ from evaluator.core.errors import (
 from evaluator.core.progress import Reporter
 from evaluator.core.redact import RedactFilter, redact, redacted_traceback
 from evaluator.llm import cache_clear, cache_stats
+from evaluator.llm.profiles import STRUCTURED
+from evaluator.render.view import trace_text
 from evaluator.results.schema import OutputDir
 from evaluator.settings.invocation import BATCH_FALLBACKS, STOP_GRACE_S, Invocation, ProfileOverrides
 from evaluator.settings.load import load, load_settings
@@ -153,6 +157,11 @@ def run_parser() -> Parser:
                    "fusion, route, or a plugin path/to/file.py:ClassName or package.module:ClassName")
     p.add_argument("--route-tau", type=float, metavar="TAU", help="route: RtP when RtP's top-1 score >= TAU, else PtR "
                    "(default: the median of the study's top-1 scores)")
+    p.add_argument("--arch-timeout", type=float, metavar="S", help="an architecture's own time on one query, model calls "
+                   "and searches not counted; past it that block fails as a timeout (default 300)")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first query an architecture fails on (it "
+                   "raised, broke the plugin contract, timed out, waited in a cycle), with its error; without it such "
+                   "blocks are left out of the results, counted, and the run goes on (exit 5)")
     p.add_argument("--base-url", help="override the model's endpoint (for sim: use a running simulator; vllm, sglang, "
                    "llamacpp: their server's /v1 address)")
     p.add_argument("--retriever", choices=RETRIEVER_CHOICES,
@@ -161,6 +170,9 @@ def run_parser() -> Parser:
     _rate_flags(p)
     p.add_argument("--max-tokens", type=int, help="override the profile's max_tokens (completion limit per call)")
     p.add_argument("--timeout", type=float, help="override the profile's timeout_s (seconds per request)")
+    p.add_argument("--structured", choices=STRUCTURED, help="override the profile's `structured`: how each prompt's JSON "
+                   "schema is sent (json_schema: OpenAI's response_format; the simulator then answers any prompt "
+                   "with a schema, a plugin's own too, with JSON valid against it)")
     p.add_argument("--no-extras", action="store_true", help="skip the scaling and routing studies that follow a full run")
     p.add_argument("--batch", action="store_true", help="send the LLM calls through each profile's batch API (about half price; see README)")
     p.add_argument("--batch-fallback", choices=BATCH_FALLBACKS,
@@ -183,6 +195,7 @@ RUN_FLAGS = {
     "k": "retrieval.k", "ks": "retrieval.ks", "fallback_to_query": "retrieval.fallback_to_query",
     "retriever": "retrieval.retriever",
     "models": "run.models", "runs": "run.runs", "archs": "run.archs", "out": "run.out", "route_tau": "run.route_tau",
+    "arch_timeout": "run.arch_timeout_s",
 }
 # flag (argparse dest) -> option of the invocation (`settings.invocation.Invocation`, not saved)
 OPTION_FLAGS = {"batch_fallback": "batch_fallback", "stop_grace": "stop_grace_s", "budget": "budget_usd"}
@@ -193,8 +206,10 @@ def _absolute(path: str) -> str:
     return str(Path(path).expanduser().absolute())
 
 
-def settings_from(args: argparse.Namespace) -> tuple[Settings, Invocation]:
-    flags = {name: value for dest, name in RUN_FLAGS.items() if (value := getattr(args, dest, None)) is not None}
+def _setting_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The settings typed as flags (those of `RUN_FLAGS` the parser has, and the paths), by dotted name."""
+    flags: dict[str, object] = {name: value for dest, name in RUN_FLAGS.items()
+                                if (value := getattr(args, dest, None)) is not None}
     if args.cache_dir:
         flags["run.cache_dir"] = _absolute(args.cache_dir)
     if args.data:
@@ -203,14 +218,21 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, Invocation]:
         flags["data.tools"] = _absolute(args.tools)
     if args.queries:
         flags["data.queries"] = [_absolute(q) for q in args.queries]
+    return flags
+
+
+def settings_from(args: argparse.Namespace) -> tuple[Settings, Invocation]:
+    flags = _setting_flags(args)
     options = {name: value for dest, name in OPTION_FLAGS.items() if (value := getattr(args, dest, None)) is not None}
     if args.rate_dir:
         options["rate_dir"] = _absolute(args.rate_dir)
     options |= {
         "overrides": ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm,
-                                      tpm=args.tpm, max_tokens=args.max_tokens, timeout_s=args.timeout),
+                                      tpm=args.tpm, max_tokens=args.max_tokens, timeout_s=args.timeout,
+                                      structured=args.structured),
         "extras": not args.no_extras, "dry_run": args.dry_run, "data_from_cli": bool(args.data),
         "overwrite": args.overwrite,
+        "fail_fast": args.fail_fast,
         "batch": "cancel" if args.batch_cancel else ("submit" if args.batch else None)}
     return load(args.config, flags, options)
 
@@ -241,13 +263,22 @@ def cmd_run(argv: list[str]) -> int:
     if outcome.usage_estimated:
         print(f"warning: {outcome.usage_estimated} replies carried no token usage; their tokens and cost are "
               "estimates (characters / chars_per_token), counted as usage_estimated in meta.json", file=sys.stderr)
+    for blocks in outcome.failed_blocks:  # one line per architecture and kind of failure
+        print(redact(blocks.line()), file=sys.stderr)
+    if outcome.failed_blocks:
+        n = sum(b.count for b in outcome.failed_blocks)
+        print(f"error: {n} (query, run) blocks failed: they are left out of every metric and test (report.md, "
+              "Errors) and got no planner call; the other results are whole. Fix the architecture (`python -m "
+              "evaluator arch check FILE.py:Class` tries it in seconds) and rerun: cached replies are not paid again.",
+              file=sys.stderr)
     if outcome.failed:
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(outcome.failed.items()))
         print(f"error: {sum(outcome.failed.values())} LLM calls failed for good ({kinds}); they are excluded from "
               "the results. Rerun the same command to retry them (every other reply comes from the cache).",
               file=sys.stderr)
-        return EXIT_FAILED_CALLS
-    return 0
+    if outcome.failed_blocks:
+        return EXIT_FAILED_BLOCKS
+    return EXIT_FAILED_CALLS if outcome.failed else 0
 
 
 def cmd_report(argv: list[str]) -> int:
@@ -525,9 +556,72 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
+def cmd_arch(argv: list[str]) -> int:
+    p = Parser(prog="python -m evaluator arch",
+               description="`arch check FILE.py:Class`: run an architecture plugin on a small registry (examples/mcp "
+               "unless --data, --tools or --queries name another) against the simulator (schemas sent, so a "
+               "plugin's own structured prompt is answered with JSON valid against it) and print each query's "
+               "list, trace, own calls and any breach of the contract; exit 5 when it failed on a query.")
+    p.add_argument("action", choices=["check"])
+    p.add_argument("spec", metavar="FILE.py:Class", help="the plugin, as --archs takes it (or package.module:Class)")
+    p.add_argument("--config", type=Path, help="settings file (default: configs/default.toml)")
+    p.add_argument("--data", help="data folder (registry/ and queries/) to try it on")
+    p.add_argument("--tools", help="registry file or folder to try it on")
+    p.add_argument("--queries", nargs="+", metavar="PATH", help="query files to try it on")
+    p.add_argument("--limit", type=int, help="first N queries per subset (default 3)")
+    p.add_argument("--retriever", choices=RETRIEVER_CHOICES, help="the study's retriever (ctx.search's default)")
+    p.add_argument("--model", action="append", dest="models",
+                   help="model profile (default sim: a local simulator, nothing sent out)")
+    p.add_argument("--base-url", help="override the profile's endpoint")
+    p.add_argument("--structured", choices=STRUCTURED, help="how schemas are sent (default for a simulated profile: "
+                   "json_schema)")
+    p.add_argument("--cache-dir", help="cache root (embeddings, replies; default: the config's)")
+    p.add_argument("--arch-timeout", type=float, metavar="S", help="the plugin's own time per query (default 300)")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first query it fails on")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    s, inv = load(args.config, _setting_flags(args), {
+        "overrides": ProfileOverrides(base_url=args.base_url, structured=args.structured),
+        "data_from_cli": bool(args.data), "fail_fast": args.fail_fast})
+    s = arch_check.settings_for(s, args.spec, inv.cli_keys)
+    _writing(resolve_path(s.run.cache_dir))
+    done = arch_check.check(args.spec, s, inv, make_reporter(not args.no_progress))
+    print(f"arch check {done.spec} (name {done.name!r}): {len(done.queries)} queries of {done.registry} "
+          f"({done.size:,} APIs), retriever {done.retriever}, model {done.model}"
+          + (f" (simulated; schemas sent as {done.structured})" if done.simulated else f" (structured {done.structured})"))
+    for q in done.queries:
+        print(f"\n{q.subset} query {q.query_id}: {q.text}")
+        for c in q.calls:
+            said = c.error if c.error is not None else (c.reply or "")
+            said = " ".join(said.split())
+            print(f"  call {c.version}{' (schema sent)' if c.schema else ''}: "
+                  + ("FAILED " if c.error is not None else "reply ") + (said if len(said) <= 300 else said[:297] + "..."))
+        b = q.block
+        if b.failure is not None:
+            print(f"  FAILED ({b.failure.kind}): {b.failure.error}")
+            continue
+        if b.errors:
+            print(f"  own calls failed for good: {', '.join(f'{n} ({k})' for n, k in b.errors.items())}: not scored")
+        shown = ", ".join(f"{i + 1}. {a} ({x:.4g})" for i, (a, x) in enumerate(zip(b.retrieved, b.scores, strict=True))
+                          if i < 10)
+        print(f"  list ({len(b.retrieved)}): {shown or 'nothing retrieved'}")
+        if b.trace is not None:
+            text = trace_text(b.trace) or ""
+            print("  trace: " + text.replace("\n", "\n    "))
+        if b.plan is not None and b.plan.llm_error is None and not b.excluded:
+            print(f"  planner selected: {', '.join(b.plan.unique_selected) or 'nothing'}"
+                  + (f" (parse error: {b.plan.parse_error})" if b.plan.parse_error else ""))
+    failed = done.failed
+    kinds = sorted({q.block.failure.kind for q in failed if q.block.failure is not None})
+    print(f"\n{len(done.queries) - len(failed)} of {len(done.queries)} queries kept the contract"
+          + (f"; failed: {len(failed)} ({', '.join(kinds)}): a study leaves those blocks out and exits 5" if failed
+             else "."))
+    return EXIT_FAILED_BLOCKS if failed else 0
+
+
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "report": cmd_report, "cache": cmd_cache, "scaling": cmd_scaling, "routing": cmd_routing,
-    "requests": cmd_requests, "view": cmd_view, "export": cmd_export, "models": cmd_models,
+    "requests": cmd_requests, "view": cmd_view, "export": cmd_export, "models": cmd_models, "arch": cmd_arch,
 }
 
 

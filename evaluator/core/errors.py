@@ -4,14 +4,16 @@
 `exit_code`; a new kind of error is a subclass here (or of one of these, beside the code that raises it,
 as `llm.cache.StoreError`), never a new branch in the CLI. Exit codes: 0 done; 1 the run stopped (bad key,
 exhausted quota: finished calls are cached); 2 a usage, config or data error (before any work); 3 done,
-but some LLM calls failed for good (a rerun retries them); 4 stopped at --budget; 130 interrupted.
+but some LLM calls failed for good (a rerun retries them); 4 stopped at --budget; 5 done, but an architecture
+failed on some queries (it raised, broke the plugin contract, timed out or waited in a cycle: those blocks are
+left out of the results; fix the architecture); 130 interrupted.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-EXIT_STOPPED, EXIT_USAGE, EXIT_FAILED_CALLS, EXIT_BUDGET, EXIT_INTERRUPTED = 1, 2, 3, 4, 130
+EXIT_STOPPED, EXIT_USAGE, EXIT_FAILED_CALLS, EXIT_BUDGET, EXIT_FAILED_BLOCKS, EXIT_INTERRUPTED = 1, 2, 3, 4, 5, 130
 
 
 class EvaluatorError(Exception):

@@ -25,7 +25,10 @@ DECISIONS = [
     "older records without `selected_offered` count any selection). A planner reply that could not be parsed counts as "
     "no selection (a planner outcome); a call that failed for good after retries (`llm_error`) is an "
     "infrastructure outcome and is excluded from the planner metrics (counted under Errors). A discovery "
-    "call that failed for good excludes that query from PtR retrieval, stub and planner metrics.",
+    "call that failed for good excludes that query from PtR retrieval, stub and planner metrics; so does, for any "
+    "architecture, an own call that failed for good or a failure of the architecture itself on the query (it "
+    "raised, broke the plugin contract, timed out or waited in a cycle): such a block gets no planner call and "
+    "is left out of every metric and test of that architecture (counted under Errors).",
     "Selection rate = |selected ∩ R| / |R| with R the k APIs shown to the planner (undefined, so excluded, "
     "when R is empty); fidelity = |selected ∩ R| / |selected|, excluded when nothing was selected. Both are "
     "means over queries.",

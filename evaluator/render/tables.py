@@ -30,6 +30,7 @@ from evaluator.render.fmt import (
     table,
     text,
 )
+from evaluator.results.schema import FAILURE_KINDS
 
 
 @dataclass
@@ -420,7 +421,7 @@ def completion(c: Ctx, model: str, sub: str, arch: str) -> float | None:
 
 def errors_table(c: Ctx, model: str | None) -> str:
     header = ["Subset", "Arch.", "records", "planner parse errors", "planner LLM errors", "discovery parse errors",
-              "discovery LLM errors", "fallbacks (raw query)"]
+              "discovery LLM errors", "fallbacks (raw query)", "own-call LLM errors", "failed blocks"]
     body = []
     for sub in c.s.subsets:
         for arch in ("rtp", "ptr", *extra_archs(c, model)):
@@ -434,8 +435,17 @@ def errors_table(c: Ctx, model: str | None) -> str:
                           ("discovery_parse_error", "discovery_llm_error", "fallback")]
             else:
                 cells += [DASH, DASH, DASH]
-            body.append([sub, arch_label(arch)] + cells)
-    return section("Errors", f"{c.label(model)}. Counts summed over runs.", table(header, body))
+            own = c.s.row(model, sub, arch, "own_call_error")
+            failed = [f"{kind} {n}" for kind in FAILURE_KINDS
+                      if (n := c.count(model, sub, arch, f"failed_{kind}")) != DASH]
+            body.append([sub, arch_label(arch)] + cells + ["0" if own is None else c.count(model, sub, arch,
+                                                                                            "own_call_error"),
+                                                          ", ".join(failed) or "0"])
+    return section("Errors", f"{c.label(model)}. Counts summed over runs. Own-call LLM errors: queries whose "
+                   "architecture's own call (not the planner) failed for good; failed blocks: queries the architecture "
+                   f"itself failed on, by kind ({', '.join(FAILURE_KINDS)}: it raised, broke the plugin contract, ran "
+                   "past [run] arch_timeout_s, or waited on its own outcome). Both are left out of every metric and "
+                   "test, and get no planner call.", table(header, body))
 
 
 

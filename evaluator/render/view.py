@@ -150,10 +150,34 @@ def _outcome(rtp: float | None, ptr: float | None) -> str:
     return BOTH_MISS if rtp == 0 else TIE
 
 
+# The query page shows a block's trace as indented JSON, cut here (a plugin's trace is at most 16 KiB compact).
+TRACE_SHOWN_CHARS = 20_000
+
+
+def trace_text(trace: Mapping[str, Any] | None) -> str | None:
+    """A block's trace (rewrite's query, fusion's inputs, route's score and τ, a plugin's JSON) as the query page
+    shows it: indented JSON, keys sorted, cut at TRACE_SHOWN_CHARS with a note of how much was left out."""
+    if trace is None:
+        return None
+    text = json.dumps(trace, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    if len(text) <= TRACE_SHOWN_CHARS:
+        return text
+    return text[:TRACE_SHOWN_CHARS] + f"\n... ({len(text) - TRACE_SHOWN_CHARS:,} more characters in queries.jsonl)"
+
+
 def _block_view(b: ArchBlock, api: _Interner, lists: _Interner) -> dict[str, Any]:
-    """Any architecture's block: its ranked list, planner and tokens; stubs and their hits where it keeps them."""
+    """Any architecture's block: its ranked list, planner and tokens; stubs and their hits where it keeps them;
+    its trace, its own calls that failed for good, its failure and a router's side, where it has them."""
     out: dict[str, Any] = {"top": lists((tuple(api(x) for x in b.retrieved), _r4(b.scores))),
-                           "plan": _plan(b.plan, api), "tokens": _tokens(b)}
+                           "plan": _plan(b.plan, api), "tokens": _tokens(b), "excluded": b.excluded}
+    if b.trace is not None:
+        out["trace"] = trace_text(b.trace)
+    if b.errors:
+        out["errors"] = dict(sorted(b.errors.items()))
+    if b.failure is not None:
+        out["failure"] = [b.failure.kind, b.failure.error]
+    if b.side is not None:
+        out["side"] = b.side
     if isinstance(b, PtrBlock):
         out |= {"stubs": [[s.name, s.reasoning, s.rule, s.example_copy] for s in b.stubs],
                 "hits": [lists((tuple(api(x) for x in h), _r4(b.stub_scores[i] if i < len(b.stub_scores) else [])))
@@ -192,6 +216,8 @@ def _record_view(r: Record, obs: Obs, k: int, query: int, side: int, api: _Inter
         flags.append("fallback")
     if r.ptr is not None and r.ptr.excluded:
         flags.append("excluded")
+    if r.failed_blocks:
+        flags.append("failed")
     out["flags"] = flags
     for a in names:
         if (b := r.arch(a)) is not None:

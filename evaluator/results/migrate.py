@@ -20,9 +20,13 @@ Versions:
   (architectures are plugins: hyde, rewrite, fusion, route, a user's class); before it, `rtp` and `ptr` were
   top-level keys of the line. `record` moves them (`archs_mapping`); their blocks are unchanged.
 - 5: a `queries.jsonl` line may carry `grades` (graded relevance, a BEIR folder's qrels scores: `{api id: grade}`);
-  meta.json's `settings.data` holds `split` and `subset_field`. Nothing to move: a line without `grades` has
-  binary gold (every gold id grade 1), as every line before 5, and a section's missing key is its default. The
-  version says that an evaluator of 4, which would score graded gold as binary, must not read the folder.
+  meta.json's `settings.data` holds `split` and `subset_field`; a block may carry `failure: {"kind", "error"}` (the
+  architecture failed on the query: `arch_error`, `contract`, `timeout`, `cycle`; the block is not scored), and
+  every block with `errors` (an own call that failed for good) is left out of the metrics and gets no planner
+  call. Nothing to move: a line without `grades` has binary gold (every gold id grade 1), as every line before 5,
+  a line of 4 has no `failure`, and a section's missing key is its default. The version says that an evaluator
+  of 4, which would score graded gold as binary and a failed block as one that retrieved nothing, must not read
+  the folder.
 
 `queries.jsonl` lines carry no version of their own: they are written only together with meta.json, and
 the folder's meta.json version applies to them (a field on every line would change every line of the
@@ -117,7 +121,7 @@ def record(d: Mapping[str, Any], version: int) -> Mapping[str, Any]:
     """A `queries.jsonl` line of a folder whose meta.json is of `version` -> FORMAT_VERSION (fields added
     since 0.1.0 have defaults that mean "not recorded"); `schema.OutputDir.read_records` sends an older
     folder's lines through it. 3 -> 4: the top-level `rtp` / `ptr` blocks into the `archs` mapping; 4 -> 5: none
-    (a line without `grades` is binary gold)."""
+    (a line without `grades` is binary gold; no block of 4 carries `failure`)."""
     return archs_mapping(d) if version < 4 else d
 
 

@@ -139,6 +139,21 @@ class PlanBlock:
         return self.finish_reason == TRUNCATED
 
 
+# Why an architecture's block holds no result for a query (`ArchBlock.failure`): its `retrieve` raised
+# (`arch_error`), broke the contract of `study.archs.Discovery` (`contract`: ids not of the registry, scores not
+# finite, a trace that is not JSON, ...), ran past `[run] arch_timeout_s` of its own time (`timeout`), or waited on
+# its own outcome through another's (`cycle`). The block is not scored and no planner is called for it.
+FAILURE_KINDS: tuple[str, ...] = ("arch_error", "contract", "timeout", "cycle")
+
+
+@dataclass
+class BlockFailure:
+    """An architecture that failed on one query: the kind (FAILURE_KINDS) and the first error, one line."""
+
+    kind: str
+    error: str
+
+
 @dataclass
 class ArchBlock:
     """One architecture's outcome for one query (`Record.archs[name]`). The fields after `tokens` are written
@@ -154,11 +169,14 @@ class ArchBlock:
     trace: dict[str, Any] | None = Field(default=None, exclude_if=_absent)
     # Own calls (not the planner) that failed for good: call name -> error kind; the architecture is not scored.
     errors: dict[str, str] | None = Field(default=None, exclude_if=_absent)
+    # The architecture itself failed on this query (FAILURE_KINDS): no list, no planner, not scored (format 5).
+    failure: BlockFailure | None = Field(default=None, exclude_if=_absent)
 
     @property
     def excluded(self) -> bool:
-        """A call the list depends on failed for good: nothing to judge, the architecture is not scored."""
-        return bool(self.errors)
+        """Nothing to judge, the architecture is not scored for the query (no metric, no test, no planner call):
+        a call its list depends on failed for good, or the architecture failed (`failure`)."""
+        return bool(self.errors) or self.failure is not None
 
     @property
     def plan_usable(self) -> bool:
@@ -198,8 +216,9 @@ class PtrBlock(ArchBlock):
 
     @property
     def excluded(self) -> bool:
-        """A discovery call that failed for good leaves no stubs to judge: PtR is not scored for the query."""
-        return bool(self.discovery_llm_error)
+        """A discovery call that failed for good leaves no stubs to judge: PtR is not scored for the query (nor
+        when the architecture failed, `failure`)."""
+        return bool(self.discovery_llm_error) or self.failure is not None
 
     @property
     def stub_names(self) -> list[str]:
@@ -318,6 +337,13 @@ class Record:
                 out.append(b.discovery_llm_error_kind or "error")
             out += list((b.errors or {}).values())
         return out
+
+    @property
+    def failed_blocks(self) -> list[tuple[str, BlockFailure]]:
+        """(architecture, failure) of each block whose architecture failed on this query (`ArchBlock.failure`); a
+        block that took another's outcome (route) is not counted again."""
+        return [(name, b.failure) for name, b in self.archs.items()
+                if b.failure is not None and not (b.side is not None and b.side in self.archs)]
 
     def to_dict(self) -> dict[str, Any]:
         return plain(self)
@@ -542,7 +568,7 @@ class Meta:
 
     # settings that name places or machine resources, not the study: they stay out of summary.json
     VOLATILE_SETTINGS = {"data": ("dir", "tools", "queries"), "embed": ("device", "batch_size"),
-                         "run": ("cache_dir", "out")}
+                         "run": ("cache_dir", "out", "arch_timeout_s")}
 
     def study_view(self) -> dict[str, Any]:
         """What the study's numbers depend on (summary.json's `meta`): no paths, timings or accounting."""

@@ -11,7 +11,10 @@ occurs twice counts twice, as in `bm25s.BM25.get_scores`).
 
 Search scores every document in float64 (one sparse product for a block of queries) and ranks by score,
 ties to the higher registry row (as the dense index orders them); a query that matches fewer than k documents
-is padded with score-0 documents in the same order, so every list is k long, like the dense one.
+is padded with score-0 documents in the same order, so every list is k long, like the dense one (bm25s's own
+`retrieve` does the same). A query that matches no document at all (none of its tokens is in the registry, or
+in the sub-registry searched) finds nothing: its row of the result is `NO_HIT` (row -1, score -inf) throughout,
+never the registry's first or last rows scored 0; `search.from_hits` and every merge leave those cells out.
 
 Cache: `<cache>/bm25/<digest>.npz` (core.cache_layout), the digest over the texts (in order), the tokenizer, the scoring
 parameters and bm25s's version. The file carries a checksum of its arrays; one that is unreadable or fails
@@ -41,6 +44,7 @@ TOKENIZER = "split-identifiers(_ camelCase) + bm25s.tokenize(lower, stopwords=en
 METHOD, K1, B = "lucene", 1.5, 0.75
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 _BLOCK = 512  # queries per sparse product: bounds the (block, registry) result
+NO_HIT = -1  # the row of a cell of a search result that holds no document (a text that matched nothing)
 
 
 class LexicalError(UserError):
@@ -154,6 +158,10 @@ class BM25Index:
                 cols, vals = prod.indices[a:b].astype(np.int64), prod.data[a:b]
                 keep = vals > 0 if member is None else (vals > 0) & member[cols]
                 cols, vals = cols[keep], vals[keep]
+                if not len(cols):  # no token of the text in the (sub-)registry: nothing found, no padding
+                    out_s[i], out_r[i] = -np.inf, NO_HIT
+                    i += 1
+                    continue
                 order = np.lexsort((-cols, -vals))[:k]
                 cols, vals = cols[order], vals[order]
                 if len(cols) < k:

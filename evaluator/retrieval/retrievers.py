@@ -3,7 +3,8 @@
 Every architecture searches through one of these, so each works with every retriever:
 - `dense`: the texts embedded (the study's embedder and its cache) and searched exactly (`VectorIndex`,
   float64 re-scored; `SearchMemo` keeps every vector's result in `cache/searches/`). Score: cosine.
-- `bm25`: Okapi BM25 over the registry's texts (`lexical`, bm25s). Score: BM25.
+- `bm25`: Okapi BM25 over the registry's texts (`lexical`, bm25s). Score: BM25. A text with no token in the
+  registry finds nothing (its row is `lexical.NO_HIT`), and is told to `on_no_match` (counted, warned once).
 - `hybrid`: reciprocal-rank fusion of the two, score(t) = Σ_r 1 / (60 + rank_r(t)) over the dense and the
   BM25 list of the text (ranks from 1), each taken to its top `FUSION_DEPTH`; an API outside one list's
   top `FUSION_DEPTH` gets nothing from that list. Score: the RRF score (at most 2/61).
@@ -15,7 +16,7 @@ merges the same way for every retriever: the best score any of its texts gives a
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from evaluator.retrieval.embed import Embedder
 from evaluator.retrieval.index import SearchMemo, VectorIndex
-from evaluator.retrieval.lexical import BM25Index
+from evaluator.retrieval.lexical import NO_HIT, BM25Index
 
 K = TypeVar("K", bound=Hashable)
 RRF_K = 60  # the constant of Cormack et al. (2009), as ranx and the tool-retrieval papers use it
@@ -63,11 +64,15 @@ class Dense:
 class Lexical:
     name = "bm25"
 
-    def __init__(self, index: BM25Index) -> None:
-        self.index = index
+    def __init__(self, index: BM25Index, on_no_match: Callable[[str], None] | None = None) -> None:
+        self.index, self.on_no_match = index, on_no_match
 
     def search(self, texts: Sequence[str], k: int) -> Hits:
-        return self.index.search(list(texts), k)
+        scores, rows = self.index.search(list(texts), k)
+        if self.on_no_match is not None and rows.size:
+            for i in np.flatnonzero(rows[:, 0] == NO_HIT):
+                self.on_no_match(texts[int(i)])
+        return scores, rows
 
 
 class Hybrid:
@@ -100,14 +105,14 @@ def rrf(lists: Sequence[np.ndarray], k: int, c: int = RRF_K) -> Hits:
     out_r = np.zeros((n, 0), np.int64)
     ranked_s, ranked_r = [], []
     for q in range(n):
-        score = rrf_scores((rows[q].tolist() for rows in lists), c)
+        score = rrf_scores(([r for r in rows[q].tolist() if r != NO_HIT] for rows in lists), c)
         best = sorted(score.items(), key=lambda rs: (-rs[1], -rs[0]))[:k]
         ranked_r.append([r for r, _ in best])
         ranked_s.append([s for _, s in best])
-    if n:
-        width = min(len(r) for r in ranked_r)
-        out_r = np.array([r[:width] for r in ranked_r], np.int64).reshape(n, width)
-        out_s = np.array([s[:width] for s in ranked_s], np.float64).reshape(n, width)
+    if n:  # rectangular: a shorter list (a text neither list found much for) padded with NO_HIT cells
+        width = max(len(r) for r in ranked_r)
+        out_r = np.array([r + [NO_HIT] * (width - len(r)) for r in ranked_r], np.int64).reshape(n, width)
+        out_s = np.array([s + [-np.inf] * (width - len(s)) for s in ranked_s], np.float64).reshape(n, width)
     return out_s, out_r
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from evaluator.retrieval.index import VectorIndex
+from evaluator.retrieval.lexical import NO_HIT
 
 
 @dataclass
@@ -31,9 +32,14 @@ def rtp(index: VectorIndex, query_vecs: np.ndarray, k_max: int) -> list[Retrieve
 
 
 def from_hits(hits: tuple[np.ndarray, np.ndarray]) -> list[Retrieved]:
-    """One `Retrieved` per searched text, from a retriever's (scores, rows)."""
+    """One `Retrieved` per searched text, from a retriever's (scores, rows); cells that hold no document
+    (`lexical.NO_HIT`: BM25 found nothing for the text) are left out."""
     scores, rows = hits
-    return [Retrieved(r.tolist(), s.tolist()) for s, r in zip(scores, rows, strict=True)]
+    out = []
+    for s, r in zip(scores, rows, strict=True):
+        found = r != NO_HIT
+        out.append(Retrieved(r.tolist(), s.tolist()) if found.all() else Retrieved(r[found].tolist(), s[found].tolist()))
+    return out
 
 
 def ptr(
@@ -60,19 +66,20 @@ def ptr_from_hits(
     out: list[Retrieved] = []
     for stubs in by_query:
         best: dict[int, float] = {}
-        for j in stubs:
-            for r, s in zip(rows[j].tolist(), scores[j].tolist(), strict=True):
+        hits = [from_hits((scores[j : j + 1], rows[j : j + 1]))[0] for j in stubs]  # NO_HIT cells left out
+        for h in hits:
+            for r, s in zip(h.rows, h.scores, strict=True):
                 if s > best.get(r, -np.inf):
                     best[r] = s
         # Ties go to the higher registry row, as in `VectorIndex.exact_search` and FAISS.
         ranked = sorted(best.items(), key=lambda rs: (-rs[1], -rs[0]))[:k_max]
-        width = {k: len({r for j in stubs for r in rows[j, :k].tolist()}) for k in ks}
+        width = {k: len({r for h in hits for r in h.rows[:k]}) for k in ks}
         out.append(
             Retrieved(
                 rows=[r for r, _ in ranked],
                 scores=[s for _, s in ranked],
-                stub_rows=[rows[j].tolist() for j in stubs],
-                stub_scores=[scores[j].tolist() for j in stubs],
+                stub_rows=[h.rows for h in hits],
+                stub_scores=[h.scores for h in hits],
                 width=width,
             )
         )
@@ -87,6 +94,8 @@ def ptr_rows(scores: np.ndarray, rows: np.ndarray, owners: Sequence[int], n_quer
         return [[] for _ in range(n_queries)]
     o = np.repeat(np.asarray(owners, dtype=np.int64), rows.shape[1])
     r, s = rows.ravel(), scores.ravel()
+    found = r != NO_HIT  # a BM25 stub that matched nothing adds nothing
+    o, r, s = o[found], r[found], s[found]
     order = np.lexsort((-s, r, o))  # per (query, row): its best score first
     o, r, s = o[order], r[order], s[order]
     best = np.ones(len(o), dtype=bool)

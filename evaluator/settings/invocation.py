@@ -28,6 +28,7 @@ class ProfileOverrides:
     tpm: float | None = None
     max_tokens: int | None = None
     timeout_s: float | None = None
+    structured: str | None = None  # how each prompt's JSON schema is sent (the profile's choices)
 
     def as_kwargs(self) -> dict[str, Any]:
         """The flags given; their types and ranges are the profile's (`ModelProfile`), checked in `settings.load`."""
@@ -53,6 +54,7 @@ class Invocation:
     batch: Literal["submit", "cancel"] | None = None
     dry_run: bool = False  # --dry-run: plan the calls, tokens, cost and time; send nothing
     overwrite: bool = False  # --overwrite: --out may hold another study's results; they are replaced, not merged
+    fail_fast: bool = False  # --fail-fast: the first architecture that fails on a query stops the run (plugin authors)
     overrides: ProfileOverrides = field(default_factory=ProfileOverrides)
     # settings given as flags (not from the file), by dotted name ("retrieval.ks")
     cli_keys: frozenset[str] = frozenset()

@@ -41,7 +41,7 @@ FLAGS = {"data.dir": "--data", "embed.model": "--embedder", "run.models": "--mod
          "analysis.scaling_sizes": "--sizes", "analysis.scaling_seeds": "--seeds", "analysis.scaling_subsets": "--subsets",
          "analysis.routing_train": "--train", "analysis.routing_test": "--test", "analysis.routing_folds": "--folds",
          "analysis.routing_seed": "--seed", "stop_grace_s": "--stop-grace", "timeout_s": "--timeout",
-         "budget_usd": "--budget"}
+         "budget_usd": "--budget", "run.arch_timeout_s": "--arch-timeout"}
 
 
 def flag(name: str) -> str:

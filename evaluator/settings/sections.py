@@ -123,6 +123,9 @@ class RetrievalSettings:
 
 
 _BOTH: tuple[str, ...] = ("rtp", "ptr")
+# An architecture's own time on one query: far above any built-in's (milliseconds) or a sane plugin's, short of
+# a study that waits forever on one that hangs.
+ARCH_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,9 @@ class RunSettings:
     archs: tuple[Arch, ...] = Field(default=_BOTH, min_length=1)
     # route's τ on RtP's top-1 score; None: the median of the study's top-1 scores (study/archs/route.py)
     route_tau: float | None = Field(default=None, allow_inf_nan=False, exclude_if=lambda v: v is None)
+    # An architecture's own time on one query (its `retrieve`, outside the model calls, searches and other
+    # architectures' outcomes it waits on), seconds; past it the query's block is a `timeout` (study/runner.py).
+    arch_timeout_s: float = Field(default=ARCH_TIMEOUT_S, gt=0, le=86_400, allow_inf_nan=False)
     cache_dir: str = "cache"
     out: str = ""
 

@@ -30,6 +30,7 @@ selection (pass rate).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import json
@@ -227,6 +228,17 @@ def _candidates(text: str) -> Iterator[_Found]:
         if end is None:
             return  # the rest of the text is inside the cut-off value
         covered = end
+
+
+def parse_json(text: str | None) -> tuple[Any, str | None]:
+    """The JSON answer of a reply as the study's own parsers find it (the whole reply, a ```json fence, else the
+    first object or array in prose; a think block and code in other languages skipped): (value, None), or
+    (None, why) when the reply holds none (prose, a refusal, an empty reply). For a plugin's own prompts."""
+    if text is None or not text.strip():
+        return None, "empty reply"
+    for found in _candidates(text):
+        return found.value, None
+    return None, _no_json_reason(text, False, "value")
 
 
 def _no_json_reason(text: str, found_json: bool, what: str) -> str:
@@ -469,8 +481,9 @@ _QUERY_KEYS = ("query", "search_query", "rewritten_query", "rewrite", "q")
 
 
 def parse_query(text: str | None, request: str | None = None) -> tuple[str, str | None]:
-    """Parse a rewrite reply into its one search query: {"query": ...} (or a bare JSON string); a reply
-    with no JSON at all is read as the query itself when it is one short line. Returns (query, error).
+    """Parse a rewrite reply into its one search query: {"query": ...} (or a bare JSON string). The prompt asks
+    for JSON only, so a reply with no JSON (prose, a refusal, a bare line) is no query: error "no JSON found in
+    reply", never searched as if it were one. Returns (query, error).
     With `request`: the prompt's example query repeated for a request that has nothing to do with it is
     no query (error "copied the prompt's example")."""
     query, err = _query_of(text)
@@ -490,10 +503,13 @@ def _query_of(text: str | None) -> tuple[str, str | None]:
             q = _first(value, _QUERY_KEYS)
             if isinstance(q, str) and q.strip():
                 return " ".join(q.split()), None
-    bare = _THINK_RE.sub("", text).strip().strip("`\"'")
-    if bare and "\n" not in bare and "{" not in bare and len(bare) <= 300:
-        return " ".join(bare.split()), None
-    return "", "reply holds no query"
+    bare = _THINK_RE.sub("", text).strip()
+    if bare.startswith('"'):  # the whole reply one JSON string
+        with contextlib.suppress(ValueError):
+            value = json.loads(bare)
+            if isinstance(value, str) and value.strip():
+                return " ".join(value.split()), None
+    return "", _no_json_reason(text, any(True for _ in _candidates(text)), "query")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ follow, and its embeddings come from the on-disk cache on every later invocation
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,9 @@ class Study:
     warnings: Warnings
     timings: dict[str, float] = field(default_factory=dict)
     retriever: Retriever | None = None  # what every architecture searches with (None: dense over `index`)
+    # A BM25 text that shares no token with the registry (it retrieves nothing): counted in `warnings`, told once.
+    no_match: Callable[[str], None] = field(default=lambda _text: None, repr=False)
+    warn: Callable[[str], None] = field(default=lambda _message: None, repr=False)  # a warning on stderr
 
     @property
     def subsets(self) -> dict[str, int]:
@@ -115,21 +119,52 @@ def prepare(inputs: Inputs, *, embed: EmbedSettings, retrieval: RetrievalSetting
 
     t = time.perf_counter()
     index = VectorIndex(api_vecs, device=embedder.device)  # FAISS on a CPU, torch on a GPU
-    retriever = make_retriever(retrieval, embedder, index, registry, reporter)
+    no_match = NoMatch(inputs.warnings, reporter.warn)
+    retriever = retriever_of(retrieval.retriever, embedder, index, registry, {}, reporter.warn, no_match)
     if isinstance(retriever, Dense):
         rtp = retrieve.rtp(index, query_vecs, retrieval.k_max)  # the vectors are at hand: no second encode
     else:
         rtp = retrieve.from_hits(retriever.search([q.text for q in queries], retrieval.k_max))
     timings["rtp_search_s"] = time.perf_counter() - t
     return Study(retrieval, run, inputs.data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp,
-                 inputs.warnings, timings, retriever)
+                 inputs.warnings, timings, retriever, no_match, reporter.warn)
 
 
-def make_retriever(retrieval: RetrievalSettings, embedder: Embedder, index: VectorIndex, registry: Registry,
-                   reporter: Reporter = SILENT) -> Retriever:
-    """The `--retriever` of the settings over this registry; the BM25 index from the cache when there."""
-    dense = Dense(embedder, index, searches_folder(embedder.cache_dir))
-    if retrieval.retriever == "dense":
+class NoMatch:
+    """A BM25 text with no token in the registry (`retrieval.lexical`: it finds nothing): each distinct one counted
+    in the study's data warnings (meta.json, the report; a text searched again, by another run or a batch's
+    collect pass, once), the first also told on stderr."""
+
+    KIND = "bm25_no_match"
+
+    def __init__(self, warnings: Warnings, warn: Callable[[str], None]) -> None:
+        self.warnings, self.warn = warnings, warn
+        self.seen: set[str] = set()
+
+    def __call__(self, text: str) -> None:
+        if text in self.seen:
+            return
+        self.seen.add(text)
+        shown = text if len(text) <= 120 else text[:117] + "..."
+        if len(self.seen) == 1:
+            self.warn(f"BM25: {shown!r} shares no token with the registry, so it retrieves nothing; every such text "
+                      f"is counted under {self.KIND} in meta.json and the report's data warnings")
+        self.warnings.add(self.KIND, shown)
+
+
+def retriever_of(name: str, embedder: Embedder, index: VectorIndex, registry: Registry,
+                 have: Mapping[str, Retriever], warn: Callable[[str], None] = SILENT.warn,
+                 no_match: Callable[[str], None] | None = None) -> Retriever:
+    """The retriever `name` (dense, bm25, hybrid) over this registry, reusing those of `have` (by name); the BM25
+    index from the cache when there."""
+    dense = have.get("dense") or Dense(embedder, index, searches_folder(embedder.cache_dir))
+    if name == "dense":
         return dense
-    lexical = Lexical(load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0])
-    return lexical if retrieval.retriever == "bm25" else Hybrid(dense, lexical)
+    lexical = have.get("bm25") or Lexical(load_index(registry.texts(), embedder.cache_dir, warn)[0], no_match)
+    return lexical if name == "bm25" else Hybrid(dense, lexical)
+
+
+def build_retriever(name: str, study: Study, have: Mapping[str, Retriever]) -> Retriever:
+    """A retriever an architecture asks for by name (`Context.search(..., retriever=)`), over the study's registry
+    and index, reusing those the study has (`have`)."""
+    return retriever_of(name, study.embedder, study.index, study.registry, have, study.warn, study.no_match)

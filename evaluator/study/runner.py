@@ -8,6 +8,14 @@ Each architecture (`study.archs`: rtp, ptr, hyde, rewrite, fusion, route, a plug
 query through a `Context`; the runner then makes the one planner call with its top k and writes its block
 into `Record.archs`. Per (model, run, query) every architecture's outcome is computed once, whoever asks
 (fusion and route reuse RtP's and PtR's), each in its own task.
+
+The seam is checked per query: what `retrieve` returns (`archs.check_discovery`), what it hands `ctx.search` and
+`ctx.chat`, its own time (wall time outside the model calls, searches and outcomes it waits on: `[run]
+arch_timeout_s`) and the outcomes it waits on (a wait that would close a cycle is refused, never awaited). An
+architecture that raises, breaks the contract, runs out of time or closes a cycle fails that query's block only
+(`ArchBlock.failure`, kinds `results.schema.FAILURE_KINDS`): no planner call, not scored, counted; the study goes
+on (`fail_fast`: the first stops it). What the engine or the search raise (a bad key, a spent budget, a full
+disk) still stops the run, whichever architecture's call met it.
 """
 
 from __future__ import annotations
@@ -23,19 +31,21 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from evaluator.core.aio import cancel_all, gather_all
+from evaluator.core.errors import EvaluatorError
+from evaluator.core.redact import redact
 from evaluator.data import Query, Registry
 from evaluator.llm import ChatResult
-from evaluator.results.schema import ArchBlock, PlanBlock, PtrBlock, Record, Tokens, round6
+from evaluator.results.schema import ArchBlock, BlockFailure, PlanBlock, PtrBlock, Record, Tokens, round6
 from evaluator.retrieval import search as retrieve
-from evaluator.retrieval.index import searches_folder
-from evaluator.retrieval.retrievers import Dense, Retriever
+from evaluator.retrieval.retrievers import Retriever
 from evaluator.retrieval.search import Retrieved
 from evaluator.settings.paths import resolve_path
+from evaluator.settings.sections import RETRIEVER_CHOICES
 from evaluator.study import archs as arch_units
 from evaluator.study import prompts
-from evaluator.study.archs import ArchError, Architecture, Context, Discovery, Hits, Searched
+from evaluator.study.archs import ArchError, ArchFailure, Architecture, Context, Discovery, Hits, Searched
 from evaluator.study.parse import Plan, parse_plan
-from evaluator.study.prepare import Study
+from evaluator.study.prepare import Study, build_retriever
 
 T = TypeVar("T")
 # The architecture whose task makes a call (the dry run counts calls per architecture by it).
@@ -54,9 +64,10 @@ class ChatClient(Protocol):
 
 
 class StubSearch(Protocol):
-    """Embeds and searches one query's stub texts; `serve` runs for the pipeline's lifetime."""
+    """Embeds and searches one query's stub texts (with the study's retriever, or another by name);
+    `serve` runs for the pipeline's lifetime."""
 
-    async def retrieve(self, texts: list[str]) -> Retrieved: ...
+    async def retrieve(self, texts: list[str], retriever: str | None = None) -> Retrieved: ...
 
     async def serve(self) -> None: ...
 
@@ -98,21 +109,27 @@ class StubBatcher:
 
     Waiting for the slowest discovery reply before embedding would leave the planner idle; embedding
     each reply alone would pay one model call and one FAISS call per query. Instead every reply that
-    arrives while a batch is being processed joins the next batch.
+    arrives while a batch is being processed joins the next batch (one batch per retriever asked for).
     """
 
     def __init__(self, study: Study) -> None:
         self.study = study
-        self.queue: asyncio.Queue[tuple[list[str], asyncio.Future[Retrieved]]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[list[str], str | None, asyncio.Future[Retrieved]]] = asyncio.Queue()
         self.batches = 0
-        # The study's retriever. Dense (the default, and a `Study` built without one) searches every stub
-        # vector once, ever: a rerun's stubs come from the cache folder's `searches/` (the stub search was
-        # most of a warm rerun's LLM stage).
-        self.retriever: Retriever | None = study.retriever  # made on the first search when None
+        # The study's retriever and any other an architecture asks for by name (`Context.search(..., retriever=)`),
+        # each made on its first search and kept. Dense (the default, and a `Study` built without one) searches
+        # every stub vector once, ever: a rerun's stubs come from the cache folder's `searches/` (the stub search
+        # was most of a warm rerun's LLM stage).
+        self.retrievers: dict[str, Retriever] = {}
+        if study.retriever is not None:
+            self.retrievers[study.retriever.name] = study.retriever
+            for part in (getattr(study.retriever, "dense", None), getattr(study.retriever, "lexical", None)):
+                if part is not None:  # hybrid: its two parts serve a search by name too
+                    self.retrievers[part.name] = part
 
-    async def retrieve(self, texts: list[str]) -> Retrieved:
+    async def retrieve(self, texts: list[str], retriever: str | None = None) -> Retrieved:
         fut: asyncio.Future[Retrieved] = asyncio.get_running_loop().create_future()
-        await self.queue.put((texts, fut))
+        await self.queue.put((texts, retriever, fut))
         return await fut
 
     async def serve(self) -> None:
@@ -123,26 +140,36 @@ class StubBatcher:
             await asyncio.sleep(_LINGER_S)
             while not self.queue.empty():
                 items.append(self.queue.get_nowait())
-            try:
-                results = await asyncio.to_thread(self._search, [t for t, _ in items])
-            except Exception as e:  # a failing batch must not leave its planners waiting forever
-                for _, fut in items:
+            by_retriever: dict[str, list[tuple[list[str], asyncio.Future[Retrieved]]]] = {}
+            for texts, name, fut in items:
+                by_retriever.setdefault(name or self.study.retrieval.retriever, []).append((texts, fut))
+            for name, group in by_retriever.items():
+                try:
+                    results = await asyncio.to_thread(self._search, [t for t, _ in group], name)
+                except Exception as e:  # a failing batch must not leave its planners waiting forever
+                    for _, fut in group:
+                        if not fut.done():
+                            fut.set_exception(e)
+                    continue
+                for (_, fut), r in zip(group, results, strict=True):
                     if not fut.done():
-                        fut.set_exception(e)
-                continue
-            for (_, fut), r in zip(items, results, strict=True):
-                if not fut.done():
-                    fut.set_result(r)
+                        fut.set_result(r)
 
-    def _search(self, per_query: list[list[str]]) -> list[Retrieved]:
+    def retriever(self, name: str) -> Retriever:
+        """The retriever of that name, made on first use (`study.prepare.build_retriever`) and kept."""
+        got = self.retrievers.get(name)
+        if got is None:
+            got = build_retriever(name, self.study, self.retrievers)
+            self.retrievers[name] = got
+        return got
+
+    def _search(self, per_query: list[list[str]], name: str) -> list[Retrieved]:
         self.batches += 1
         s = self.study.retrieval
         texts = [t for ts in per_query for t in ts]
         owners = [q for q, ts in enumerate(per_query) for _ in ts]
         # every stub searched by the retriever; merged by the retriever's own score, the best over stubs
-        if self.retriever is None:
-            self.retriever = Dense(self.study.embedder, self.study.index, searches_folder(self.study.embedder.cache_dir))
-        scores, rows = self.retriever.search(texts, s.k_max)
+        scores, rows = self.retriever(name).search(texts, s.k_max)
         return retrieve.ptr_from_hits(scores, rows, owners, len(per_query), s.k_max, sorted(set(s.ks)))
 
 
@@ -216,6 +243,46 @@ class _Query:
         self.base = contextvars.copy_context()
         self.done: dict[tuple[str, str], asyncio.Future[Any]] = {}
         self.tasks: list[asyncio.Task[Any]] = []
+        # Who waits on whom now: (kind, name) -> the (kind, name)s it awaits (an outcome on the outcomes it asked
+        # for, a router's planned block on its side's); a wait that would close a circle is refused (`wait`).
+        self.waiting: dict[tuple[str, str], Counter[tuple[str, str]]] = {}
+        self.deferred: set[str] = set()  # architectures whose outcome rests on a deferred call (a collect pass)
+
+    def _path(self, start: tuple[str, str], goal: tuple[str, str]) -> list[tuple[str, str]] | None:
+        """A chain of waits from `start` to `goal`, if any."""
+        paths = [[start]]
+        seen = {start}
+        while paths:
+            path = paths.pop()
+            if path[-1] == goal:
+                return path
+            for nxt in self.waiting.get(path[-1], ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    paths.append([*path, nxt])
+        return None
+
+    def cycle(self, waiter: tuple[str, str], awaited: tuple[str, str]) -> ArchFailure | None:
+        """The `cycle` failure of `waiter` waiting on `awaited` when `awaited` waits, through others, on `waiter`
+        (that wait would never end), else None."""
+        path = self._path(awaited, waiter)
+        if path is None:
+            return None
+        return ArchFailure("cycle", f"waits on its own outcome: {' -> '.join(n for _, n in [waiter, *path])}")
+
+    async def wait(self, waiter: tuple[str, str], awaited: tuple[str, str], aw: Awaitable[T]) -> T:
+        """`await aw` (the outcome or planned block `awaited`) on behalf of `waiter`, unless that closes a cycle."""
+        failure = self.cycle(waiter, awaited)
+        if failure is not None:
+            raise failure
+        edges = self.waiting.setdefault(waiter, Counter())
+        edges[awaited] += 1
+        try:
+            return await aw
+        finally:
+            edges[awaited] -= 1
+            if not edges[awaited]:
+                del edges[awaited]
 
     def spawn(self, kind: str, name: str, make: Callable[[], Coroutine[Any, Any, T]]) -> Awaitable[T]:
         """`make()` once, in a task of its own tagged with the architecture's name."""
@@ -249,10 +316,88 @@ class _Query:
         return value
 
 
+class _OwnTime:
+    """An architecture's own time on one query: the wall time of its `retrieve` outside the seams (model calls,
+    searches, other architectures' outcomes, which may wait as long as a provider's limits make them), held to
+    `limit`. One timer per `retrieve`, set `limit` seconds on; when it fires it cancels the task only if the
+    time outside the seams has reached `limit`, else it is set again for what is left (a built-in spends
+    microseconds outside them; a plugin that awaits something else forever times out). Entering and leaving a
+    seam only reads the clock."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.loop = asyncio.get_running_loop()
+        self.start = self.loop.time()
+        self.in_seams = 0.0  # seconds spent with a seam awaited, up to `since`
+        self.inside = 0  # seams awaited now (an architecture may await several at once)
+        self.since = 0.0  # when the seams now awaited began
+        self.task: asyncio.Task[Any] | None = None
+        self.cancelling = 0
+        self.handle: asyncio.TimerHandle | None = None
+        self.expired = False
+        self.seam_error: BaseException | None = None  # what a seam raised (the engine's, the search's): not the arch's
+
+    def arm(self) -> None:
+        self.task = asyncio.current_task()
+        assert self.task is not None
+        self.cancelling = self.task.cancelling()
+        self.handle = self.loop.call_at(self.start + self.limit, self._check)
+
+    def disarm(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        own = now - self.start - self.in_seams - (now - self.since if self.inside else 0.0)
+        if own < self.limit:
+            self.handle = self.loop.call_at(now + self.limit - own, self._check)
+            return
+        self.handle = None
+        self.expired = True
+        assert self.task is not None
+        self.task.cancel()
+
+    def timed_out(self) -> bool:
+        """Whether a CancelledError out of retrieve is this timer's (not a stop of the run's)."""
+        return self.expired and self.task is not None and self.task.uncancel() <= self.cancelling
+
+    def enter(self) -> None:
+        if not self.inside:
+            self.since = self.loop.time()
+        self.inside += 1
+
+    def leave(self, error: BaseException | None = None) -> None:
+        self.inside -= 1
+        if not self.inside:
+            self.in_seams += self.loop.time() - self.since
+        if error is not None and not isinstance(error, ArchFailure):
+            self.seam_error = error  # another architecture's failure, or a cycle, is this one's to handle
+
+
+class _Names:
+    """The architectures a router's `side` may name: this run's, the built-ins asked for, every built-in."""
+
+    def __init__(self, runner: StudyRunner) -> None:
+        self.runner = runner
+
+    def __contains__(self, name: object) -> bool:
+        r = self.runner
+        return name in r.archs or name in r._helpers or name in arch_units.BUILTIN
+
+
+def _line(e: BaseException | str, limit: int = 400) -> str:
+    """An error as one bounded line, keys redacted (it is saved in the record and printed)."""
+    text = " ".join(str(e).split())
+    return redact(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
 class StudyRunner:
     def __init__(self, study: Study, clients: Mapping[str, ChatClient], progress: Ticker | None = None,
                  batcher: StubSearch | None = None, on_deferred: OnDeferred | None = None,
-                 archs: Mapping[str, tuple[str, Architecture]] | None = None, sink: Sink | None = None) -> None:
+                 archs: Mapping[str, tuple[str, Architecture]] | None = None, sink: Sink | None = None,
+                 fail_fast: bool = False) -> None:
         self.study = study
         self.clients = clients
         self.progress = progress or _NoProgress()
@@ -264,6 +409,9 @@ class StudyRunner:
         self.archs = dict(archs) if archs is not None else study_archs(study)
         self._helpers: dict[str, tuple[str, Architecture]] = {}  # built-ins asked for by another, not in --archs
         self.arch_calls: Counter[tuple[str, str]] = Counter()  # (model, architecture) -> chat calls it made
+        self.registry_view = arch_units.RegistryView(self.reg)
+        self._names = _Names(self)
+        self.fail_fast = fail_fast  # the first failed block stops the run (ArchError), for plugin authors
 
     def _arch(self, name: str) -> tuple[str, Architecture]:
         got = self.archs.get(name) or self._helpers.get(name)
@@ -291,8 +439,9 @@ class StudyRunner:
         plan = parse_plan(result.content, [(a.id, a.display) for a in apis], lambda n: self.display.get(n.casefold()))
         return result, plan
 
-    async def _search(self, texts: list[str]) -> Searched:
-        r = await self.batcher.retrieve(texts)
+    async def _search(self, texts: list[str], retriever: str | None = None) -> Searched:
+        own = retriever is None or retriever == self.study.retrieval.retriever
+        r = await (self.batcher.retrieve(texts) if own else self.batcher.retrieve(texts, retriever))
         ids = self.reg.ids
         return Searched(Hits([ids[i] for i in r.rows], list(r.scores)),
                         [Hits([ids[i] for i in rows], list(sc)) for rows, sc in zip(r.stub_rows, r.stub_scores,
@@ -305,80 +454,146 @@ class StudyRunner:
         r = self.study.rtp[qi]
         return Hits([self.reg.ids[i] for i in r.rows], list(r.scores))
 
-    def _describe(self, api_id: str) -> tuple[str, str, str]:
-        a = self.reg.apis[self.reg.row[api_id]]
-        return a.tool_name, a.api_name, a.description or ""
-
-    def _context(self, state: _Query) -> Context:
+    def _context(self, state: _Query, name: str, clock: _OwnTime) -> Context:
+        """What architecture `name` is given for the query: every seam goes through `clock` (its own time) and
+        checks what it is handed."""
         unit, qi, s = state.unit, state.qi, self.study.retrieval
         q = self.study.queries[qi]
         return Context(text=q.text, subset=q.subset, query_id=q.query_id, model=unit.model, run=unit.run, k=s.k,
                        k_max=s.k_max, ks=list(s.ks), fallback_to_query=s.fallback_to_query,
-                       query_hits=self._query_hits(qi), _search=self._search,
-                       _chat=functools.partial(self._chat_of, unit.model, unit.run),
-                       _outcome=functools.partial(self._outcome, state), _describe=self._describe)
+                       query_hits=self._query_hits(qi), registry=self.registry_view, retriever=s.retriever,
+                       _search=functools.partial(self._search_seam, clock),
+                       _chat=functools.partial(self._chat_seam, state, name, clock),
+                       _outcome=functools.partial(self._outcome_seam, state, name, clock))
 
-    def _chat_of(self, model: str, run: int, messages: list[dict], version: str,
-                 schema: dict | None) -> Awaitable[ChatResult]:
-        return self._chat(model, messages, run, version, schema)
+    async def _search_seam(self, clock: _OwnTime, texts: Sequence[str], retriever: str | None) -> Searched:
+        if isinstance(texts, str | bytes) or not isinstance(texts, Sequence) \
+                or not all(isinstance(t, str) for t in texts):
+            raise ArchFailure("contract", f"ctx.search takes a list of strings, not {arch_units.shown(texts)}")
+        if retriever is not None and retriever not in RETRIEVER_CHOICES:
+            raise ArchFailure("contract", f"ctx.search(retriever={retriever!r}): one of {', '.join(RETRIEVER_CHOICES)}")
+        clock.enter()
+        try:
+            found = await self._search(list(texts), retriever)
+        except BaseException as e:
+            clock.leave(e)
+            raise
+        clock.leave()
+        return found
+
+    async def _chat_seam(self, state: _Query, name: str, clock: _OwnTime, messages: list[dict], version: str,
+                         schema: dict | None) -> ChatResult:
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str | list)
+                for m in messages):
+            raise ArchFailure("contract", "ctx.chat takes a non-empty list of messages, each a dict with a \"role\" "
+                                          f"and a \"content\" string, not {arch_units.shown(messages)}")
+        if not isinstance(version, str) or not version:
+            raise ArchFailure("contract", f"ctx.chat(prompt_version={version!r}): a non-empty string naming the prompt")
+        if schema is not None and not (isinstance(schema, dict) and isinstance(schema.get("name"), str)
+                                       and isinstance(schema.get("schema"), dict)):
+            raise ArchFailure("contract", "ctx.chat(schema=...): {\"name\": str, \"schema\": a JSON schema dict}, not "
+                                          f"{arch_units.shown(schema)}")
+        unit = state.unit
+        clock.enter()
+        try:
+            result = await self._chat(unit.model, messages, unit.run, version, schema)
+        except BaseException as e:
+            clock.leave(e)
+            raise
+        clock.leave()
+        if result.error_kind == arch_units.DEFERRED_KIND:
+            state.deferred.add(name)
+        return result
+
+    async def _outcome_seam(self, state: _Query, name: str, clock: _OwnTime, other: str) -> Discovery:
+        """Another architecture's outcome for `name` (`Context.outcome`): shared, in its own task if nobody started
+        it; a failure of it is `name`'s to handle (`ArchFailure`), a wait that closes a circle a `cycle`."""
+        if not isinstance(other, str) or not (other in self.archs or other in self._helpers
+                                              or other in arch_units.BUILTIN):
+            raise ArchFailure("contract", f"asked for the outcome of {other!r}, which is neither built-in "
+                                          f"({', '.join(arch_units.BUILTIN)}) nor in --archs")
+        waiter, awaited = ("outcome", name), ("outcome", other)
+        cycle = state.cycle(waiter, awaited)
+        if cycle is not None:
+            raise cycle
+        clock.enter()
+        try:
+            got = await state.wait(waiter, awaited, state.spawn("outcome", other, self._retrieve(state, other)))
+        except ArchFailure as f:
+            clock.leave()
+            raise ArchFailure(f.kind, f"its outcome of {other!r} failed ({f.kind}): {f}") from None
+        except BaseException as e:
+            clock.leave(e)
+            raise
+        clock.leave()
+        if got.deferred or other in state.deferred:
+            state.deferred.add(name)
+        return got
 
     def _retrieve(self, state: _Query, name: str) -> Callable[[], Coroutine[Any, Any, Discovery]]:
-        spec, arch = self._arch(name)
+        _, arch = self._arch(name)
 
         async def make() -> Discovery:
+            clock = _OwnTime(self.study.run.arch_timeout_s)
+            clock.arm()
             try:
-                got = await arch.retrieve(self._context(state))
-            except (ArchError, asyncio.CancelledError):
-                raise
-            except Exception as e:
-                if name in arch_units.BUILTIN:
+                got = await arch.retrieve(self._context(state, name, clock))
+            except ArchFailure:
+                raise  # a seam's contract, a cycle, or an outcome it waited on and let fail
+            except asyncio.CancelledError:
+                if not clock.timed_out():
                     raise
-                raise ArchError(f"--archs {spec}: retrieve raised {type(e).__name__}: {e}") from None
-            return arch_units.check_discovery(got, spec)
+                raise ArchFailure("timeout", f"retrieve ran past [run] arch_timeout_s = {clock.limit:g} s of its own "
+                                             "time (model calls, searches and outcomes it waits on not counted)"
+                                  ) from None
+            except Exception as e:
+                if e is clock.seam_error or isinstance(e, EvaluatorError):
+                    raise  # the engine's or the search's (a bad key, a spent budget, a full disk): the run's
+                raise ArchFailure("arch_error", f"retrieve raised {type(e).__name__}: {_line(e)}") from None
+            finally:
+                clock.disarm()
+            return arch_units.check_discovery(got, self.reg.row, self._names, name)
         return make
-
-    def _outcome(self, state: _Query, name: str) -> Awaitable[Discovery]:
-        """Another architecture's outcome (`Context.outcome`): shared, in its own task if nobody started it."""
-        return state.spawn("outcome", name, self._retrieve(state, name))
 
     def _planned(self, state: _Query, name: str) -> Awaitable[ArchBlock]:
         return state.spawn("planned", name, lambda: self._plan_outcome(state, name))
 
     async def _plan_outcome(self, state: _Query, name: str) -> ArchBlock:
         unit, qi = state.unit, state.qi
-        d = await state.inline("outcome", name, self._retrieve(state, name))
-        if d.side is not None:  # route: the side's whole outcome, planner and tokens included
-            block = copy.deepcopy(await self._planned(state, d.side))
-            block.side, block.trace = d.side, d.trace
-            return block
-        spec, _ = self._arch(name)
+        try:
+            d = await state.inline("outcome", name, self._retrieve(state, name))
+            if d.side is not None:  # a router: the side's whole outcome, planner and tokens included
+                side = await state.wait(("planned", name), ("planned", d.side), self._planned(state, d.side))
+                block = copy.deepcopy(side)
+                block.side, block.trace = d.side, d.trace
+                return block
+        except ArchFailure as f:
+            return self._failed(state, name, f)
         block = d.block if d.block is not None else ArchBlock(trace=d.trace)
         if d.block is not None and d.trace is not None:
             block.trace = d.trace
         k_max = self.study.retrieval.k_max
+        assert d.scores is not None  # check_discovery fills omitted scores
         if len(set(d.ids)) == len(d.ids):  # the common case (every built-in): no id twice
             kept, scores = d.ids[:k_max], d.scores[:k_max]
         else:  # an id listed twice keeps its first (best-placed) place and score
             first = dict(zip(reversed(d.ids), reversed(d.scores), strict=True))
             kept = list(dict.fromkeys(d.ids))[:k_max]
             scores = [first[i] for i in kept]
-        if name not in arch_units.BUILTIN:  # a built-in lists registry ids by construction
-            unknown = [i for i in kept if i not in self.reg.row]
-            if unknown:
-                raise ArchError(f"--archs {spec}: retrieve returned ids that are not in the registry, e.g. "
-                                f"{unknown[0]!r}")
         block.retrieved, block.scores = list(kept), [round6(x) for x in scores]
         tokens = {n: _tokens(r) for n, r in {**d.reused, **d.calls}.items()}
         if not isinstance(block, PtrBlock):
             failed = {n: r.error_kind or "error" for n, r in d.calls.items() if r.error is not None}
             block.errors = failed or None
-        if d.deferred:  # a collect pass: the planner comes once the reply is in
+        if d.deferred or name in state.deferred:  # a collect pass: the planner comes once the reply is in
             if self.on_deferred is not None:
                 self.on_deferred(unit.model, unit.run, qi, name)
             block.tokens = tokens
             return block
-        if not d.plan:
-            # Nothing to plan with (no stub): no planner call, scored as retrieving nothing.
+        if not d.plan or block.excluded:
+            # Nothing to plan with (no stub), or nothing to judge (an own call failed for good): no planner call;
+            # scored as retrieving nothing, or not scored (`ArchBlock.excluded`).
             self.progress.advance(unit.model)
             block.plan, block.tokens = plan_block(None, None), {**tokens, "planner": _tokens(None)}
             return block
@@ -386,6 +601,21 @@ class StudyRunner:
                                         [self.reg.row[i] for i in kept[: self.study.retrieval.k]])
         block.plan, block.tokens = plan_block(result, plan), {**tokens, "planner": _tokens(result)}
         return block
+
+    def _failed(self, state: _Query, name: str, f: ArchFailure) -> ArchBlock:
+        """The block of an architecture that failed on the query: its failure, no list, no planner call."""
+        unit = state.unit
+        if name in state.deferred and self.on_deferred is not None:
+            # a collect pass: it failed on a reply not in yet (a stand-in), not on the study's; plan as deferred
+            self.on_deferred(unit.model, unit.run, state.qi, name)
+            return ArchBlock()
+        why = _line(f)
+        if self.fail_fast:
+            q = self.study.queries[state.qi]
+            raise ArchError(f"--archs {self._arch(name)[0]}: {why} ({f.kind}, model {unit.model} run {unit.run}, "
+                            f"{q.subset} query {q.query_id}; --fail-fast stopped the run)")
+        self.progress.advance(unit.model)  # the planner call it does not make
+        return ArchBlock(failure=BlockFailure(f.kind, why))
 
     async def _query(self, unit: Unit, qi: int) -> Record:
         state = _Query(unit, qi)
@@ -400,6 +630,10 @@ class StudyRunner:
         pending = [t for t in state.tasks if not t.done()]
         if pending:
             await cancel_all(pending)
+        for t in state.tasks:  # an outcome nobody awaited: its failure is in no block, the run's error is raised
+            e = None if t.cancelled() else t.exception()
+            if e is not None and not isinstance(e, ArchFailure):
+                raise e
         rec = base_record(self.study.queries[qi], unit.model, unit.run, self.study.retrieval.retriever)
         if "rtp" not in names:  # RtP's retrieval is the study's baseline: every record keeps it
             rec.rtp = retrieval_block(self.study.rtp[qi], self.reg)
@@ -463,12 +697,18 @@ class _Probe:
 async def probe_archs(study: Study, archs: Mapping[str, tuple[str, Architecture]],
                       batcher: StubSearch | None = None) -> None:
     """Every plugin run once on the first query with a client that sends nothing (its calls fail) and the real
-    search: a plugin that raises or returns something else than a `Discovery` is one line before any paid work."""
+    search: a plugin that fails there (raises, breaks the contract, runs out of time, waits in a cycle) is
+    broken on every query, so it is one line (`ArchError`) before any paid work. A plugin that fails only on
+    some later query fails that query's block alone, in the run."""
     plugins = {n: a for n, a in archs.items() if n not in arch_units.BUILTIN}
     if not plugins or not study.queries:
         return
     runner = StudyRunner(study, {"probe": _Probe()}, batcher=batcher, archs=plugins)
-    await runner.run_one(Unit("probe", 0), 0)
+    rec = await runner.run_one(Unit("probe", 0), 0)
+    for name, failure in rec.failed_blocks:
+        raise ArchError(f"--archs {plugins[name][0]}: {failure.error} ({failure.kind}, on the probe: query "
+                        f"{rec.subset} {rec.query_id}, every model call coming back failed as a call may in a run, "
+                        "nothing sent); fix the plugin, or run `python -m evaluator arch check` on it")
 
 
 def calls_per_unit(study: Study, archs: Mapping[str, tuple[str, Architecture]] | None = None) -> int:

@@ -10,7 +10,7 @@ const app = document.getElementById("app");
 const GOLDS = D.golds;
 const OUTCOME = {ptr: "PtR wins", rtp: "RtP wins", tie: "tie", miss: "both miss", na: "not paired"};
 const FLAGS = {truncated: "truncated", parse_error: "parse error", llm_error: "LLM error", refused: "refusal",
-               fallback: "fallback", excluded: "PtR excluded"};
+               fallback: "fallback", excluded: "PtR excluded", failed: "architecture failed"};
 
 // ------------------------------------------------------------------ helpers
 
@@ -300,7 +300,19 @@ function stubOf(ptr) {
   }).join(" ") || "–";
 }
 
+// What a block says beyond its list: the architecture's failure on this query, its own calls that failed for good,
+// a router's side, and its trace (a plugin's JSON, rewrite's query, fusion's inputs, route's score and τ).
+function blockNotes(b) {
+  const out = [];
+  if (b.failure) out.push(`<p class="status bad">${esc(`failed (${b.failure[0]}): ${b.failure[1]}`)} — not scored, no planner call</p>`);
+  if (b.errors) out.push(`<p class="status bad">${esc("own calls that failed for good: " + Object.entries(b.errors).map(([c, k]) => `${c} (${k})`).join(", "))} — not scored, no planner call</p>`);
+  if (b.side) out.push(`<p class="status">${esc(`routed to ${archName(b.side)}: its list, planner and tokens`)}</p>`);
+  if (b.trace) out.push(`<details class="trace" open><summary>Trace</summary><pre class="trace">${esc(b.trace)}</pre></details>`);
+  return out.join("");
+}
+
 function ptrBlock(p, gsets, k) {
+  if (p.failure) return blockNotes(p);
   const status = [`discovery finish reason: ${p.dfr ?? "–"}`];
   if (p.dle) status.push(`discovery LLM error (${p.dlek || "error"}): ${p.dle} — PtR is excluded for this query`);
   if (p.dpe) status.push(`discovery parse error: ${p.dpe}`);
@@ -311,7 +323,7 @@ function ptrBlock(p, gsets, k) {
     (p.hits[i] !== undefined ? `<details${i < 3 ? " open" : ""}><summary>its own top hits</summary>${topList(p.hits[i], gsets, k)}</details>` : "") + "</div>").join("")
     : "<p>No stubs.</p>";
   const width = Object.entries(p.width || {}).map(([kk, w]) => `k=${kk}: ${w}`).join(", ");
-  return `<p class="status">${status.map(esc).join(" · ")}</p><h4>Stubs</h4><div class="stubs">${stubs}</div>` +
+  return blockNotes(p) + `<p class="status">${status.map(esc).join(" · ")}</p><h4>Stubs</h4><div class="stubs">${stubs}</div>` +
     `<h4>Re-ranked union (max-sim over stubs)</h4><p class="note">Search width |union of per-stub top-k|: ${esc(width || "–")}</p>` +
     topList(p.top, gsets, k, stubOf(p)) + `<h4>Planner</h4>${planBlock(p.plan, gsets, list(p.top)[0].slice(0, k))}${tokensLine(p.tokens)}`;
 }
@@ -345,8 +357,7 @@ function queryPage(qi, ri) {
   const grade = (i, j) => (q.grades ? ` <span class="tag">grade ${q.grades[i][j]}</span>` : "");
   const gold = GOLDS.map((g, i) => `<div><h4>Gold ${g}</h4><ul>${q.gold[i].map((id, j) => `<li class="api">${esc(api(id))}${grade(i, j)}</li>`).join("") || "<li>none</li>"}</ul></div>`).join("");
   const picker = recs.map(([x, i]) => `<a class="pick${i === idx ? " on" : ""}" href="${qhref(qi, i)}">${esc(side(x.side).label)} · run ${x.run}</a>`).join("");
-  const rtp = r.rtp ? `<h4>Top ${list(r.rtp.top)[0].length} retrieved (k = ${k} marked)</h4>${topList(r.rtp.top, gsets, k)}` +
-    `<h4>Planner</h4>${planBlock(r.rtp.plan, gsets, list(r.rtp.top)[0].slice(0, k))}${tokensLine(r.rtp.tokens)}` : "<p>Not run.</p>";
+  const rtp = r.rtp ? anyBlock(r.rtp, gsets, k) : "<p>Not run.</p>";
   const ptr = r.ptr ? ptrBlock(r.ptr, gsets, k) : "<p>Not run (retrieval only).</p>";
   return `<p><a href="#${PARTS ? `queries&p=${part}` : "queries"}">← all queries</a></p><h2>${esc(q.subset)} · query ${esc(q.id)}</h2>` +
     `<blockquote class="query">${esc(q.text)}</blockquote><div class="golds">${gold}</div>` +
@@ -435,7 +446,8 @@ function extraArchs(r) { return (r.archs || []).filter((a) => a !== "rtp" && a !
 function anyBlock(b, gsets, k) {
   if (!b) return "<p>Not run.</p>";
   if (b.stubs) return ptrBlock(b, gsets, k);
-  return `<h4>Top ${list(b.top)[0].length} retrieved (k = ${k} marked)</h4>${topList(b.top, gsets, k)}` +
+  if (b.failure) return blockNotes(b);
+  return blockNotes(b) + `<h4>Top ${list(b.top)[0].length} retrieved (k = ${k} marked)</h4>${topList(b.top, gsets, k)}` +
     `<h4>Planner</h4>${planBlock(b.plan, gsets, list(b.top)[0].slice(0, k))}${tokensLine(b.tokens)}`;
 }
 

@@ -12,24 +12,29 @@ from pathlib import Path
 from evaluator.settings.sections import ARCHS
 from evaluator.study.archs.base import (
     DEFERRED_KIND,
+    TRACE_MAX_BYTES,
     ArchError,
+    ArchFailure,
     Architecture,
     Context,
     Discovery,
     Hits,
+    RegistryView,
     Searched,
 )
 from evaluator.study.archs.fusion import Fusion
 from evaluator.study.archs.hyde import HyDE
-from evaluator.study.archs.plugins import check_discovery, is_plugin_spec, load_plugin
+from evaluator.study.archs.plugins import check_discovery, is_plugin_spec, load_plugin, shown
 from evaluator.study.archs.ptr import PtR
 from evaluator.study.archs.rewrite import Rewrite
 from evaluator.study.archs.route import Route, default_tau
 from evaluator.study.archs.route import side_for as route_side
 from evaluator.study.archs.rtp import RtP
+from evaluator.study.parse import parse_json
 
-__all__ = ["Architecture", "ArchError", "Context", "Discovery", "Hits", "Searched", "DEFERRED_KIND", "BUILTIN",
-           "resolve", "check_discovery", "default_tau", "route_side"]
+__all__ = ["Architecture", "ArchError", "ArchFailure", "Context", "Discovery", "Hits", "RegistryView", "Searched",
+           "DEFERRED_KIND", "TRACE_MAX_BYTES", "BUILTIN", "resolve", "check_discovery", "shown", "default_tau",
+           "route_side", "parse_json"]
 
 BUILTIN = ARCHS  # the setting's choices (settings.load): one list
 

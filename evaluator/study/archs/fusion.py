@@ -24,4 +24,5 @@ class Fusion:
     async def retrieve(self, ctx: Context) -> Discovery:
         rtp, ptr = await ctx.outcome("rtp"), await ctx.outcome("ptr")
         ids, scores = rrf([rtp.ids, ptr.ids], ctx.k_max)
-        return Discovery(ids, scores, reused={**rtp.calls, **ptr.calls}, trace={"fused": ["rtp", "ptr"], "constant": RRF_K})
+        return Discovery(ids, scores, reused={**rtp.calls, **ptr.calls}, trace={"fused": ["rtp", "ptr"], "constant": RRF_K},
+                         plan=bool(ids))

@@ -35,7 +35,9 @@ async def stub_discovery(ctx: Context, call: str, messages: list[dict], version:
     block.stub_hits = [list(h.ids) for h in found.per_text]
     block.stub_scores = [[round6(s) for s in h.scores] for h in found.per_text]
     block.width = dict(found.width)
-    return Discovery(list(found.merged.ids), list(found.merged.scores), calls={call: reply}, block=block)
+    # every text found nothing (BM25: no token in the registry): nothing to plan with, as without a stub
+    return Discovery(list(found.merged.ids), list(found.merged.scores), calls={call: reply}, block=block,
+                     plan=bool(found.merged.ids))
 
 
 def _stubs(text: str | None, query: str) -> tuple[list[Stub], str | None]:

@@ -23,4 +23,5 @@ class Rewrite:
         if not query:
             return Discovery([], [], calls={"rewrite": reply}, trace=trace, plan=False)
         found = await ctx.search([query])
-        return Discovery(list(found.merged.ids), list(found.merged.scores), calls={"rewrite": reply}, trace=trace)
+        return Discovery(list(found.merged.ids), list(found.merged.scores), calls={"rewrite": reply}, trace=trace,
+                         plan=bool(found.merged.ids))

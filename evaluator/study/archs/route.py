@@ -31,6 +31,7 @@ class Route:
 
     async def retrieve(self, ctx: Context) -> Discovery:
         rtp = await ctx.outcome("rtp")
-        side = side_for(rtp.scores, self.tau)
-        return Discovery([], [], side=side, trace={"side": side, "top1": rtp.scores[0] if rtp.scores else None,
+        scores = rtp.scores or []  # an outcome handed on is checked: its scores are filled
+        side = side_for(scores, self.tau)
+        return Discovery([], [], side=side, trace={"side": side, "top1": scores[0] if scores else None,
                                                   "tau": self.tau})
