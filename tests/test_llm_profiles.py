@@ -70,7 +70,7 @@ async def test_engine_needs_a_base_url():
         ('adaptive_concurrency = "yes"', "expected true or false"),
         ("extra_body = 3", "expected a table"),
         ("rpm = true", "rpm = True is a boolean; expected a number"),
-        ("concurrency = 0", "concurrency = 0 is impossible; it must be >= 1"),
+        ("concurrency = 0", "concurrency = 0 is impossible; it must be between 1 and 1024"),
         ("temperature = 7.0", "between 0 and 2"),
         ('structured = "yaml"', "one of json_schema, json_object, json_object_schema, none"),
         ("max_tokens = 0", "max_tokens = 0 is impossible"),

