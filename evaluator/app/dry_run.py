@@ -29,7 +29,7 @@ from evaluator.core import aio
 from evaluator.core.money import cost_usd
 from evaluator.core.tokens import MESSAGE_TOKENS, prompt_tokens
 from evaluator.llm import ChatResult, LLMEngine, ModelProfile, Prepared
-from evaluator.llm.limits import RPM_SAFETY
+from evaluator.llm.limits import PACED_BURST_S, RPM_SAFETY
 from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
 from evaluator.study import prompts
@@ -157,14 +157,14 @@ def _model_plan(p: ModelProfile, calls: list[_Call], planners: list[tuple[Any, d
     n = len(todo)
     usd = cost_usd(p, pt, ct) if ct is not None else None
     usd_b = cost_usd(p, pt, ct, batch=True) if ct is not None else None
-    # The engine's pacing: one second's worth may go at once, then RPM (x RPM_SAFETY) and TPM (each call
+    # The engine's pacing: PACED_BURST_S worth may go at once, then RPM (x RPM_SAFETY) and TPM (each call
     # holds its prompt estimate + max_tokens) set the pace.
     floors = {"none": 0.0}
     if p.rpm:
-        floors["rpm"] = max(0.0, n - p.rpm / 60) * 60 / (p.rpm * RPM_SAFETY)
+        floors["rpm"] = max(0.0, n - p.rpm / 60 * PACED_BURST_S) * 60 / (p.rpm * RPM_SAFETY)
     if p.tpm:
         held = pt + sum(int(b.get("max_tokens") or p.max_tokens or 0) for _, b in todo)
-        floors["tpm"] = max(0.0, held - p.tpm / 60) * 60 / p.tpm
+        floors["tpm"] = max(0.0, held - p.tpm / 60 * PACED_BURST_S) * 60 / p.tpm
     by = max(floors, key=lambda k: floors[k])
     rounds = math.ceil(len(unsent) / p.concurrency) + (1 if planners else 0)
     return ModelPlan(
