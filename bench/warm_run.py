@@ -40,7 +40,7 @@ TITLE = "Warm rerun of the whole study (--model sim --runs 4, everything cached)
 STUDY_ARGS = ["--model", "sim", "--runs", "4"]
 STAGES = ("load_s", "embed_s", "rtp_search_s", "llm_s", "scaling_s", "routing_s", "render_s")
 COMPARED = ("summary.json", "queries.jsonl", "scaling.json", "routing.json")
-TARGET_S = 12.0
+TARGET_S = 3.0
 
 
 def _copy_llm_cache(src: Path, dst: Path) -> bool:
