@@ -47,9 +47,9 @@ def test_a_result_is_written_only_with_its_stamp(tmp_path, monkeypatch):
 
 
 def _history() -> tuple[str, str, str]:
-    """(HEAD, the last commit that changed evaluator/llm, that commit's parent)."""
+    """(HEAD, the last commit that changed the code bench/fanout.py measures, that commit's parent)."""
     head = git("rev-parse", "HEAD")
-    last = git("log", "-1", "--format=%H", "--", "evaluator/llm")
+    last = git("log", "-1", "--format=%H", "--", *check.measures("fanout"))
     parent = git("rev-parse", f"{last}^") if last else None
     if not (head and last and parent):
         pytest.skip("needs the repository's git history")
@@ -71,7 +71,7 @@ def test_a_result_older_than_the_code_it_measures_is_stale(tmp_path):
     head, last, parent = _history()
     assert check.verdict(_result(tmp_path, "fanout", _stamp(head))).state == "fresh"
     assert check.verdict(_result(tmp_path, "fanout", _stamp(last))).state == "fresh"  # measured the change itself
-    stale = check.verdict(_result(tmp_path, "fanout", _stamp(parent)))  # fanout measures evaluator/llm
+    stale = check.verdict(_result(tmp_path, "fanout", _stamp(parent)))  # measured before that change
     assert stale.state == "stale" and last[:9] in stale.why
     # uncommitted changes to the measured code make it stale; to other files, not
     assert check.verdict(_result(tmp_path, "fanout", _stamp(head, ["evaluator/llm/engine.py"]))).state == "stale"
