@@ -44,6 +44,18 @@ def test_an_analysis_is_computed_once_per_change_of_its_inputs(tmp_path, monkeyp
     assert len(calls) == 6
 
 
+def test_only_the_entries_written_last_are_kept(tmp_path, monkeypatch):
+    records, store = tmp_path / "queries.jsonl", tmp_path / "analyses"
+    records.write_text("{}\n")
+    monkeypatch.setattr(memo, "_KEEP", 3)
+    _, compute = _counting()
+    for k in range(5):
+        Memo(store, records).kept("routing", {"k": k}, compute)
+    Memo(store, records).kept("scaling", {}, compute)
+    assert len(list(store.glob("routing-*"))) == 3 and len(list(store.glob("scaling-*"))) == 1
+    assert Memo(store, records).kept("routing", {"k": 4}, compute)[1]  # the last one written is there
+
+
 @pytest.mark.parametrize("damage", [b"", b"not a pickle", None])
 def test_a_damaged_entry_is_computed_again_and_rewritten(tmp_path, damage):
     records, store = tmp_path / "queries.jsonl", tmp_path / "analyses"

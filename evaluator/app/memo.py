@@ -31,6 +31,7 @@ from evaluator.core.files import atomic_write
 T = TypeVar("T")
 _LIBRARIES = ("numpy", "scipy", "faiss-cpu", "bm25s", "pydantic", "pydantic-core")
 _MAX_BYTES = 256 * 2**20  # a larger result (a huge study's per-query values) is not worth a file: computed again
+_KEEP = 8  # entries kept per analysis, the most recently written: each change of the code or the records adds one
 _DIGEST = 32  # bytes of blake2b over the pickled value, in front of it
 
 
@@ -93,7 +94,18 @@ class Memo:
         if len(data) <= _MAX_BYTES:
             with contextlib.suppress(OSError):
                 atomic_write(path, hashlib.blake2b(data, digest_size=_DIGEST).digest() + data)
+                _prune(path, name)
         return value, False
+
+
+def _prune(written: Path, name: str) -> None:
+    """Only the `_KEEP` entries of `name` written last stay, `written` (just now) among them: the folder does not
+    grow with every edit of the code."""
+    others = sorted((p for p in written.parent.glob(f"{name}-*.pickle") if p != written),
+                    key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in others[_KEEP - 1:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
 
 
 def _read(path: Path) -> Any:
