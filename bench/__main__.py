@@ -1,7 +1,10 @@
 """`python -m bench [NAME ...]`: run the benchmarks (all by default), print tables, write JSON.
 
-Each benchmark writes `bench/results/<name>.json`; afterwards the results block of
+Each benchmark writes `bench/results/<name>.json`, stamped with the commit it measured (and whether the tree was
+dirty), the host's CPU and the load before, during and after (`common.Stamp`); afterwards the results block of
 `bench/README.md` is regenerated from every JSON present, so the README always shows the latest run.
+`python -m bench --check` says which results are older than the code they measure and re-runs the cheap
+benchmarks against what they recorded (`bench/check.py`); it writes nothing.
 """
 
 from __future__ import annotations
@@ -16,32 +19,27 @@ import traceback
 # The tokenizer's own thread pool would compete with torch and FAISS for the 2 cores.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-BENCHMARKS = {  # name -> module; run in this order (cheapest prerequisites first)
-    "fanout": "bench.fanout",
-    "overhead": "bench.overhead",
-    "embedding": "bench.embedding",
-    "embed_backends": "bench.embed_backends",  # speed + equivalence of the embedding runtime paths
-    "embed_shared": "bench.embed_shared",  # embedding beside a busy process
-    "resume": "bench.resume",
-    "memory": "bench.memory",
-    "scale": "bench.scale",  # memory per query and the viewer's largest file as queries grow
-    "batch": "bench.batch",
-    "shared_rate": "bench.shared_rate",  # two processes on one key: shared RPM pacing
-    "ray_engine": "bench.ray_engine",  # requests run --engine ray vs the evaluator engine (needs the ray extra)
-}
+from .common import BENCHMARKS  # noqa: E402  (after the tokenizer setting)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     ap.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run (default all): {', '.join(BENCHMARKS)}")
     ap.add_argument("--no-readme", action="store_true", help="do not regenerate bench/README.md's results")
+    ap.add_argument("--check", action="store_true", help="which results are stale; re-run the cheap benchmarks and "
+                    "compare with their results (writes nothing)")
+    ap.add_argument("--no-rerun", action="store_true", help="with --check: the git comparison only")
     args = ap.parse_args(argv)
+    if args.check:
+        from .check import check
+
+        return check(rerun_cheap=not args.no_rerun)
     names = args.names or list(BENCHMARKS)
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BENCHMARKS)}")
 
-    from .common import machine, print_result, write_result
+    from .common import Stamp, finish
     from .readme import update_readme
 
     failed = []
@@ -50,18 +48,15 @@ def main(argv: list[str] | None = None) -> int:
         mod = importlib.import_module(BENCHMARKS[name])
         print(f"\n=== {mod.TITLE}", flush=True)
         t0 = time.perf_counter()
-        info = machine()
+        stamp = Stamp()
         try:
             result = mod.run()
         except Exception:
+            stamp.end()
             traceback.print_exc()
             failed.append(name)
             continue
-        result.seconds = time.perf_counter() - t0
-        result.machine = info | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
-        result.command = f"python -m bench {name}"
-        print_result(result)
-        print(f"wrote {write_result(result)}", flush=True)
+        print(f"wrote {finish(result, t0, stamp, BENCHMARKS[name], f'python -m bench {name}')}", flush=True)
     print(f"\nall done in {time.perf_counter() - t_all:.0f} s" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
     if not args.no_readme:
         update_readme()

@@ -39,6 +39,7 @@ from .fanout import SPECS, OpenAIChat, _sim_knobs
 from .workload import RUNS, TableBatcher, load_study, ptr_table
 
 NAME = "batch"
+MEASURES = ("evaluator/batch", "evaluator/llm", "evaluator/study", "simulator", "bench/batch.py", "bench/workload.py")  # the code it measures (`python -m bench --check`)
 TITLE = "6. Batch APIs vs online at paper scale; `requests run` vs request-file baselines at the rate-limit floor"
 SCALE = 20.0
 TURNAROUND_S = 600.0  # a provider's batch turnaround before compression (providers promise 24 h; often minutes)

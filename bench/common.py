@@ -27,6 +27,19 @@ RESULTS = BENCH / "results"
 PROJECT_CACHE = REPO / "cache"  # the project's warm cache: read (symlinked) only, never written
 BENCH_CACHE = BENCH / ".cache"  # embeddings the benchmarks add (PtR stubs); git-ignored, reusable
 PYTHON = sys.executable
+BENCHMARKS = {  # name -> module; run in this order (cheapest prerequisites first)
+    "fanout": "bench.fanout",
+    "overhead": "bench.overhead",
+    "embedding": "bench.embedding",
+    "embed_backends": "bench.embed_backends",  # speed + equivalence of the embedding runtime paths
+    "embed_shared": "bench.embed_shared",  # embedding beside a busy process
+    "resume": "bench.resume",
+    "memory": "bench.memory",
+    "scale": "bench.scale",  # memory per query and the viewer's largest file as queries grow
+    "batch": "bench.batch",
+    "shared_rate": "bench.shared_rate",  # two processes on one key: shared RPM pacing
+    "ray_engine": "bench.ray_engine",  # requests run --engine ray vs the evaluator engine (needs the ray extra)
+}
 PACKAGES = ("torch", "sentence-transformers", "transformers", "faiss-cpu", "numpy", "aiohttp", "openai",
             "diskcache", "orjson", "psutil")
 
@@ -54,11 +67,12 @@ class Result:
     command: str = ""
     machine: dict[str, Any] = field(default_factory=dict)
     extra_tables: list[dict[str, Any]] = field(default_factory=list)  # {"title", "columns", "rows"}
+    stamp: dict[str, Any] = field(default_factory=dict)  # `Stamp.end()`: what was measured, where, under what load
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name, "title": self.title, "command": self.command, "seconds": round(self.seconds, 1),
-            "machine": self.machine, "goals": [g.__dict__ for g in self.goals],
+            "stamp": self.stamp, "machine": self.machine, "goals": [g.__dict__ for g in self.goals],
             "table": {"columns": self.columns, "rows": self.rows}, "extra_tables": self.extra_tables,
             "notes": self.notes, "data": self.data,
         }
@@ -112,6 +126,70 @@ def machine() -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------- what a result measured
+
+# Written by the benchmarks, not measured by them: a tree whose only changes are these is clean.
+OUTPUTS = ("bench/results/", "bench/README.md", "bench/.cache/")
+STAMP_KEYS = ("commit", "dirty", "dirty_paths", "measured", "host", "load")
+_LOAD_EVERY_S = 5.0
+
+
+def git(*args: str) -> str | None:
+    """`git ARGS` in the repository: its output, or None outside a git checkout (or without git)."""
+    try:
+        p = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def tree_state() -> tuple[str | None, list[str]]:
+    """(HEAD's commit, the paths that differ from it: modified, staged or untracked, outputs left out)."""
+    status = git("status", "--porcelain", "--untracked-files=normal")
+    paths = [line[3:].split(" -> ")[-1].strip('"') for line in (status or "").splitlines() if len(line) > 3]
+    return git("rev-parse", "HEAD"), [p for p in paths if not p.startswith(OUTPUTS)]
+
+
+def host(m: dict[str, Any]) -> dict[str, Any]:
+    """The CPU as a reader compares hosts by (`m`: `machine()`): its model, cores and the vector extensions
+    the code can use."""
+    return {"cpu": m["cpu"], "cores": m["cores"], "cpu_flags": m["cpu_vector"]}
+
+
+class Stamp:
+    """What a result file says about how it was measured (`stamp` in every JSON of bench/results/): the commit
+    and whether the tree differed from it (which paths), when, on which CPU, and the load average at the start,
+    at most during the run (sampled every 5 s) and at the end. Started when the benchmark starts; `end()` when it
+    ends. `python -m bench --check` compares the commit with the last commit of the code the benchmark measures."""
+
+    def __init__(self) -> None:
+        self.machine = machine()
+        self.commit, self.dirty_paths = tree_state()
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        self.load_start = [round(x, 2) for x in os.getloadavg()]
+        self.max_1m = self.load_start[0]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(_LOAD_EVERY_S):
+            self.max_1m = max(self.max_1m, round(os.getloadavg()[0], 2))
+
+    def end(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        end = [round(x, 2) for x in os.getloadavg()]
+        return {"commit": self.commit, "dirty": bool(self.dirty_paths), "dirty_paths": self.dirty_paths[:20],
+                "measured": self.started, "host": host(self.machine),
+                "load": {"start": self.load_start, "max_1m": max(self.max_1m, end[0]), "end": end}}
+
+
+def stamped(payload: dict[str, Any], stamp: Stamp) -> dict[str, Any]:
+    """A benchmark's own JSON (not a `Result`) with its stamp."""
+    return {**payload, "stamp": stamp.end()}
+
+
 def print_result(r: Result) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -132,17 +210,20 @@ def print_result(r: Result) -> None:
     con.print(f"  ({r.seconds:.0f} s)")
 
 
-def finish(r: Result, started: float, machine_at_start: dict[str, Any], module: str) -> Path:
-    """A standalone bench's ending: its wall time, the load at its end beside the load at its start, the
-    command as run, printed and written."""
+def finish(r: Result, started: float, stamp: Stamp, module: str, command: str | None = None) -> Path:
+    """A bench's ending: its wall time, the load at its end beside the load at its start, its stamp, the
+    command as run (`command`, else `python -m MODULE` and this process's arguments), printed and written."""
     r.seconds = time.perf_counter() - started
-    r.machine = machine_at_start | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
-    r.command = f"python -m {module} " + " ".join(sys.argv[1:])
+    r.machine = stamp.machine | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
+    r.stamp = stamp.end()
+    r.command = command or (f"python -m {module} " + " ".join(sys.argv[1:])).strip()
     print_result(r)
     return write_result(r)
 
 
 def write_result(r: Result) -> Path:
+    if not r.stamp:
+        raise ValueError(f"{r.name}: a result is written with its stamp (common.finish)")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{r.name}.json"
     tmp = out.with_suffix(".json.tmp")

@@ -26,6 +26,7 @@ import numpy as np
 from .common import BENCH_CACHE, Goal, Result, link_embeddings
 
 NAME = "embed_backends"
+MEASURES = ("evaluator/retrieval", "evaluator/core/threads.py", "bench/embed_backends.py")  # the code it measures (`python -m bench --check`)
 TITLE = "Embedding runtime paths vs torch fp32: texts/s and RtP equivalence on the shared data"
 PATHS = (("torch", "fp32"), ("torch", "bf16"), ("onnx", "fp32"), ("onnx", "int8"), ("openvino", "fp32"),
          ("openvino", "bf16"))
@@ -183,7 +184,7 @@ def run(paths=PATHS, do_speed: bool = True, do_equivalence: bool = True) -> Resu
 
 
 def main() -> None:
-    from .common import machine, print_result, write_result
+    from .common import Stamp, finish
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--paths", nargs="*", help="backend:precision, e.g. openvino:bf16 (default: all)")
@@ -192,11 +193,9 @@ def main() -> None:
     a = ap.parse_args()
     paths = tuple(tuple(x.split(":")) for x in a.paths) if a.paths else PATHS
     t0 = time.perf_counter()
-    m = machine()
+    st = Stamp()
     r = run(paths, not a.no_speed, not a.no_equivalence)
-    r.seconds, r.machine, r.command = time.perf_counter() - t0, m, "python -m bench.embed_backends"
-    print_result(r)
-    write_result(r)
+    finish(r, t0, st, "bench.embed_backends")
 
 
 if __name__ == "__main__":

@@ -32,9 +32,10 @@ from typing import Any
 
 import orjson
 
-from .common import REPO, Goal, Result, TreeRSS, checkout, data_dir, finish, machine
+from .common import REPO, Goal, Result, Stamp, TreeRSS, checkout, data_dir, finish, machine
 
 NAME = "embed_first_run"
+MEASURES = ("evaluator", "bench/embed_first_run.py")  # the code it measures (`python -m bench --check`)
 TITLE = "First run of a fresh clone (--retrieval-only, empty cache): now (auto) vs before (torch fp32)"
 BEFORE = "2acddc3"  # the last commit before the embedding backends
 RUNS = ("before (--before)", "now: auto (default)")
@@ -290,9 +291,9 @@ def main() -> None:
     a = ap.parse_args()
     order = {"before-first": list(RUNS), "now-first": list(reversed(RUNS)), "now-only": [RUNS[1]]}[a.order]
     t0 = time.perf_counter()
-    m = machine()
+    st = Stamp()
     r = run(order, a.before)
-    finish(r, t0, m, "bench.embed_first_run")
+    finish(r, t0, st, "bench.embed_first_run")
 
 
 if __name__ == "__main__":

@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from .common import Goal, Result, finish, machine
+from .common import Goal, Result, Stamp, finish
 from .embed_first_run import _texts
 
 NAME = "embed_models"
+MEASURES = ("evaluator/retrieval", "evaluator/core/threads.py", "bench/embed_models.py")  # the code it measures (`python -m bench --check`)
 TITLE = "First run's embedding: bundled all-mpnet-base-v2 beside all-MiniLM-L6-v2 (fresh caches, same texts)"
 MODELS = ("sentence-transformers/all-MiniLM-L6-v2", "bundled:all-mpnet-base-v2")
 
@@ -86,9 +87,9 @@ def main() -> None:
     ap.add_argument("--full-minilm-s", type=float, help="forward-pass seconds of a full MiniLM first run")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    m = machine()
+    st = Stamp()
     r = run(a.texts, a.full_minilm_s)
-    finish(r, t0, m, "bench.embed_models")
+    finish(r, t0, st, "bench.embed_models")
 
 
 if __name__ == "__main__":

@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from .common import BENCH_CACHE, Goal, Result, finish, machine
+from .common import BENCH_CACHE, Goal, Result, Stamp, finish
 from .embed_first_run import _sgemm_rates, _texts, forward_flops
 
 NAME = "embed_runtime"
+MEASURES = ("evaluator/retrieval", "evaluator/core/threads.py", "bench/embed_runtime.py")  # the code it measures (`python -m bench --check`)
 TITLE = "The default embedder's batching on a registry sample: streamed vs split, as fractions of the fp32 floor"
 VARIANTS = ("split (before)", "streamed (now)")
 FFN = (4096, 384, 1536)  # the model's largest product: 4,096 tokens through the feed-forward
@@ -136,9 +137,9 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=BENCH_CACHE, help="where the model export is (or is made)")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    m = machine()
+    st = Stamp()
     r = run(a.texts, a.rounds, a.cache_dir)
-    finish(r, t0, m, "bench.embed_runtime")
+    finish(r, t0, st, "bench.embed_runtime")
 
 
 if __name__ == "__main__":

@@ -20,13 +20,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from typing import Any
 
 from .common import PYTHON, REPO, Goal, Result
 
 NAME = "embed_shared"
+MEASURES = ("evaluator/retrieval", "evaluator/core/threads.py", "bench/embed_shared.py")  # the code it measures (`python -m bench --check`)
 TITLE = "Embedding beside a busy CPU-bound process: texts/s vs the same embedder alone"
 WORKER = r"""
 import json, sys, time
@@ -138,7 +138,7 @@ def run(paths=(("torch", "fp32"), ("openvino", "fp32")), seconds: float = 15.0, 
 
 
 def main() -> None:
-    from .common import machine, print_result, write_result
+    from .common import Stamp, finish
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--paths", nargs="*", default=["torch:fp32", "openvino:fp32"], help="backend:precision")
@@ -146,11 +146,9 @@ def main() -> None:
     ap.add_argument("--neighbour", choices=["spin", "embedder"], default="spin")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    m = machine()
+    st = Stamp()
     r = run(tuple(tuple(x.split(":")) for x in a.paths), a.seconds, neighbour=a.neighbour)
-    r.seconds, r.machine, r.command = time.perf_counter() - t0, m, "python -m bench.embed_shared " + " ".join(sys.argv[1:])
-    print_result(r)
-    write_result(r)
+    finish(r, t0, st, "bench.embed_shared")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from .common import Goal, Result
 from .workload import load_study
 
 NAME = "embedding"
+MEASURES = ("evaluator/retrieval", "bench/embedding.py")  # the code it measures (`python -m bench --check`)
 TITLE = "3. Embedding (project Embedder vs SentenceTransformer.encode, bf16 vs fp32) and batched FAISS search"
 N_TEXTS = 2000
 K = 20

@@ -28,10 +28,12 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import Stamp, stamped  # noqa: E402
 from evaluator.llm import LLMEngine, ModelProfile, load_profile  # noqa: E402
 from simulator.harness import start_simulator  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+MEASURES = ("evaluator/llm", "simulator", "bench/llm_rate.py")  # the code it measures (`python -m bench --check`)
 
 
 def _messages(i: int) -> list[dict[str, str]]:
@@ -116,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--throughput", action="store_true", help="also measure fresh and cached calls/s")
     ap.add_argument("--throughput-calls", type=int, default=5000)
     args = ap.parse_args(argv)
+    stamp = Stamp()
 
     print(f"scale {args.scale:g}: {args.calls} calls at {args.rpm * args.scale:g} RPM, latency {args.latency_s / args.scale:g}s, "
           f"floor {args.calls / (args.rpm * args.scale) * 60:.1f}s", flush=True)
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(throughput_run(args.throughput_calls))
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"llm_rate-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_bytes(orjson.dumps({"argv": sys.argv[1:], "rows": rows}, option=orjson.OPT_INDENT_2))
+    out.write_bytes(orjson.dumps(stamped({"argv": sys.argv[1:], "rows": rows}, stamp), option=orjson.OPT_INDENT_2))
     _print(rows)
     print(f"wrote {out}")
 

@@ -23,6 +23,7 @@ import orjson
 from .common import PYTHON, REPO, Goal, Result, TreeRSS, data_dir, temp_dir
 
 NAME = "memory"
+MEASURES = ("evaluator", "simulator", "bench/memory.py")  # the code it measures (`python -m bench --check`)
 TITLE = "5. Peak RSS of the offline study: first run (fresh cache, export included) and warm rerun"
 BOUND_GIB = 1.5  # the largest process of the first run (issue 29): an 8 GB laptop, a 4 GB CI runner
 TREE_GIB = 4.0  # the whole tree, simulators included

@@ -35,6 +35,13 @@ from .common import Goal, Result, temp_dir
 from .workload import MODELS, RUNS, load_study
 
 NAME = "overhead"
+# The code whose speed this measures (`python -m bench --check`: a result older than its last change is stale).
+MEASURES = ("evaluator/llm", "evaluator/study/parse.py", "evaluator/study/prompts.py", "simulator", "bench/overhead.py",
+            "bench/workload.py")
+# `--check` re-runs it (~10 s) and compares each goal's value with the recorded one: calls/s of one process on 2 cores
+# move by up to a quarter from run to run beside other work (the simulator shares the cores).
+CHECK: dict[str, object] = {}
+NOISE = {"fresh calls/s": ("rel", 0.25), "cached calls/s": ("rel", 0.25)}
 TITLE = "2. Engine overhead: calls/s fresh and from cache, CPU per call (zero-latency simulator)"
 REPLAYS = 3
 GOAL_FRESH, GOAL_CACHED = 1_000.0, 10_000.0

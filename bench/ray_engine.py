@@ -31,6 +31,7 @@ from simulator.harness import start_simulator
 from .common import Result, temp_dir
 
 NAME = "ray_engine"
+MEASURES = ("evaluator/batch", "evaluator/llm", "simulator", "bench/ray_engine.py")  # the code it measures (`python -m bench --check`)
 TITLE = "10. `requests run --engine ray` (Ray Data LLM, local Ray) vs the evaluator's engine on one request file"
 N = 800
 IN_FLIGHT = 16

@@ -30,12 +30,16 @@ from typing import Any
 
 import aiohttp
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Stamp, stamped  # noqa: E402
 from evaluator.llamacpp.harness import LlamaHandle, cpu_threads, sizing
 from evaluator.llamacpp.weights import WEIGHTS
 from evaluator.llm import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "bench" / "results" / "real_model.json"
+MEASURES = ("evaluator/llamacpp", "evaluator/llm", "bench/real_model.py")  # the code it measures (`python -m bench --check`)
 
 
 def _requests(model: str, queries: int, cache: Path, work: Path) -> list[dict[str, Any]]:
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=REPO / "cache", help="where the GGUF is joined (and kept)")
     ap.add_argument("--out", type=Path, default=RESULT, help="where the figures are written")
     args = ap.parse_args(argv)
+    stamp = Stamp()
     out: Path = args.out
     profile = load_profile(args.model)
     default_slots, default_threads = sizing(profile)
@@ -134,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "goals": {"study_vs_best": ">= 0.9", "study_vs_one_at_a_time": ">= 1.5"},
         "profile": dataclasses.asdict(profile),
     }
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(stamped(result, stamp), indent=1) + "\n")
     print(f"{'setting':>8} {'calls/min':>10} {'gen tok/s':>10} {'vs best':>8}")
     for k, v in med.items():
         print(f"{k:>8} {v['calls_per_min']:>10.2f} {v['gen_tok_s']:>10.2f} {v['gen_tok_s'] / med[best]['gen_tok_s']:>8.2f}"

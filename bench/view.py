@@ -32,9 +32,10 @@ from evaluator.app import view as V
 from evaluator.app.report import render_outputs
 from evaluator.results.schema import Meta, OutputDir, as_records, plain
 
-from .common import Goal, Result, machine, print_result, temp_dir, write_result
+from .common import Goal, Result, Stamp, finish, temp_dir
 
 NAME = "view"
+MEASURES = ("evaluator/render/view.py", "evaluator/render/view_assets", "evaluator/app/view.py", "bench/view.py")  # the code it measures (`python -m bench --check`)
 TITLE = "Results viewer: view.html size, build time, first render and filter in headless Chromium"
 BASELINE = Path(os.environ.get("EVALUATOR_BASELINE", "/work/baseline/full"))
 LOADS = 3
@@ -182,14 +183,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.view", description=TITLE)
     ap.add_argument("--baseline", type=Path, default=BASELINE, help="a finished `--model sim --runs 4` output folder")
     args = ap.parse_args()
-    info = machine()
+    st = Stamp()
     t0 = time.perf_counter()
     res = run(args.baseline)
-    res.seconds = time.perf_counter() - t0
-    res.machine = info | {"loadavg_1m_end": round(os.getloadavg()[0], 2)}
-    res.command = "python -m bench.view"
-    print_result(res)
-    print(f"wrote {write_result(res)}")
+    print(f"wrote {finish(res, t0, st, 'bench.view')}")
 
 
 if __name__ == "__main__":

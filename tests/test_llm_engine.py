@@ -132,7 +132,7 @@ async def test_client_rpm_pacing_avoids_429s(sim):
     # Unpaced, 20 of the 40 would be refused; a loaded machine (the simulator is another process on
     # the same cores) may let one paced request land early in the server's clock.
     assert sim.stats()["by_status"].get("429", 0) <= 1
-    assert 0.9 <= elapsed <= 3.0  # a burst of 19, then the other 21 at 19.8/s
+    assert 0.9 <= elapsed <= 3.0  # a burst of 14 (limits.PACED_BURST_S), then the other 26 at 19.8/s
 
 
 async def test_client_tpm_budget(sim):

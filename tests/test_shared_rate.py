@@ -124,5 +124,5 @@ def test_the_tpm_budget_is_shared_too(tmp_path):
         await asyncio.gather(*(p.acquire(40) for _ in range(5) for p in (a, b)))  # 400 tokens in all
         return time.time() - t0
 
-    # One 1-s burst (100 tokens), then 100 tokens/s: the last 40 tokens may start at (400 - 100 - 40) / 100 s.
+    # One burst (limits.PACED_BURST_S: 75 tokens), then 100 tokens/s: the last 40 may start at (400 - 75 - 40) / 100 s.
     assert asyncio.run(go()) >= 2.6 * 0.95

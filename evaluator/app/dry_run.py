@@ -33,7 +33,7 @@ from evaluator.core.money import cost_usd
 from evaluator.core.tokens import MESSAGE_TOKENS, prompt_tokens
 from evaluator.llm import ChatResult, LLMEngine, ModelProfile, Prepared
 from evaluator.llm.budget import unpriced
-from evaluator.llm.limits import RPM_SAFETY
+from evaluator.llm.limits import PACED_BURST_S, RPM_SAFETY
 from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
 from evaluator.study import prompts
@@ -251,14 +251,14 @@ def _model_plan(t: _Tally, by_arch: dict[str, int] | None = None) -> ModelPlan:
     cached, written = t.prompt_cache.read, t.prompt_cache.written
     usd = cost_usd(p, pt, ct, cached=cached, cache_write=written) if ct is not None else None
     usd_b = cost_usd(p, pt, ct, batch=True, cached=cached, cache_write=written) if ct is not None else None
-    # The engine's pacing: one second's worth may go at once, then RPM (x RPM_SAFETY) and TPM (each call
+    # The engine's pacing: PACED_BURST_S worth may go at once, then RPM (x RPM_SAFETY) and TPM (each call
     # holds its prompt estimate + max_tokens) set the pace.
     floors = {"none": 0.0}
     if p.rpm:
-        floors["rpm"] = max(0.0, n - p.rpm / 60) * 60 / (p.rpm * RPM_SAFETY)
+        floors["rpm"] = max(0.0, n - p.rpm / 60 * PACED_BURST_S) * 60 / (p.rpm * RPM_SAFETY)
     if p.tpm:
         held = pt + sum(v.caps for v in t.todo.values())
-        floors["tpm"] = max(0.0, held - p.tpm / 60) * 60 / p.tpm
+        floors["tpm"] = max(0.0, held - p.tpm / 60 * PACED_BURST_S) * 60 / p.tpm
     by = max(floors, key=lambda k: floors[k])
     rounds = math.ceil(len(t.unsent) / p.concurrency) + (1 if t.deferred else 0)
     return ModelPlan(

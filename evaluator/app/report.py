@@ -17,6 +17,7 @@ from evaluator.analysis.main import main_study
 from evaluator.analysis.stats import summary_dict
 from evaluator.app import figures as figure_cache
 from evaluator.app import view
+from evaluator.app.memo import Memo
 from evaluator.core.progress import SILENT, Reporter
 from evaluator.data import DataError, load_registry
 from evaluator.render import figures, report, trec
@@ -54,17 +55,21 @@ def about(meta: Meta, a: AnalysisSettings, setting: str) -> About:
 
 
 def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None,
-                   meta: Meta | None = None, records: Sequence[Record] | None = None) -> None:
+                   meta: Meta | None = None, records: Sequence[Record] | None = None, kept: Memo | None = None) -> None:
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
     `figure_store`: a folder of figures already drawn, by their data (app.figures.drawn). `meta`,
     `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study). Records past
-    `stream.held()` are a stream over queries.jsonl (`SavedRecords`): every analysis passes over them."""
+    `stream.held()` are a stream over queries.jsonl (`SavedRecords`): every analysis passes over them. `kept`:
+    the main study's result read back when these records and this study were analysed before (app.memo)."""
     saved = meta is None or records is None  # read back: another run's meta.json may sit beside the records
     meta = od.read_meta() if meta is None else meta
     records = records_of(od) if records is None else in_key_order(records)
     if saved:
         od.check_agree(meta, records)
-    result = main_study(records, meta)
+    study = meta  # (a name for the closure: mypy keeps the narrowed types)
+    rows = records
+    result = main_study(records, meta) if kept is None else \
+        kept.kept("main_study", {"study": meta.study_view()}, lambda: main_study(rows, study))[0]
     comparisons = compare.comparison_dict(result.comparison) if result.comparison is not None else None  # 3+ archs
     od.write_json(SUMMARY_FILE, summary_dict(result.summary, meta.study_view(), comparisons), indent=1)
     scaling = od.read_json(SCALING_FILE)
@@ -108,7 +113,7 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     od.write_text(REPORT_FILE, report.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
     # view.html: every query browsable (app.view)
-    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None)
+    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None, kept=kept)
 
 
 def _one_figure(name: str, draw: Callable[[Any], bytes], result: Any) -> dict[str, bytes]:

@@ -22,6 +22,7 @@ from evaluator import __version__
 from evaluator.analysis import routing as routing_analysis
 from evaluator.analysis import scaling as scaling_analysis
 from evaluator.app.dry_run import PLAN_FILE, plan_study, write_plan
+from evaluator.app.memo import Memo
 from evaluator.app.report import about, render_outputs, routing_options
 from evaluator.batch import collect as batch_study
 from evaluator.batch.requests import offline_profile
@@ -55,6 +56,7 @@ from evaluator.results.schema import (
     SimulatorStats,
     check_writable,
     other_study,
+    plain,
 )
 from evaluator.results.stream import RecordSpill
 from evaluator.retrieval.embed import gpu_peak_mib
@@ -323,14 +325,16 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
         od.clear(also=(PLAN_FILE, VIEW_FILE, parts_folder(VIEW_FILE)))
     od.write_meta(meta)
     records = spill.finish()
+    # an unchanged rerun reads the analyses of these records back (app.memo)
+    kept = Memo(CacheLayout(cache_root).analyses, od.path / QUERIES_FILE)
     if not retrieval_only:
-        notes = run_extras(s, inv, study, records, meta, od, reporter)
+        notes = run_extras(s, inv, study, records, meta, od, reporter, kept)
         meta.analysis_notes = notes
         od.write_meta(meta)
     meta.runtime.peak_rss_mib = peak_rss_mib()  # before the report, which states it
     meta.runtime.peak_gpu_mib = gpu_peak_mib(study.embedder.device)
     t = time.perf_counter()
-    render_outputs(od, figure_store=CacheLayout(cache_root).figures, meta=meta, records=records)
+    render_outputs(od, figure_store=CacheLayout(cache_root).figures, meta=meta, records=records, kept=kept)
     study.timings["render_s"] = time.perf_counter() - t
     meta.runtime.timings = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
@@ -478,8 +482,9 @@ def build_meta(study: Study, profiles: dict[str, ModelProfile], s: Settings,
 
 
 def run_extras(s: Settings, inv: Invocation, study: Study, records: Sequence[Record], meta: Meta, od: OutputDir,
-               reporter: Reporter = SILENT) -> dict[str, str]:
-    """Scaling and routing, reusing this run's embeddings and records; returns why any did not run."""
+               reporter: Reporter = SILENT, kept: Memo | None = None) -> dict[str, str]:
+    """Scaling and routing, reusing this run's embeddings and records; returns why any did not run. `kept`: their
+    results read back when these records and this study were analysed before (app.memo)."""
     if not inv.extras:
         return {"scaling": "not run (--no-extras)", "routing": "not run (--no-extras)"}
     if not {"rtp", "ptr"} <= set(s.run.archs):
@@ -489,21 +494,31 @@ def run_extras(s: Settings, inv: Invocation, study: Study, records: Sequence[Rec
     a = s.analysis
     subs = analysis_subsets(a, sorted(study.subsets))
     quiet: Log = reporter.info if reporter.progress else (lambda _m: None)
+    kept = kept or Memo(None, od.path / QUERIES_FILE)
+    view = meta.study_view()  # every setting, the registry's digest, the embedder: what both analyses read
     t = time.perf_counter()
     if subs.scaling:
-        res = scaling_analysis.scaling_study(
+        scaling_about = about(meta, a, "scaling_subsets")
+        res, was_kept = kept.kept("scaling", {"study": view, "about": plain(scaling_about), "subsets": subs.scaling,
+                                              "divergence": subs.divergence}, lambda: scaling_analysis.scaling_study(
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
             subsets=subs.scaling, divergence_subset=subs.divergence, k=s.retrieval.k, sizes=list(a.scaling_sizes),
-            seeds=a.scaling_seeds, about=about(meta, a, "scaling_subsets"), log=quiet,
+            seeds=a.scaling_seeds, about=scaling_about, log=quiet,
             memo=searches_folder(study.embedder.cache_dir), retriever=s.retrieval.retriever,
-            lexical=_lexical(study.retriever))
+            lexical=_lexical(study.retriever)))
+        if was_kept:  # the seconds this run spent on it
+            res.meta.timing_s = round(time.perf_counter() - t, 2)
         od.write_json(SCALING_FILE, res.to_dict())
     else:
         notes["scaling"] = "no subset to run it on"
     study.timings["scaling_s"] = time.perf_counter() - t
     t = time.perf_counter()
     opt = routing_options(s.retrieval.k, a, subs)
-    result = routing_analysis.routing_study(records, opt, about(meta, a, "routing_test"))
+    routing_about = about(meta, a, "routing_test")
+    result, was_kept = kept.kept("routing", {"study": view, "about": plain(routing_about), "options": repr(opt)},
+                                 lambda: routing_analysis.routing_study(records, opt, routing_about))
+    if was_kept:
+        result.meta.timing_s = round(time.perf_counter() - t, 2)
     od.write_json(ROUTING_FILE, result.to_dict())
     study.timings["routing_s"] = time.perf_counter() - t
     return notes

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 
 from evaluator.analysis import compare
 from evaluator.analysis.stats import Checks, Row, Summary, Test
+from evaluator.app.memo import Memo
 from evaluator.core.files import atomic_write
 from evaluator.core.redact import scrub
 from evaluator.render.view import (
@@ -23,6 +24,7 @@ from evaluator.render.view import (
     VIEW_FILE,
     Assets,
     Source,
+    datasets,
     html,
     paged,
     parts_folder,
@@ -80,10 +82,11 @@ def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
 
 
 def write(od: OutputDir, meta: Meta, records: Sequence[Record], figures: Sequence[str] | None,
-          part_records: int = PART_RECORDS) -> None:
-    """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run), with its parts."""
+          part_records: int = PART_RECORDS, kept: Memo | None = None) -> None:
+    """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run), with its parts.
+    `kept`: the records' page data read back when these records were shown before (app.memo)."""
     write_paged(od.path / VIEW_FILE, [source(od, meta=meta, records=records, figures=figures)],
-                part_records=part_records)
+                part_records=part_records, kept=kept)
 
 
 def write_page(folders: Sequence[OutputDir], out: Path | None = None,
@@ -112,6 +115,24 @@ def split_streamed(sources: Sequence[Source], plan: dict[compare.QueryKey, int])
                for src, at in zip(sources, spots, strict=True)]
 
 
+def _kept_page(sources: Sequence[Source], page_name: str, part_records: int, kept: Memo,
+               emit: Callable[[str, str], None]) -> dict[str, Any]:
+    """`paged`'s data and parts for the records of `kept` (one folder's, held in memory), computed once per
+    change of them (the records' page data was 0.5 of the 4 CPU seconds of a warm rerun); every part is
+    emitted again and `datasets` made anew, in its place."""
+    def make() -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        parts: list[tuple[str, str]] = []
+        data = paged(sources, page_name, lambda name, body: parts.append((name, body)), runs_compared(sources),
+                     part_records)
+        return {key: [] if key == "datasets" else value for key, value in data.items()}, parts  # made anew
+
+    (data, parts), _ = kept.kept("view", {"page": page_name, "part_records": part_records, "sides": sides(sources),
+                                          "study": sources[0].meta.study_view()}, make)
+    for name, body in parts:
+        emit(name, body)
+    return {key: datasets(sources) if key == "datasets" else value for key, value in data.items()}
+
+
 def runs_compared(sources: Sequence[Source]) -> compare.RunsComparison | None:
     """Every side of the page (output folder x model) against the first (`analysis.compare.runs`); a page of
     sides with no query in common is one line, before anything is written."""
@@ -132,10 +153,12 @@ def _of_model(records: Sequence[Record], model: str | None) -> Iterator[Record]:
 
 
 def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,
-                part_records: int = PART_RECORDS) -> str:
+                part_records: int = PART_RECORDS, kept: Memo | None = None) -> str:
     """A page and its parts, each file atomic and each part written as soon as it is made; the parts come
     first (the page names them), and parts of an earlier, larger page are removed, so the folder holds exactly
-    what the page loads. Returns the page's text."""
+    what the page loads. Returns the page's text. `kept` (one output folder's page, its records held in
+    memory): the records' page data and parts read back when these records were shown so before; only each
+    folder's own `datasets` (name, accounting, figures...) are made again."""
     folder = page.parent / parts_folder(page.name)
     written: set[str] = set()
 
@@ -144,8 +167,12 @@ def write_paged(page: Path, sources: Sequence[Source], title: str | None = None,
         written.add(name)
 
     streamed = any(isinstance(src.records, SavedRecords) for src in sources)
-    text = html(sources, paged(sources, page.name, emit, runs_compared(sources), part_records,
-                               split_streamed if streamed else split_in_memory), assets(), title)
+    if kept is not None and len(sources) == 1 and not streamed:
+        data = _kept_page(sources, page.name, part_records, kept, emit)
+    else:
+        data = paged(sources, page.name, emit, runs_compared(sources), part_records,
+                     split_streamed if streamed else split_in_memory)
+    text = html(sources, data, assets(), title)
     if folder.is_dir():
         for old in folder.glob("part-*.js"):
             if old.name not in written:

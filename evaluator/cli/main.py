@@ -16,8 +16,10 @@ Progress bars, notes and warnings of the stages reach stderr through the one `Re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import logging
+import os
 import sqlite3
 import sys
 import warnings
@@ -683,6 +685,16 @@ def main(argv: list[str] | None = None) -> int:
         return _fs_error(e)
     finally:
         _WRITES.clear()
+
+
+def end_process(code: int) -> NoReturn:
+    """The process ends with `code` once the output and the log are flushed, without the interpreter's teardown
+    (`python -m evaluator` only; evaluator/__main__.py says why)."""
+    logging.shutdown()
+    with contextlib.suppress(OSError):  # a closed pipe (`| head`): nothing more to say
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _fs_error(e: OSError) -> int:

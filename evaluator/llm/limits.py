@@ -13,7 +13,7 @@ import random
 import sqlite3
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,9 +28,35 @@ from evaluator.llm.transport import NoReply, Request, Transport
 # Pace a little under the nominal limit: the server's clock sees our requests with network and
 # event-loop jitter, and a request that lands 1 ms early costs a 429 and a full Retry-After wait.
 RPM_SAFETY = 0.99
-# Requests that may go at once after a lull (and at the start), in seconds of rate: providers
-# enforce per-minute limits with at least this much burst allowance, and the bench floor assumes it.
+# The burst allowance providers give a per-minute limit, in seconds of rate (at least this much; the bench
+# floor and the simulator's token bucket assume it).
 _BURST_S = 1.0
+# Seconds of rate the pacers leave unused in the provider's bucket. Requests reach that bucket with delays that
+# vary (this event loop's lag, a new connection, the server's own scheduling on shared cores), and a schedule
+# that spends the whole burst at the start is only as early as its first request was late: when the run's first
+# request reaches the server 10 ms later than the ones after it, the bucket is empty 10 ms before each paced
+# request for the rest of the run, and every wobble is a 429. That is where bench/fanout's 17-66 self-inflicted
+# 429s came from (all in the run's first seconds, in bunches; load 2-6 on 2 cores). A quarter second of margin
+# absorbs the spread seen there and costs a quarter second once per run (of 36 s at the bench's 10x compressed
+# time, 0.7%); the 1% under the limit (`RPM_SAFETY`) widens the margin further as the run goes on.
+JITTER_S = 0.25
+# What the pacers let go at once after a lull (and at the start), in seconds of rate (the dry run's floor too).
+PACED_BURST_S = _BURST_S - JITTER_S
+
+
+class _Moved:
+    """How far a pacer's schedule was moved back by 429s (`defer`), for the slots already handed out: their
+    holders sleep the difference when they wake, so the requests queued behind a 429 keep their spacing
+    instead of leaving together when the wait ends (one 429 drew a bunch of them so, bench/fanout)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+
+    async def hold(self, seen: float) -> None:
+        """Sleep what the schedule moved since `seen` (the total when the slot was handed out)."""
+        while self.total > seen:
+            extra, seen = self.total - seen, self.total
+            await asyncio.sleep(extra)
 
 
 class RequestPacer:
@@ -38,27 +64,41 @@ class RequestPacer:
 
     Request i is scheduled at T_i = max(T_{i-1} + 1/rate, now - burst): slots come from the schedule,
     not from when the previous request actually left, so event-loop lag never compounds, and after a
-    lull (or at the start) at most `burst_s` worth may go at once. We first used asyncio-throttle here; its sliding log
+    lull (or at the start) at most `burst_s` worth may go at once (`PACED_BURST_S`: the provider's burst less
+    `JITTER_S`, at least one request). We first used asyncio-throttle here; its sliding log
     stamps each start with the (late) time the poller saw it, and on this 2-core machine that lag
     cost 2-4% of the allowed rate in bench/fanout, for a limit the study's run time is set by.
     Reserving a slot is synchronous, so no lock is needed and waiting calls cost no CPU.
     """
 
-    def __init__(self, rpm: float, safety: float = RPM_SAFETY, burst_s: float = _BURST_S) -> None:
+    def __init__(self, rpm: float, safety: float = RPM_SAFETY, burst_s: float = PACED_BURST_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.rpm = rpm
         self.interval = 60.0 / (rpm * safety)
         self.burst = burst_s
+        self._clock = clock  # the event loop's (a test's virtual loop passes its own)
         self._next: float | None = None
+        self._moved = _Moved()
 
     async def acquire(self) -> None:
-        now = time.monotonic()
-        # One interval short of the full burst: a provider's bucket of exactly `burst_s` would
-        # otherwise be emptied with the next request already due.
-        earliest = now - self.burst + self.interval
+        now = self._clock()
+        # One interval short of the burst (so `burst_s` worth in all, the first at `now`), and never later
+        # than now after a lull: a limit under one request a second still lets the first go at once.
+        earliest = now - max(0.0, self.burst - self.interval)
         slot = earliest if self._next is None else max(self._next, earliest)
         self._next = slot + self.interval
+        seen = self._moved.total
         if slot > now:
             await asyncio.sleep(slot - now)
+        await self._moved.hold(seen)
+
+    def defer(self, seconds: float) -> None:
+        """The server refused a paced request (a 429) and asks for `seconds`: every slot not yet used, handed
+        out or not, moves back by that much. The bucket on the server refills meanwhile, so the margin the
+        schedule keeps grows by the deficit the 429 reported, and the next wobble finds it."""
+        now = self._clock()
+        self._next = max(now if self._next is None else self._next, now) + seconds
+        self._moved.total += seconds
 
 
 class SharedPacer:
@@ -68,7 +108,7 @@ class SharedPacer:
     the limit together and pay for it in 429s. Here the theoretical arrival time (TAT) of each limit
     lives in one SQLite row (`<folder>/rate.db`, WAL), keyed by endpoint, model and a fingerprint of
     the API key (a truncated SHA-256; never the key). Each acquire is one atomic UPSERT ... RETURNING
-    (one transaction, no read-modify-write race): `tat = max(tat, now - burst + cost) + cost`, and the
+    (one transaction, no read-modify-write race): `tat = max(tat, now - max(0, burst - cost)) + cost`, and the
     caller waits until `tat - cost`. Wall-clock time (`time.time`), the one clock processes share.
 
     As `RequestPacer` (`acquire()`, one request, paced a little under `per_minute`) and as
@@ -76,11 +116,12 @@ class SharedPacer:
     """
 
     def __init__(self, folder: Path | str, key: str, per_minute: float, *, safety: float = RPM_SAFETY,
-                 burst_s: float = _BURST_S) -> None:
+                 burst_s: float = PACED_BURST_S) -> None:
         self.rpm = per_minute  # the name `RequestPacer` has (the engine lowers it on a server's hint)
         self.unit = 60.0 / (per_minute * safety)  # seconds of schedule per request (or per token)
         self.burst = burst_s
         self.key = key
+        self._moved = _Moved()
         Path(folder).mkdir(parents=True, exist_ok=True)
         # autocommit: each statement is its own transaction; a busy database is waited for, not an error
         self._db = sqlite3.connect(str(Path(folder) / "rate.db"), timeout=30.0, isolation_level=None,
@@ -92,7 +133,7 @@ class SharedPacer:
     def reserve(self, n: float = 1.0) -> float:
         """Book the next slot for `n` units; returns its wall-clock time (it may be in the past: go now)."""
         cost = min(n * self.unit, max(self.burst, self.unit))  # a request over the burst may still go
-        earliest = time.time() - self.burst + cost
+        earliest = time.time() - max(0.0, self.burst - cost)  # as `RequestPacer`: `burst_s` worth at once
         (tat,) = self._db.execute(
             "INSERT INTO gcra (key, tat) VALUES (?, ?) "
             "ON CONFLICT(key) DO UPDATE SET tat = max(gcra.tat, excluded.tat - ?) + ? RETURNING tat",
@@ -100,9 +141,17 @@ class SharedPacer:
         return tat - cost
 
     async def acquire(self, n: float = 1.0) -> None:
+        seen = self._moved.total
         wait = self.reserve(n) - time.time()
         if wait > 0:
             await asyncio.sleep(wait)
+        await self._moved.hold(seen)
+
+    def defer(self, seconds: float) -> None:
+        """As `RequestPacer.defer`: the shared schedule moves back (every process's next slots); the slots this
+        process already handed out move too."""
+        self._db.execute("UPDATE gcra SET tat = max(tat, ?) + ? WHERE key = ?", (time.time(), seconds, self.key))
+        self._moved.total += seconds
 
     def close(self) -> None:
         self._db.close()
@@ -143,9 +192,9 @@ class SharedRates:
 
 
 class TokenBucket:
-    """Tokens-per-minute budget: a token bucket holding one second's worth, refilled continuously."""
+    """Tokens-per-minute budget: a token bucket holding `PACED_BURST_S` worth, refilled continuously."""
 
-    def __init__(self, tpm: float, burst_s: float = 1.0) -> None:
+    def __init__(self, tpm: float, burst_s: float = PACED_BURST_S) -> None:
         self.rate = tpm / 60.0
         self.capacity = max(1.0, self.rate * burst_s)
         self.tokens = self.capacity
@@ -163,6 +212,12 @@ class TokenBucket:
                     self.tokens -= n
                     return
                 await asyncio.sleep((n - self.tokens) / self.rate)
+
+    def defer(self, seconds: float) -> None:
+        """As `RequestPacer.defer`: `seconds` of tokens taken off (the bucket may go below empty)."""
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate) - seconds * self.rate
+        self.stamp = now
 
 
 class SlowDownGate:

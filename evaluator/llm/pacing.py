@@ -35,6 +35,8 @@ class Pacer(Protocol):
 
     async def acquire(self) -> None: ...
 
+    def defer(self, seconds: float) -> None: ...
+
 
 PacerFactory = Callable[[ModelProfile, float], Pacer]
 
@@ -48,6 +50,8 @@ class TokenPacer(Protocol):
     """Paces tokens to a per-minute budget; `acquire(n)` returns when `n` more may go."""
 
     async def acquire(self, n: float) -> None: ...
+
+    def defer(self, seconds: float) -> None: ...
 
 
 TokenPacerFactory = Callable[[ModelProfile, float], TokenPacer]
@@ -135,7 +139,19 @@ class Pacing:
             self._tpm_limit = a.tpm
             self.tpm = self._new_token_pacer(self._profile, a.tpm)
         if a.spent_for_s:
-            self.gate.close_for(min(a.spent_for_s, self._profile.max_wait_s))
+            self.slow_down(min(a.spent_for_s, self._profile.max_wait_s))
+
+    def slow_down(self, seconds: float) -> None:
+        """A 429 asking for `seconds`: the gate closes for everyone, and a paced model's schedule moves back by
+        as much as the gate's close was extended (a bunch of 429s at once moves it once), so the requests
+        queued behind it keep their spacing and the server's bucket regains the deficit the 429 reported."""
+        before = max(self.gate.resume_at, time.monotonic())
+        self.gate.close_for(seconds)
+        moved = self.gate.resume_at - before
+        if moved > 0:
+            for pacer in (self._pacer, self.tpm):
+                if pacer is not None:
+                    pacer.defer(moved)
 
     def learn_rpm(self, rpm: float) -> None:
         """Pace to a limit the server announced when we had none or a higher one (blind profiles)."""

@@ -423,6 +423,12 @@ def _dataset(src: Source) -> dict[str, Any]:
     }
 
 
+def datasets(sources: Sequence[Source]) -> list[dict[str, Any]]:
+    """The page data's `datasets`: each output folder's name, settings, tables, accounting, warnings and figures
+    (what changes from one run of a study to the next; the records' data does not)."""
+    return [_dataset(s) for s in sources]
+
+
 def _arch_tests(c: compare.Comparison | None) -> dict[str, Any]:
     """The A-vs-B panel's tests: every pair's Wilcoxon (Holm-adjusted) and Friedman across all, per model,
     subset, metric and gold (`analysis.compare.architectures`)."""

@@ -21,12 +21,13 @@ disk) still stops the run, whichever architecture's call met it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import copy
 import functools
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -653,24 +654,45 @@ class StudyRunner:
                 await server
 
     async def run(self, units: Sequence[Unit], window: int = WINDOW) -> Sink:
-        """Every query of every unit, at most `window` queries in flight: a task per query of a 100,000-query
-        study at once held ~25 KiB each until the last finished (bench/scale.py)."""
+        """Every query of every unit, at most `window` queries in flight (a task per query of a 100,000-query
+        study at once held ~25 KiB each until the last finished, bench/scale.py), admitted by `Admission`:
+        each model keeps its own share of the window busy, so two models' rate limits are spent side by
+        side, not one after the other."""
         server = asyncio.create_task(self.batcher.serve())
-        tasks: set[asyncio.Task] = set()
+        admission = Admission(units, len(self.study.queries), window)
+        live: set[asyncio.Task[Record]] = set()
+        finished: collections.deque[tuple[str, asyncio.Task[Record]]] = collections.deque()
+        wake = asyncio.Event()
+
+        def on_done(model: str, task: asyncio.Task[Record]) -> None:
+            finished.append((model, task))
+            wake.set()
+
+        created = 0
         try:
-            for u in units:
-                for qi in range(len(self.study.queries)):
-                    if len(tasks) >= window:
-                        done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                        _raise_first(done)
-                    tasks.add(asyncio.create_task(self._query(u, qi)))
-                    if len(tasks) % 64 == 0:
+            while True:
+                for unit, qi in admission.admit():
+                    task = asyncio.create_task(self._query(unit, qi))
+                    task.add_done_callback(functools.partial(on_done, unit.model))
+                    live.add(task)
+                    created += 1
+                    if created % 64 == 0:
                         # Let these start (cache lookups, first requests) before creating more:
                         # thousands of ready tasks would otherwise hold every request back.
                         await asyncio.sleep(0)
-            await asyncio.gather(*tasks)
+                if not live:
+                    break
+                await wake.wait()
+                wake.clear()
+                done: list[asyncio.Task[Record]] = []
+                while finished:
+                    model, task = finished.popleft()
+                    live.discard(task)
+                    admission.finished(model)
+                    done.append(task)
+                _raise_first(done)
         except BaseException:
-            await cancel_all(list(tasks))  # also when stopped while tasks were still being created
+            await cancel_all(list(live))  # also when stopped while tasks were still being created
             raise
         finally:
             server.cancel()
@@ -679,7 +701,61 @@ class StudyRunner:
         return self.records
 
 
-def _raise_first(done: set[asyncio.Task]) -> None:
+class Admission:
+    """Which (unit, query) starts next: every model keeps its own share of the window in flight.
+
+    One window over the units in order (model by model) let the first model's queries fill it until they
+    were nearly done, so the second model's rate limit sat idle for half the study (bench/fanout: 1.42x
+    the floor). Here each model with queries left to start is guaranteed `share` = window // models of the
+    window, refilled as its own queries finish, whatever the others do; a share a model no longer fills
+    (all its queries started) goes to the models still starting theirs, one query each in turn, but never a
+    slot another model is still owed. So the second model's first request goes out with the first model's,
+    and a model stalled by its provider never holds back another's.
+
+    Memory bound: at most max(window, models) queries in flight in all (`window` = 1,024 for any study of
+    at most 1,024 models; each model at least one), as before the shares. Runs of one model share its engine
+    (one limiter), so within a model the queries go run by run, in query order.
+    """
+
+    def __init__(self, units: Sequence[Unit], n_queries: int, window: int) -> None:
+        by_model: dict[str, list[Unit]] = {}
+        for u in units:
+            by_model.setdefault(u.model, []).append(u)
+        self.window = max(1, window)
+        self.share = max(1, self.window // max(1, len(by_model)))
+        self._next = {m: ((u, qi) for u in us for qi in range(n_queries)) for m, us in by_model.items()}
+        self._left = {m: len(us) * n_queries for m, us in by_model.items()}  # queries not yet started
+        self.in_flight = dict.fromkeys(by_model, 0)
+        self.total = 0
+
+    def _owed(self) -> int:
+        """Slots the models still starting queries are guaranteed and do not hold yet."""
+        return sum(max(0, self.share - self.in_flight[m]) for m, left in self._left.items() if left)
+
+    def admit(self) -> Iterator[tuple[Unit, int]]:
+        """What may start now: one query per model in turn, each model up to its share, then into what the
+        window has left beyond every slot still owed (read again after each start)."""
+        while True:
+            started = False
+            for m, left in self._left.items():
+                if not left:
+                    continue
+                if self.in_flight[m] >= self.share and self.total + self._owed() >= self.window:
+                    continue
+                self._left[m] -= 1
+                self.in_flight[m] += 1
+                self.total += 1
+                started = True
+                yield next(self._next[m])
+            if not started:
+                return
+
+    def finished(self, model: str) -> None:
+        self.in_flight[model] -= 1
+        self.total -= 1
+
+
+def _raise_first(done: Sequence[asyncio.Task]) -> None:
     """The first error of the finished query tasks, every other one retrieved (no "never retrieved" noise)."""
     errors = [e for t in done if not t.cancelled() and (e := t.exception()) is not None]
     if errors:
