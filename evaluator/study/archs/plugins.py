@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from evaluator.core.redact import scrub
 from evaluator.llm import ChatResult
 from evaluator.results.schema import ArchBlock
 from evaluator.study.archs.base import TRACE_MAX_BYTES, ArchError, ArchFailure, Architecture, Discovery
@@ -157,7 +158,9 @@ def check_discovery(value: Any, registry: Container[str], archs: Container[str],
             raise _breach(f"Discovery.trace is not JSON ({e})") from None
         if len(text.encode()) > TRACE_MAX_BYTES:
             raise _breach(f"Discovery.trace is {len(text.encode()):,} bytes as JSON, above {TRACE_MAX_BYTES:,}")
-        if not _plain(trace):
+        if (clean := scrub(text)) != text:  # a plugin's trace quoting a key: the records never hold it
+            trace = json.loads(clean)
+        elif not _plain(trace):
             trace = json.loads(text)  # as it will read back: tuples as lists, keys as strings
     for what, calls in (("calls", value.calls), ("reused", value.reused)):
         if not isinstance(calls, dict) or not all(isinstance(n, str) and isinstance(r, ChatResult)
