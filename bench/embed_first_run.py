@@ -172,9 +172,9 @@ def _sgemm_rates(shapes, env: dict[str, str], threads: int | None = None) -> dic
     OpenBLAS's kernel set."""
     import json
 
-    from evaluator.core import threads as cpus
+    from evaluator.core.threads import available_cpus
 
-    n = str(threads or cpus.available_cpus())
+    n = str(threads or available_cpus())
     env = env | {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
     out = subprocess.run([sys.executable, "-c", _SGEMM, json.dumps(shapes)], env=env, capture_output=True, text=True,
                          check=True)

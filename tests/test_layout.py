@@ -45,9 +45,10 @@ LAUNCHERS = {"simulator.harness": {"evaluator.app"}}
 # stands for a provider and shares nothing with the engine but the prompt markers and the one token rule;
 # render computes nothing.
 ONLY: dict[str, set[str]] = {
-    "simulator": {"evaluator.study.prompts", "evaluator.core.tokens", "evaluator"},
+    # the prompt markers, the one token rule, and where the repository is (the harness starts the server from it)
+    "simulator": {"evaluator.study.prompts", "evaluator.core.tokens", "evaluator.core.paths", "evaluator"},
     "evaluator.render": {"evaluator.analysis", "evaluator.results", "evaluator.settings", "evaluator.data",
-                         "evaluator.core.redact", "evaluator.study.prompts", "evaluator"},
+                         "evaluator.core.redact", "evaluator.core.errors", "evaluator.study.prompts", "evaluator"},
 }
 # Third-party packages that may be imported inside a function: optional or slow to import, needed by few runs.
 HEAVY = {"torch", "matplotlib", "openvino", "onnx", "onnxruntime", "optimum", "sentence_transformers",
@@ -267,14 +268,14 @@ def test_only_the_cli_writes_to_the_terminal() -> None:
 
 
 def test_checker_sees_relative_imports_circles_and_calls(tmp_path: Path) -> None:
-    assert {"evaluator.analysis.stats", "evaluator.analysis.main"} <= {i.target for i in imports("evaluator.render.tables")}
+    assert {"evaluator.analysis.stats", "evaluator.analysis.main_study"} <= {i.target for i in imports("evaluator.render.tables")}
     assert {"evaluator.results.schema", "evaluator.llm", "evaluator.study.prepare"} <= {
         i.target for i in imports("evaluator.study.runner")}
-    # `from evaluator.batch import collect as ...` imports the module
-    assert any(i.target == "evaluator.batch.collect" for i in imports("evaluator.app.study"))
+    # `from evaluator.batch import collect` imports the module
+    assert any(i.target == "evaluator.batch.collect" for i in imports("evaluator.app.run_study"))
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
     assert unit("evaluator.data.model") == "evaluator.data.model" and unit("evaluator.data.queries") == "evaluator.data"
-    assert unit("simulator.server") == "simulator" and unit("evaluator.render.view") == "evaluator.render"
+    assert unit("simulator.server") == "simulator" and unit("evaluator.render.view_page") == "evaluator.render"
     src = "import sys\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from x import y\n" \
           "def f():\n    import torch\n    print(1, file=sys.stderr)\n"
     found = {(type(n).__name__, fn) for n, fn in _walk(ast.parse(src))

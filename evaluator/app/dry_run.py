@@ -27,17 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.batch.collect import collect, offline
-from evaluator.batch.files import Request
+from evaluator.batch.request_format import Request
 from evaluator.core import aio
 from evaluator.core.money import cost_usd
 from evaluator.core.tokens import MESSAGE_TOKENS, prompt_tokens
 from evaluator.llm import ChatResult, LLMEngine, ModelProfile, Prepared
 from evaluator.llm.budget import unpriced
-from evaluator.llm.limits import PACED_BURST_S, RPM_SAFETY
+from evaluator.llm.limiters import PACED_BURST_S, RPM_SAFETY
 from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
 from evaluator.study import prompts
-from evaluator.study.prepare import Study
+from evaluator.study.prepare import PreparedStudy
 from evaluator.study.runner import ARCH_OF_CALL, study_archs
 
 PLAN_FILE = "plan.json"
@@ -281,7 +281,7 @@ class _Planner:
     """Collects every call of the collect pass (by architecture), and stands in the planner behind each reply
     that is not cached yet."""
 
-    def __init__(self, study: Study, profiles: dict[str, ModelProfile]) -> None:
+    def __init__(self, study: PreparedStudy, profiles: dict[str, ModelProfile]) -> None:
         self.study = study
         self.tally = {n: _Tally(p) for n, p in profiles.items()}
         names = list(study_archs(study))  # in --archs order, by name (a plugin by its `name`)
@@ -307,7 +307,7 @@ class _Planner:
         self._count(model, arch)
 
 
-def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path) -> DryRunPlan:
+def plan_study(study: PreparedStudy, profiles: dict[str, ModelProfile], cache_root: Path) -> DryRunPlan:
     """The plan of `study` on these models; reads the cache, sends nothing."""
     planner = _Planner(study, profiles)
     aio.run(collect(study, profiles, cache_root, on_call=planner, on_deferred=planner.deferred, keep=False))

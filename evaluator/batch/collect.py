@@ -24,16 +24,15 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from evaluator.batch.budget import BudgetedBatches
-from evaluator.batch.files import Request
+from evaluator.batch.batch_budget import BudgetedBatches
+from evaluator.batch.batch_submit import BatchRunner, BatchStats
 from evaluator.batch.providers import batch_api, batch_kind, chat_to_gemini
-from evaluator.batch.runner import BatchRunner, BatchStats
+from evaluator.batch.request_format import Request
 from evaluator.batch.store import JobStore
 from evaluator.core import aio
+from evaluator.core.errors import ConfigError, FatalLLMError
 from evaluator.llm import (
     ChatResult,
-    ConfigError,
-    FatalLLMError,
     LLMEngine,
     ModelProfile,
     Prepared,
@@ -137,7 +136,7 @@ async def batch_rounds(
     fallback: str = "stop",
 ) -> dict[str, BatchStats]:
     """Bring the study's replies into the cache through each model's batch API; stats per model.
-    `budget`: each batch's worst case is reserved before it is submitted (batch/budget.py).
+    `budget`: each batch's worst case is reserved before it is submitted (batch/batch_budget.py).
     `fallback` "stop": requests still unanswered stop the run (`BatchIncomplete`); "online": they go online."""
     say = log or (lambda m: None)
     tell = warn or say

@@ -27,12 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from evaluator.analysis.routing import RoutingMeta
-from evaluator.analysis.scaling import ScalingMeta
-from evaluator.app import arch_check, models, report, requests, study
-from evaluator.app import view as view_app
+from evaluator.analysis.routing_study import RoutingMeta
+from evaluator.analysis.scaling_study import ScalingMeta
+from evaluator.app import arch_check, models, outputs, request_commands, run_study, viewer
 from evaluator.batch.ray_engine import RayOptions
-from evaluator.batch.requests import import_files
+from evaluator.batch.request_files import import_files
 from evaluator.cli import view_server
 from evaluator.core.aio import interrupt_on_stop_signals, stop_signal
 from evaluator.core.errors import (
@@ -44,15 +43,15 @@ from evaluator.core.errors import (
     ConfigError,
     EvaluatorError,
 )
+from evaluator.core.paths import resolve_path
 from evaluator.core.progress import Reporter
 from evaluator.core.redact import RedactFilter, redact, redacted_traceback
 from evaluator.llm import cache_clear, cache_stats
 from evaluator.llm.profiles import STRUCTURED
-from evaluator.render.view import trace_text
+from evaluator.render.view_page import trace_text
 from evaluator.results.schema import OutputDir
 from evaluator.settings.invocation import BATCH_FALLBACKS, STOP_GRACE_S, Invocation, ProfileOverrides
 from evaluator.settings.load import load, load_settings
-from evaluator.settings.paths import resolve_path
 from evaluator.settings.sections import (
     BACKEND_CHOICES,
     PRECISION_CHOICES,
@@ -252,7 +251,7 @@ def cmd_run(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
     s, inv = settings_from(args)
     _writing(s.run.out or "results/", resolve_path(s.run.cache_dir))
-    outcome = study.run(s, inv, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
+    outcome = run_study.run(s, inv, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
     if outcome.message:  # --batch-cancel: no study ran
         print(outcome.message)
         return 0
@@ -291,7 +290,7 @@ def cmd_report(argv: list[str]) -> int:
     _writing(args.out_dir)
     od = OutputDir(args.out_dir).require()
     with od.writing("`report`", make_reporter(False).info):  # one writer per output folder
-        report.render_outputs(od)
+        outputs.render_outputs(od)
     print(f"Re-rendered {args.out_dir}/report.md, summary.json and figures/")
     return 0
 
@@ -362,7 +361,7 @@ def cmd_scaling(argv: list[str]) -> int:
     return _analysis_command(
         "scaling", "Scaling study (paper Table 10): RtP and PtR recall on sub-registries of growing size, from a "
         "finished output folder; no LLM call, embeddings from the run's cache.", argv, add,
-        lambda args, od, s: report.scaling_from_output(od, s, data_dir=args.data, device=args.device,
+        lambda args, od, s: outputs.scaling_from_output(od, s, data_dir=args.data, device=args.device,
                                                     reporter=make_reporter(not args.no_progress)).meta)
 
 
@@ -376,7 +375,7 @@ def cmd_routing(argv: list[str]) -> int:
     return _analysis_command(
         "routing", "Complexity-adaptive routing (RtP when RtP's top-1 score >= tau, else PtR; also query length "
         "and clause count) from a finished output folder; no embedding, no LLM call.", argv, add,
-        lambda _args, od, s: report.routing_from_output(od, s, make_reporter()).meta)
+        lambda _args, od, s: outputs.routing_from_output(od, s, make_reporter()).meta)
 
 
 # ---------------------------------------------------------------- `requests export|import|run`: request files
@@ -411,7 +410,7 @@ def _requests_export(argv: list[str]) -> int:
     args = run_parser().parse_args(argv[1:])
     s, inv = settings_from(args)
     _writing(Path(argv[0]).parent, resolve_path(s.run.cache_dir))
-    done = requests.export_requests(s, inv, Path(argv[0]), make_reporter(not args.no_progress))
+    done = request_commands.export_requests(s, inv, Path(argv[0]), make_reporter(not args.no_progress))
     n = sum(done.per_model.values())
     if n:
         per = ", ".join(f"{name} {k:,}" for name, k in done.per_model.items())
@@ -486,10 +485,10 @@ def _requests_run(argv: list[str]) -> int:
     overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
     _writing(args.out.parent, _cache_root(args.cache_dir, args.config))
     if args.dry_run:
-        print(requests.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
+        print(request_commands.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
                                     **overrides.as_kwargs()))
         return 0
-    done = requests.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
+    done = request_commands.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
                                 reporter=make_reporter(not args.no_progress), ray=ray_opts, grace_s=args.stop_grace,
                                 **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
@@ -515,7 +514,7 @@ def cmd_view(argv: list[str]) -> int:
     folders = [OutputDir(d).require() for d in args.out_dirs]
     # the folder the page goes into has one writer (a study's, a `report`'s or this one), not the page's readers
     with OutputDir(args.out.parent if args.out else args.out_dirs[0]).writing("`view`", make_reporter(False).info):
-        path, html = view_app.write_page(folders, args.out)
+        path, html = viewer.write_page(folders, args.out)
     print(path)
     if args.serve:
         srv = view_server.server(html, args.port, path)
@@ -550,7 +549,7 @@ def cmd_export(argv: list[str]) -> int:
     p.add_argument("--bare-qids", action="store_true", help="qid = the query id alone (e.g. a BEIR folder's own, to "
                    "meet its qrels/<split>.tsv), not <subset>/<query_id>; refused when two subsets share an id")
     args = p.parse_args(argv)
-    files = report.export_trec(OutputDir(args.out_dir).require(), args.to, args.bare_qids)
+    files = outputs.export_trec(OutputDir(args.out_dir).require(), args.to, args.bare_qids)
     runs = sum(f.suffix == ".trec" for f in files)
     qrels = sum(f.name.startswith("qrels.") for f in files)
     print(f"Wrote {runs} run file(s) and {qrels} qrels file(s) to {args.to}/ "

@@ -17,7 +17,6 @@ from evaluator.data.model import (
     GOLD_SETS,
     REGISTRY_CHOICES,
     Api,
-    DataError,
     Query,
     QueryId,
     Registry,
@@ -36,7 +35,7 @@ from evaluator.data.queries import (
 from evaluator.data.registry import TOOLS_FORMATS, load_registry
 
 __all__ = [
-    "CORPUS_TEXT_RULE", "EMBED_TEXT_RULE", "GOLD_SETS", "REGISTRY_CHOICES", "TOOLS_FORMATS", "Api", "DataError", "Query", "Registry",
+    "CORPUS_TEXT_RULE", "EMBED_TEXT_RULE", "GOLD_SETS", "REGISTRY_CHOICES", "TOOLS_FORMATS", "Api", "Query", "Registry",
     "Warnings", "api_id", "find_query_files", "load_queries", "load_query_files", "load_registry", "match_subsets",
     "normalise_qid",
     "QueryId", "qid_key", "resolve_data_dir", "select_subsets",

@@ -27,11 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evaluator.core.errors import DataError
 from evaluator.data.model import (
     NAME_CAP_CHARS,
     UNRESOLVED_GOLD_SHARE,
     Api,
-    DataError,
     Warnings,
     corpus_text,
     description_or_none,

@@ -8,8 +8,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from evaluator.core.errors import DataError as DataError  # defined with its exit code in core.errors
-
 GOLD_SETS: tuple[str, ...] = ("api_list", "relevant")  # a query's gold sets, in the order tables show them
 REGISTRY_CHOICES = ("full", "described")
 

@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evaluator.core.errors import DataError
 from evaluator.data import beir, toolbench
 from evaluator.data.model import (
     GOLD_SETS,
     UNRESOLVED_GOLD_SHARE,
-    DataError,
     Query,
     Registry,
     Warnings,

@@ -15,10 +15,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from evaluator.core.errors import ConfigError
 from evaluator.core.money import capped_usd
 from evaluator.core.tokens import prompt_tokens
-from evaluator.llm.errors import CONTEXT_EXCEEDED as CONTEXT_EXCEEDED
-from evaluator.llm.errors import ConfigError
 from evaluator.llm.profiles import ModelProfile
 
 

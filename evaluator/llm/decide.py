@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-from evaluator.llm.errors import CONTEXT_EXCEEDED
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.reply import EMPTY_REPLY, MAX_TOKENS, REFUSAL, ChatResult, read_reply
 from evaluator.llm.retry import (
+    CONTEXT_EXCEEDED,
     Kind,
     Verdict,
     classify_http,
@@ -45,7 +45,7 @@ EMPTY_RETRIES = 1  # an empty 200 is sent again this many times (each one billed
 
 
 @dataclass(frozen=True)
-class TransportError:
+class TransportFailure:
     """No HTTP answer: `timeout` (after timeout_s), `connect` (nothing listens), `connection` (cut), `tls` (the
     server's certificate is not trusted, or the handshake failed: sending again cannot help)."""
 
@@ -60,7 +60,7 @@ class AttemptOutcome:
     status: int = 0  # 0: no HTTP answer (see `error`)
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
-    error: TransportError | None = None
+    error: TransportFailure | None = None
     latency_s: float = 0.0
     sent: frozenset[str] = frozenset()  # the request fields this attempt carried
     sent_json_schema: bool = False  # its response_format was the json_schema form
@@ -170,7 +170,7 @@ def decide(outcome: AttemptOutcome, state: CallState, p: ModelProfile, *, now: f
     return _on_verdict(verdict, outcome, state, p, now, jitter)
 
 
-def _transport_verdict(e: TransportError, p: ModelProfile) -> Verdict:
+def _transport_verdict(e: TransportFailure, p: ModelProfile) -> Verdict:
     if e.kind == "timeout":
         return Verdict(Kind.RETRY, f"timeout after {p.timeout_s:g}s", label="timeout")
     if e.kind == "connect":

@@ -18,14 +18,13 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
 
+from evaluator.core.errors import ConfigError
+from evaluator.core.paths import MODELS_DIR, PROVIDERS_FILE
 from evaluator.core.redact import redact_url, watch_env
 from evaluator.core.tokens import CHARS_PER_TOKEN
 from evaluator.core.validation import checked, toml_label
 from evaluator.llm import catalog
 from evaluator.llm.catalog import BatchApi, PromptCache, Structured, Wire
-from evaluator.llm.errors import ConfigError
-
-MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
 
 STRUCTURED: tuple[str, ...] = get_args(Structured)
 # Requests in flight per model at most: the runner keeps at most 1,024 queries in flight (study.runner.WINDOW), and
@@ -198,7 +197,7 @@ def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str 
         return raw, str(path), None
     known = catalog.providers()
     if not isinstance(named, str) or named not in known:
-        raise ConfigError(f"{path}: provider = {named!r} is not a provider of {catalog.PROVIDERS_FILE} "
+        raise ConfigError(f"{path}: provider = {named!r} is not a provider of {PROVIDERS_FILE} "
                           f"(known: {', '.join(known)})")
     if not isinstance(raw.get("model"), str):
         raise ConfigError(f"{path}: 'model' (the provider's model id) is required")

@@ -24,7 +24,9 @@ from typing import Any
 
 import orjson
 
-from evaluator.llm.errors import CONTEXT_EXCEEDED
+# The error kind of a call whose prompt cannot fit the model's context: refused by the server (`classify_http`), or
+# known before sending from the profile's `context_tokens` (llm.budget) and then never sent.
+CONTEXT_EXCEEDED = "context_exceeded"
 
 _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from evaluator.analysis import stats
 from evaluator.analysis.compare import Comparison
 from evaluator.analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
-from evaluator.analysis.main import MainResult
+from evaluator.analysis.main_study import MainResult
 from evaluator.analysis.metrics import RANK_METRICS, RETRIEVAL_METRICS
 from evaluator.render.fmt import (
     DASH,

@@ -34,8 +34,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
-from evaluator.core.errors import ConfigError
-from evaluator.core.errors import OutputError as OutputError  # defined with its exit code in core.errors
+from evaluator.core.errors import ConfigError, OutputError
 from evaluator.core.files import (
     atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
 )
@@ -442,7 +441,7 @@ _ABOUT = TypeAdapter(About)
 
 @dataclass
 class LocalServer:
-    """The bundled llama.cpp server a run started for a model (`llamacpp.harness.LlamaHandle.stats`)."""
+    """The bundled llama.cpp server a run started for a model (`llamacpp.llama_server.LlamaHandle.stats`)."""
 
     model_file: str = ""  # the joined GGUF, checked by size and sha256
     sha256: str = ""

@@ -27,8 +27,7 @@ from evaluator.study.archs.hyde import HyDE
 from evaluator.study.archs.plugins import check_discovery, is_plugin_spec, load_plugin, shown
 from evaluator.study.archs.ptr import PtR
 from evaluator.study.archs.rewrite import Rewrite
-from evaluator.study.archs.route import Route, default_tau
-from evaluator.study.archs.route import side_for as route_side
+from evaluator.study.archs.route import Route, default_tau, route_side
 from evaluator.study.archs.rtp import RtP
 from evaluator.study.parse import parse_json
 

@@ -1,7 +1,9 @@
-"""Client-side pacing for one model: RPM throttle, optional TPM budget, the shared 429 gate, and the
-concurrency limit (fixed, or adaptive AIMD when the server's capacity is unknown, capped at the slots
-a llama.cpp server announces: `read_server_facts`, asked through the transport by `ask_server_facts`). `SharedPacer`
-paces RPM or TPM for every process that shares one folder (one API key, several terminals)."""
+"""The limiters, each a building block with no knowledge of a model: the RPM pacer (`RequestPacer`), the TPM
+budget (`TokenBucket`), the 429 gate (`SlowDownGate`), the same pacers shared by every process that uses one folder
+(`SharedPacer`, `SharedRates`: one API key, several terminals), the concurrency limit (`ConcurrencyLimit`: fixed,
+or adaptive AIMD when the server's capacity is unknown, capped at the slots a llama.cpp server announces), and
+what a self-hosted server says of itself (`read_server_facts`, asked through the transport by
+`ask_server_facts`). One model's use of them, its pace, is `pacing.Pacing`."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any
 import orjson
 
 from evaluator.core.cache_layout import CacheLayout
-from evaluator.llm.errors import ConfigError
+from evaluator.core.errors import ConfigError
 from evaluator.llm.profiles import ModelProfile, resolve_api_key
 from evaluator.llm.transport import NoReply, Request, Transport
 

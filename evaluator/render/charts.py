@@ -4,7 +4,7 @@ Per model: the crossover (recall/precision per subset and architecture, Figure 2
 counts (Figure 2b), recall against k, and the five trajectory panels of Figure 4; with three
 architectures or more, the architectures side by side. A retrieval-only output gets the RtP
 recall-against-k figure only. Where they are written, and when they are not drawn again, is
-`app.figures`'s business: this module draws.
+`app.figure_store`'s business: this module draws.
 """
 
 from __future__ import annotations

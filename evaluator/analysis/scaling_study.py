@@ -43,7 +43,7 @@ from evaluator.results.schema import (
     plain,
     qid_key,
 )
-from evaluator.retrieval import search as retrieve
+from evaluator.retrieval import ranking
 from evaluator.retrieval.index import SubsetSearch, digest
 from evaluator.retrieval.lexical import NO_HIT, BM25Index
 from evaluator.retrieval.retrievers import FUSION_DEPTH, HybridSubsets, LexicalSubsets, SubSearch
@@ -286,7 +286,7 @@ def search(found: SubSearch, si: SubsetInput, rows: np.ndarray, k: int) -> Searc
     ptr: list[list[int]] = []
     if si.units:
         n_units = len(si.units) * n
-        ptr = retrieve.ptr_rows(scores[n:], hits[n:], si.owners, n_units, k)
+        ptr = ranking.ptr_rows(scores[n:], hits[n:], si.owners, n_units, k)
     return Searched(rtp, ptr)
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from evaluator.batch.files import Request, Result
 from evaluator.batch.providers import BatchAPI
+from evaluator.batch.request_format import Request, Result
+from evaluator.core.errors import BudgetExhausted
 from evaluator.core.money import capped_usd
 from evaluator.llm.budget import Budget, worst_case_usd
-from evaluator.llm.errors import BudgetExhausted
 from evaluator.llm.profiles import ModelProfile
 
 
