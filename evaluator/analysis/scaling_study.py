@@ -47,11 +47,13 @@ from evaluator.retrieval import ranking
 from evaluator.retrieval.index import SubsetSearch, digest
 from evaluator.retrieval.lexical import NO_HIT, BM25Index
 from evaluator.retrieval.retrievers import FUSION_DEPTH, HybridSubsets, LexicalSubsets, SubSearch
+from evaluator.settings.sections import AnalysisSettings
 
 Encode = Callable[[list[str]], np.ndarray]
 
-DEFAULT_SIZES = (1000, 2000, 5000, 10000, 20000)
-DEFAULT_SEEDS = 5
+# The sub-registry sizes and draws of a caller that names none: the [analysis] section's defaults.
+DEFAULT_SIZES: tuple[int, ...] = AnalysisSettings().scaling_sizes
+DEFAULT_SEEDS = AnalysisSettings().scaling_seeds
 NO_CATEGORY = "(no category)"
 FULL = "full"
 

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.app.dry_run import plan_requests, write_plan
-from evaluator.app.run_study import checked_inputs, load_profiles, prepare_study, start_servers, use_servers
+from evaluator.app.run_study import (
+    check_archs,
+    checked_inputs,
+    load_profiles,
+    prepare_study,
+    start_servers,
+    use_servers,
+)
 from evaluator.batch import collect, ray_engine
 from evaluator.batch.ray_engine import RayOptions, RayRun, run_requests_ray
 from evaluator.batch.request_files import offline_profile, run_requests
@@ -50,6 +57,7 @@ def export_requests(s: Settings, inv: Invocation, out: Path, reporter: Reporter 
     if not s.run.models:
         raise ConfigError("requests export: name the model(s) with --model PROFILE")
     profiles = load_profiles(s, inv, offline=True)
+    check_archs(s)
     checked = checked_inputs(s, inv, reporter)
     study = prepare_study(checked.settings, checked.inputs, cache_root, reporter)
     todo = aio.run(collect.collect(study, profiles, cache_root))

@@ -127,6 +127,12 @@ def load_profiles(s: Settings, inv: Invocation, *, offline: bool = False) -> dic
     return profiles
 
 
+def check_archs(s: Settings) -> None:
+    """Every --archs name a built-in's and every plugin imported and checked (`study.archs.resolve`): one line
+    before any work."""
+    archs.resolve(s.run.archs, 0.0, resolve_path)
+
+
 def check_inputs(s: Settings, inv: Invocation, inputs: Inputs) -> None:
     """After the data is loaded, before embedding: budgets the registry can serve, and some queries."""
     n = len(inputs.registry)
@@ -203,8 +209,8 @@ def run(s: Settings, inv: Invocation, *, reporter: Reporter = SILENT, retrieval_
     check_writable(cache_root, "--cache-dir")
     check_writable(out, "--out")
     profiles = {} if retrieval_only else load_profiles(s, inv, offline=inv.dry_run)
-    if not retrieval_only:  # every --archs plugin imported and checked: one line before any work
-        archs.resolve(s.run.archs, 0.0, resolve_path)
+    if not retrieval_only:
+        check_archs(s)
     if inv.budget_usd is not None and profiles and not inv.dry_run:
         check_priced(profiles)  # a budget needs prices and max_tokens: one line, before any work
     if inv.batch and profiles:

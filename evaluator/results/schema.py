@@ -46,7 +46,7 @@ from evaluator.llm.reply import cut_cause
 from evaluator.results import migrate, outlock
 from evaluator.results.cost import BatchStats, Cost
 from evaluator.results.plans import ParseAudit, Stub
-from evaluator.settings.sections import Fitted, Settings
+from evaluator.settings.sections import Fitted, RetrievalSettings, Settings
 
 # re-exported: query ids (int or str) and their sort key, a PtR stub, a model's call counters, the version
 __all__ = ["qid_key", "QueryId", "Stub", "CallStats", "FORMAT_VERSION"]
@@ -526,8 +526,8 @@ class Meta:
     backend: str = "?"  # embedding runtime: torch, onnx, openvino
     registry: RegistryInfo = field(default_factory=RegistryInfo)
     subsets: dict[str, int] = field(default_factory=dict)
-    k: int = 5
-    ks: list[int] = field(default_factory=lambda: [1, 3, 5, 10, 20])
+    k: int = RetrievalSettings().k  # a meta.json without k or ks was written with the defaults
+    ks: list[int] = field(default_factory=lambda: list(RetrievalSettings().ks))
     runs: int = 1
     models: list[ModelInfo] = field(default_factory=list)
     retrieval_only: bool = False

