@@ -455,7 +455,7 @@ class Split:
 
 @pydantic.dataclasses.dataclass
 class RoutingMeta(About):
-    """`routing.json`'s `meta`: signals, objective, split, and what the section states about the run."""
+    """`routing.json`'s `meta`: signals, objective, split, and what the section states about the study."""
 
     models: list[str] = field(default_factory=list)
     k: int = 5

@@ -16,7 +16,7 @@ the batch API from the profile's prices (and where they come from, with their da
 the RPM/TPM pacing and concurrency set. Where the provider caches prompt prefixes (`prompt_cache`), every
 call after the first with the same system prompt is counted as reading that prompt from the cache (priced at
 the cached rate) when the prompt is at least `cache_min_tokens` long, and the first one as writing it when
-the cache is explicit (Anthropic): an estimate that assumes the prefix stays cached while the run goes on.
+the cache is explicit (Anthropic): an estimate that assumes the prefix stays cached while the study goes on.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ TOKEN_RULE = (f"prompt tokens = characters of message text / the profile's chars
 @dataclass
 class ModelPlan:
     model: str
-    calls: int  # chat calls the run makes (each PtR planner behind an uncached discovery counted once)
+    calls: int  # chat calls the study makes (each PtR planner behind an uncached discovery counted once)
     cached: int  # answered from the cache
     to_send: int  # distinct requests not cached (upper bound: the PtR planners below are in it)
     ptr_planners_upper_bound: int  # of `to_send`: planners that depend on a reply not cached yet (any architecture)

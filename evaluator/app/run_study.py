@@ -200,7 +200,7 @@ def fit_ks_to_registry(retrieval: RetrievalSettings, cli_keys: frozenset[str], r
     return dataclasses.replace(retrieval, ks=used), {"retrieval.ks": Fitted(asked=ks, used=used, why=why)}
 
 
-# ---------------------------------------------------------------- the run
+# ---------------------------------------------------------------- the study
 
 
 def run(s: Settings, inv: Invocation, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> RunOutcome:
@@ -405,7 +405,7 @@ def run_models(study: PreparedStudy, profiles: dict[str, ModelProfile], cache_ro
                           dict[str, BatchStats], dict[str, dict[str, int]]]:
     """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
     bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
-    when the stage ends. With `--batch`, the calls first go through the batch APIs; the run then answers
+    when the stage ends. With `--batch`, the calls first go through the batch APIs; the study then answers
     them from the cache."""
     with contextlib.ExitStack() as stack:
         sims = sims if sims is not None else start_servers(stack, profiles, cache_root)

@@ -84,7 +84,7 @@ def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
 
 def write(od: OutputDir, meta: Meta, records: Sequence[Record], figures: Sequence[str] | None,
           part_records: int = PART_RECORDS, kept: Memo | None = None) -> None:
-    """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run), with its parts.
+    """`OUT/view.html` of one output folder (the hook at the end of `report` and of a study), with its parts.
     `kept`: the records' page data read back when these records were shown before (app.memo)."""
     write_paged(od.path / VIEW_FILE, [source(od, meta=meta, records=records, figures=figures)],
                 part_records=part_records, kept=kept)

@@ -9,7 +9,7 @@ collect -> submit -> import until nothing new comes back; the study then runs fr
 
 Batch work never turns into online calls without a word: a batch refused or failed is told at once
 (`warn`), and when requests are still unanswered after the rounds (refused lines, failed or expired
-batches, unusable replies) the run stops before any online call (`BatchIncomplete`, one line saying how
+batches, unusable replies) the study stops before any online call (`BatchIncomplete`, one line saying how
 many, why and what to do) unless `--batch-fallback online` lets them go online at the online price, with
 a warning saying so.
 """
@@ -57,7 +57,7 @@ OnCall = Callable[[str, Prepared, str, ChatResult | None], None]
 
 
 class BatchIncomplete(FatalLLMError):
-    """Requests the batch API did not answer, and `--batch-fallback stop`: the run stops before any online call."""
+    """Requests the batch API did not answer, and `--batch-fallback stop`: the study stops before any online call."""
 
 
 class _Collector:
@@ -137,7 +137,7 @@ async def batch_rounds(
 ) -> dict[str, BatchStats]:
     """Bring the study's replies into the cache through each model's batch API; stats per model.
     `budget`: each batch's worst case is reserved before it is submitted (batch/batch_budget.py).
-    `fallback` "stop": requests still unanswered stop the run (`BatchIncomplete`); "online": they go online."""
+    `fallback` "stop": requests still unanswered stop the study (`BatchIncomplete`); "online": they go online."""
     say = log or (lambda m: None)
     tell = warn or say
     check(profiles)
@@ -181,7 +181,7 @@ async def batch_rounds(
 
 def unanswered(runners: dict[str, BatchRunner], left: dict[str, int], fallback: str,
                warn: Callable[[str], None]) -> None:
-    """Requests the batch rounds left unanswered (`left`, per model): stop the run, or say they go online."""
+    """Requests the batch rounds left unanswered (`left`, per model): stop the study, or say they go online."""
     if not left:
         return
     def why(n: str) -> str:

@@ -78,7 +78,7 @@ _GRPC_BY_NAME = {name: code for code, (name, _) in GRPC_CODES.items()}
 
 
 class BatchAPIError(FatalLLMError):
-    """The provider refused a batch call for a reason a retry will not fix. Fatal for the run (one line);
+    """The provider refused a batch call for a reason a retry will not fix. Fatal for the command (one line);
     every reply imported before it is cached and every submitted batch is recorded, so a rerun resumes."""
 
     def __init__(self, message: str, status: int | None = None) -> None:

@@ -2,7 +2,7 @@
 
 The driver (this process) keeps what Ray does not: it answers from the response cache whatever is
 there (the same keys as the evaluator's own `requests run`, so either engine resumes the other), puts
-only the rest in a Ray Dataset, and stores each reply in the cache as its block comes back, so a run
+only the rest in a Ray Dataset, and stores each reply in the cache as its block comes back, so a command
 stopped mid-way and started again sends only what has no reply yet. Ray Data LLM sends: its
 HTTP processor (`HttpRequestProcessorConfig`: `qps` per actor, `max_retries` with exponential backoff on
 429/408/502/503/504 and transport errors) against the profile's endpoint, or, asked for and installed,

@@ -2,7 +2,7 @@
 
 The only module that knows about argv, the terminal and exit codes. Every user mistake ends in one
 line on stderr naming the flag, file or key and what to do — no traceback. Exit codes (`core.errors`,
-where every error class says its own and its line): 0 done; 1 the run stopped (bad key, exhausted quota:
+where every error class says its own and its line): 0 done; 1 the command stopped (bad key, exhausted quota:
 finished calls are cached); 2 a usage, config or data error (before any work); 3 done, but some LLM calls
 failed for good (a rerun retries them); 4 stopped at --budget (replies received are cached: a rerun with a
 larger budget resumes); 5 done, but an architecture failed on some queries (one line per architecture and kind
@@ -165,7 +165,7 @@ def run_parser() -> Parser:
                    f"and searches not counted; past it that block fails as a timeout (default {DEFAULTS.run.arch_timeout_s:g})")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first query an architecture fails on (it "
                    "raised, broke the plugin contract, timed out, waited in a cycle), with its error; without it such "
-                   "blocks are left out of the results, counted, and the run goes on (exit 5)")
+                   "blocks are left out of the results, counted, and the study goes on (exit 5)")
     p.add_argument("--base-url", help="override the model's endpoint (for sim: use a running simulator; vllm, sglang, "
                    "llamacpp: their server's /v1 address)")
     p.add_argument("--retriever", choices=RETRIEVER_CHOICES,
@@ -182,7 +182,7 @@ def run_parser() -> Parser:
     p.add_argument("--batch", action="store_true", help="send the LLM calls through each profile's batch API (about half price; see README)")
     p.add_argument("--batch-fallback", choices=BATCH_FALLBACKS,
                    help="--batch: what happens to requests the batch API did not answer (refused, failed, expired): "
-                        "stop the run before any online call (default) or send them online at the online price")
+                        "stop the study before any online call (default) or send them online at the online price")
     p.add_argument("--batch-cancel", action="store_true", help="cancel this cache's open batches of the --model profiles, keep their finished replies, and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--dry-run", action="store_true", help="prepare what costs nothing (data, embeddings, retrieval, cache lookups), then print and write OUT/plan.json: calls, tokens, USD and time per model; send nothing")
@@ -665,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _log_to_stderr()
     warnings.showwarning = _one_line_warning  # no raw library warning (with its source line) on stderr
-    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (core/aio.py)
+    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the command as Ctrl-C does (core/aio.py)
     command = argv[0] if argv and argv[0] in HANDLERS else "run"
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
     sys.excepthook = lambda *exc: sys.stderr.write(redacted_traceback(*exc))  # even a crash's traceback carries no key

@@ -2,7 +2,7 @@
 
 `cli.main` catches `EvaluatorError` once and prints `line()` (redacted) to stderr, then exits with
 `exit_code`; a new kind of error is a subclass here (or of one of these, beside the code that raises it,
-as `llm.cache.StoreError`), never a new branch in the CLI. Exit codes: 0 done; 1 the run stopped (bad key,
+as `llm.cache.StoreError`), never a new branch in the CLI. Exit codes: 0 done; 1 the command stopped (bad key,
 exhausted quota: finished calls are cached); 2 a usage, config or data error (before any work); 3 done,
 but some LLM calls failed for good (a rerun retries them); 4 stopped at --budget; 5 done, but an architecture
 failed on some queries (it raised, broke the plugin contract, timed out or waited in a cycle: those blocks are
@@ -61,7 +61,7 @@ class OutputError(UserError):
 
 
 class FatalLLMError(EvaluatorError, RuntimeError):
-    """The run cannot continue with this model (bad key, no permission, daily quota).
+    """The command cannot continue with this model (bad key, no permission, daily quota).
 
     The message says what to do. Calls that finished are already in the cache, so a rerun resumes.
     """

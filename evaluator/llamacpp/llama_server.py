@@ -9,7 +9,7 @@ watchdog thread, up to `MAX_RESTARTS` times, on a free port the system picks (it
 by another listener meanwhile: binding it again failed, and calls sent there reached that listener). The engine
 asks `locate()` for the URL at every request: the new server's once it answers `/health`, and no URL at all while
 the server is down or starting (`NoReply`, retried as a refused connection), so no request reaches another
-process on the old port. Past the restarts, the calls fail to connect and the run stops with the engine's one
+process on the old port. Past the restarts, the calls fail to connect and the command stops with the engine's one
 line saying to rerun the same command to resume (every reply received is cached).
 """
 

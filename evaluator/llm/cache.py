@@ -134,7 +134,7 @@ def decode_entry(raw: Any) -> CacheEntry | None:
 
 
 class StoreError(FatalLLMError):
-    """The cache could not store (disk full, I/O error, read-only): the run stops; `what` says why."""
+    """The cache could not store (disk full, I/O error, read-only): the command stops; `what` says why."""
 
     def __init__(self, message: str, *, full: bool) -> None:
         super().__init__(message)

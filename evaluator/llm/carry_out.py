@@ -1,8 +1,8 @@
-"""Carrying out `decide`'s verdicts: what each one does to the call, the model and the run.
+"""Carrying out `decide`'s verdicts: what each one does to the call, the model and the command.
 
 decide.py says what to do with an attempt's outcome (a pure function); `Decisions.apply` does it: keep the
 reply, retry after a wait (a 429 closes the model's gate for everyone), send again without the fields or
-schema form the host rejected, give the call up (a counted failure), or stop the run (`FatalLLMError`).
+schema form the host rejected, give the call up (a counted failure), or stop the command (`FatalLLMError`).
 """
 
 from __future__ import annotations

@@ -10,15 +10,15 @@ process, then the fresh path, one attempt at a time in named steps:
    `AttemptOutcome` and gives the limits their signals).
 2. `decide` (decide.py, a pure function): outcome + the call's state + profile -> one decision.
 3. `Decisions.apply` (carry_out.py): store and return the reply, retry (a 429 closes the model's gate),
-   drop fields or send the schema in another form (wire.py), give up on this call, or stop the run.
+   drop fields or send the schema in another form (wire.py), give up on this call, or stop the command.
 
 The transport is aiohttp's unless one is passed (`transport=`, e.g. transport.MockTransport in tests). The URL
 is the profile's, or asked of `locate=` at every request (the bundled llama.cpp server, restarted on a free port
 after a crash: `llamacpp.llama_server.LlamaHandle.locate`).
 
-A call cancelled while its request is on the wire (Ctrl-C, SIGTERM, a run stopping) gets `grace_s`
+A call cancelled while its request is on the wire (Ctrl-C, SIGTERM, a command stopping) gets `grace_s`
 to receive its reply and store it, so the rerun does not pay for it again. A reply the cache cannot
-store (disk full) is kept in memory and in a spill file the next run imports (cache.py); the run stops.
+store (disk full) is kept in memory and in a spill file the next invocation imports (cache.py); the command stops.
 """
 
 from __future__ import annotations
@@ -559,7 +559,7 @@ class LLMEngine:
 
     # -- step 4: store -------------------------------------------------------------------------------
     def _store(self, key: str, r: ChatResult, *, dropped: list[str] | tuple[()]) -> None:
-        """Commit the reply; on a storage error keep it (memory + spill file) and stop the run."""
+        """Commit the reply; on a storage error keep it (memory + spill file) and stop the command."""
         if self._cache is None:
             return
         entry = CacheEntry(

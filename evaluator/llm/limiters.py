@@ -37,10 +37,10 @@ _BURST_S = 1.0
 # vary (this event loop's lag, a new connection, the server's own scheduling on shared cores), and a schedule
 # that spends the whole burst at the start is only as early as its first request was late: when the run's first
 # request reaches the server 10 ms later than the ones after it, the bucket is empty 10 ms before each paced
-# request for the rest of the run, and every wobble is a 429. That is where bench/fanout's 17-66 self-inflicted
+# request for the rest of the study, and every wobble is a 429. That is where bench/fanout's 17-66 self-inflicted
 # 429s came from (all in the run's first seconds, in bunches; load 2-6 on 2 cores). A quarter second of margin
 # absorbs the spread seen there and costs a quarter second once per run (of 36 s at the bench's 10x compressed
-# time, 0.7%); the 1% under the limit (`RPM_SAFETY`) widens the margin further as the run goes on.
+# time, 0.7%); the 1% under the limit (`RPM_SAFETY`) widens the margin further as the study goes on.
 JITTER_S = 0.25
 # What the pacers let go at once after a lull (and at the start), in seconds of rate (the dry run's floor too).
 PACED_BURST_S = _BURST_S - JITTER_S

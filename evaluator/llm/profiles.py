@@ -60,7 +60,7 @@ class ModelProfile:
     backoff_base_s: float = Field(default=0.5, gt=0, le=3600, allow_inf_nan=False)
     backoff_max_s: float = Field(default=30.0, gt=0, le=86_400, allow_inf_nan=False)
     max_wait_s: float = Field(default=120.0, gt=0, le=86_400, allow_inf_nan=False)
-    # A server retry hint longer than this stops the run ("resume after HH:MM UTC"); shorter ones past
+    # A server retry hint longer than this stops the command ("resume after HH:MM UTC"); shorter ones past
     # max_wait_s are retried every max_wait_s, with one warning saying what the server asked for.
     give_up_after_s: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
     # Concurrency: fixed at `concurrency`, or adaptive (AIMD) up to it for servers of unknown capacity.

@@ -35,7 +35,7 @@ _PER_DAY = re.compile(r"per[ _-]?day|daily", re.IGNORECASE)
 
 class Kind(Enum):
     RETRY = "retry"  # transient: back off and send again
-    FATAL = "fatal"  # the run cannot go on with this model
+    FATAL = "fatal"  # the command cannot go on with this model
     GIVE_UP = "give_up"  # this one call cannot succeed (e.g. 400), the others may
 
 
@@ -195,7 +195,7 @@ def _quota_ids(err: Mapping[str, Any]) -> list[str]:
 
 
 def is_daily_quota(err: Mapping[str, Any]) -> bool:
-    """A quota that will not come back within the run: Gemini per-day ids/messages, OpenAI billing."""
+    """A quota that will not come back within the command: Gemini per-day ids/messages, OpenAI billing."""
     if any("PerDay" in q or _PER_DAY.search(q) for q in _quota_ids(err)):
         return True
     msg = str(err.get("message", ""))

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 COLORS = {"rtp": "#1f77b4", "ptr": "#d62728", "both": "#555555"}
 LABELS = {"rtp": "RtP", "ptr": "PtR", "both": "both"}
-# Further architectures, in the order the run holds them (tab10 without RtP's blue and PtR's red).
+# Further architectures, in the order the study holds them (tab10 without RtP's blue and PtR's red).
 MORE_COLORS = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 DPI = 100
 

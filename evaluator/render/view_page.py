@@ -1,4 +1,4 @@
-"""`view.html`: one self-contained page to browse a run's queries, or several runs side by side.
+"""`view.html`: one self-contained page to browse a study's queries, or several studies side by side.
 
 `page()` is handed the runs' saved values and the viewer's assets and returns the HTML text: the data as one
 inline JSON (API ids and repeated top lists stored once in tables, records pointing into them), the viewer's
@@ -270,7 +270,7 @@ def _tables(src: Source) -> list[dict[str, Any]]:
     out = []
     for model in models:
         for gold in GOLDS:
-            # RtP (its retrieval: one deterministic row, model null), PtR, then any other architecture of the run
+            # RtP (its retrieval: one deterministic row, model null), PtR, then any other architecture of the study
             archs = [("rtp", None, "RtP")] + ([("ptr", model, "PtR")] + [(a, model, a) for a in more] if model else [])
             head = ["k"] + [f"{s} {name}" for s in subsets for _, _, name in archs]
             body = [[str(kk)] + [_ms(summary.row(m_, s, a, "recall", kk, gold)) for s in subsets for a, m_, _ in archs]

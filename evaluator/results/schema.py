@@ -419,7 +419,7 @@ class WarningCount:
 
 @dataclass
 class About:
-    """What a scaling or routing section states about the run it analysed (copied from `Meta`)."""
+    """What a scaling or routing section states about the study it analysed (copied from `Meta`)."""
 
     embedder: str = "?"
     precision: str = "?"
@@ -441,7 +441,7 @@ _ABOUT = TypeAdapter(About)
 
 @dataclass
 class LocalServer:
-    """The bundled llama.cpp server a run started for a model (`llamacpp.llama_server.LlamaHandle.stats`)."""
+    """The bundled llama.cpp server a study started for a model (`llamacpp.llama_server.LlamaHandle.stats`)."""
 
     model_file: str = ""  # the joined GGUF, checked by size and sha256
     sha256: str = ""
@@ -491,7 +491,7 @@ class PeakMemory:
 class Runtime:
     """meta.json's `runtime`: what changes between otherwise identical invocations (never in summary.json)."""
 
-    created: str = ""  # local time the run started, ISO 8601
+    created: str = ""  # local time the study started, ISO 8601
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (bench/warm_run.py reads them)
     # The embedding cache's work (embed.EmbedStats's counters and seconds; schema does not import the embedder).
     embed: dict[str, int | float] = field(default_factory=dict)
@@ -534,7 +534,7 @@ class Meta:
     warnings: dict[str, WarningCount] = field(default_factory=dict)
     llm_stats: dict[str, CallStats] = field(default_factory=dict)
     runtime: Runtime = field(default_factory=Runtime)
-    # Why an analysis that follows the run (scaling, routing) did not run, by analysis.
+    # Why an analysis that follows the study (scaling, routing) did not run, by analysis.
     analysis_notes: dict[str, str] = field(default_factory=dict)
     # Per model: the batch API's work (--batch) and tokens + USD online/batch (evaluator.results.cost).
     batch: dict[str, BatchStats] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 The cache is keyed by (model, backend, precision, text): a second run embeds nothing, a changed
 registry embeds only the texts that changed, and vectors of one runtime path are never served to
-another. New vectors are written in shards as they are computed, so a run killed half-way through
+another. New vectors are written in shards as they are computed, so a study killed half-way through
 the 47k-API registry keeps what it had embedded. Each shard carries its dimension, dtype and a
 checksum of its content; a damaged one (unreadable, checksum, NaN/inf, wrong dimension or dtype) is
 set aside and its texts re-embedded, with one warning that counts them.
@@ -100,7 +100,7 @@ class EmbeddingStore:
             try:
                 good.append((shard, *_read_shard(shard)))
             except Exception as e:  # noqa: BLE001 - zipfile.BadZipFile, truncated arrays, foreign files alike
-                # A damaged shard (a full disk, a killed copy, flipped bytes) costs a re-embed, never the run.
+                # A damaged shard (a full disk, a killed copy, flipped bytes) costs a re-embed, never the study.
                 why = e.args[0] if isinstance(e, _DamagedShard) else f"unreadable ({type(e).__name__})"
                 damaged[why] = damaged.get(why, 0) + 1
                 first = first or [shard]

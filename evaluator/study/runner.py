@@ -15,7 +15,7 @@ arch_timeout_s`) and the outcomes it waits on (a wait that would close a cycle i
 architecture that raises, breaks the contract, runs out of time or closes a cycle fails that query's block only
 (`ArchBlock.failure`, kinds `results.schema.FAILURE_KINDS`): no planner call, not scored, counted; the study goes
 on (`fail_fast`: the first stops it). What the engine or the search raise (a bad key, a spent budget, a full
-disk) still stops the run, whichever architecture's call met it.
+disk) still stops the study, whichever architecture's call met it.
 """
 
 from __future__ import annotations
@@ -411,7 +411,7 @@ class StudyRunner:
         self.arch_calls: Counter[tuple[str, str]] = Counter()  # (model, architecture) -> chat calls it made
         self.registry_view = archs.RegistryView(self.reg)
         self._names = _Names(self)
-        self.fail_fast = fail_fast  # the first failed block stops the run (ArchError), for plugin authors
+        self.fail_fast = fail_fast  # the first failed block stops the study (ArchError), for plugin authors
 
     def _arch(self, name: str) -> tuple[str, Architecture]:
         got = self.archs.get(name) or self._helpers.get(name)
@@ -774,7 +774,7 @@ async def probe_archs(study: PreparedStudy, resolved: Mapping[str, tuple[str, Ar
     """Every plugin run once on the first query with a client that sends nothing (its calls fail) and the real
     search: a plugin that fails there (raises, breaks the contract, runs out of time, waits in a cycle) is
     broken on every query, so it is one line (`ArchError`) before any paid work. A plugin that fails only on
-    some later query fails that query's block alone, in the run."""
+    some later query fails that query's block alone, in the study."""
     plugins = {n: a for n, a in resolved.items() if n not in archs.BUILTIN}
     if not plugins or not study.queries:
         return

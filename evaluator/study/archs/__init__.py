@@ -1,4 +1,4 @@
-"""Discovery architectures as units: the contract (`base`), the built-ins (one module each) and user plugins.
+"""Discovery architectures as pluggable classes: the contract (`base`), the built-ins (one module each) and user plugins.
 
 `resolve(specs, ...)` turns `--archs` into architectures by name, in order: a built-in's name, or a plugin's
 `file.py:Class` / `module:Class` (`plugins`). The built-ins (rtp and ptr, the paper's; hyde, rewrite, fusion,
