@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.batch.collect import batch_rounds
-from evaluator.batch.files import Request
-from evaluator.batch.requests import run_requests
+from evaluator.batch.request_files import run_requests
+from evaluator.batch.request_format import Request
 from evaluator.llm import LLMEngine, load_profile
 from evaluator.results.cost import accounting
 from evaluator.results.schema import plain

@@ -320,9 +320,9 @@ class TreeRSS:
 def data_dir() -> str:
     """The data folder the working tree's config names, passed explicitly to every command (a
     checkout elsewhere would resolve the config's relative path from its own folder)."""
+    from evaluator.core.paths import REPO_ROOT
     from evaluator.data import resolve_data_dir
     from evaluator.settings.load import load_settings
-    from evaluator.settings.paths import REPO_ROOT
 
     return str(resolve_data_dir(None, load_settings().data.dir, REPO_ROOT))
 

@@ -37,9 +37,9 @@ MIN_SAME_TOP5 = 0.98
 
 
 def _installed(paths):
-    from evaluator.retrieval import backends as eb
+    from evaluator.retrieval import backends
 
-    return [(b, p) for b, p in paths if b == "torch" or eb.missing_package(b) is None]
+    return [(b, p) for b, p in paths if b == "torch" or backends.missing_package(b) is None]
 
 
 class _Today:

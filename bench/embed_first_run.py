@@ -99,9 +99,10 @@ def forward_flops(lens) -> float:
 
     import numpy as np
 
-    from evaluator.retrieval.embed import DEFAULT_MODEL, resolve_model
+    from evaluator.retrieval.bundled import MINILM
+    from evaluator.retrieval.embed import resolve_model
 
-    cfg = json.loads((Path(resolve_model(DEFAULT_MODEL)[0]) / "config.json").read_text())
+    cfg = json.loads((Path(resolve_model(MINILM)[0]) / "config.json").read_text())
     h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
     lens = np.asarray(lens, dtype=np.float64)
     per_token = 2 * layers * (4 * h * h + 2 * h * inter)  # Q, K, V, output; feed-forward up and down
@@ -119,10 +120,11 @@ def compute_floor() -> dict[str, float]:
     from tokenizers import Tokenizer
 
     from evaluator.core import threads
-    from evaluator.retrieval.embed import DEFAULT_MODEL, resolve_model
+    from evaluator.retrieval.bundled import MINILM
+    from evaluator.retrieval.embed import resolve_model
 
     threads.configure_env()
-    root = Path(resolve_model(DEFAULT_MODEL)[0])
+    root = Path(resolve_model(MINILM)[0])
     h, inter = (json.loads((root / "config.json").read_text())[k] for k in ("hidden_size", "intermediate_size"))
     tk = Tokenizer.from_file(str(root / "tokenizer.json"))
     tk.no_padding()
@@ -172,9 +174,9 @@ def _sgemm_rates(shapes, env: dict[str, str], threads: int | None = None) -> dic
     OpenBLAS's kernel set."""
     import json
 
-    from evaluator.core import threads as cpus
+    from evaluator.core.threads import available_cpus
 
-    n = str(threads or cpus.available_cpus())
+    n = str(threads or available_cpus())
     env = env | {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
     out = subprocess.run([sys.executable, "-c", _SGEMM, json.dumps(shapes)], env=env, capture_output=True, text=True,
                          check=True)

@@ -40,11 +40,11 @@ FFN = (4096, 384, 1536)  # the model's largest product: 4,096 tokens through the
 
 
 def _embedder(cache: Path, variant: str):
-    from evaluator.retrieval import backends as eb
+    from evaluator.retrieval import backends
     from evaluator.retrieval.embed import Embedder
 
     work = Path(tempfile.mkdtemp(prefix="bench-embed-runtime-"))
-    os.environ[eb.SHARED_EXPORTS_ENV] = str(cache)  # the export linked from `cache`, never re-made per variant
+    os.environ[backends.SHARED_EXPORTS_ENV] = str(cache)  # the export linked from `cache`, never re-made per variant
     e = Embedder(backend="openvino", precision="fp32", cache_dir=work, progress=False)
     e.encode(["warm: the export is linked and the runtime compiled"])
     e.store = None  # every round embeds the sample afresh

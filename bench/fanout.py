@@ -31,8 +31,8 @@ from typing import Any
 
 from evaluator.core.progress import Progress
 from evaluator.llm import ChatResult, LLMEngine, ModelStats, load_profile
-from evaluator.retrieval.search import Retrieved
-from evaluator.study.prepare import Study
+from evaluator.retrieval.ranking import Retrieved
+from evaluator.study.prepare import PreparedStudy
 from evaluator.study.runner import StudyRunner, Unit
 from simulator.harness import SimHandle, start_simulator
 
@@ -138,7 +138,7 @@ def _floor(n: int, spec: ModelSpec, scale: float) -> float:
 Table = dict[tuple[str, ...], Retrieved]
 
 
-async def _drive(study: Study, table: Table, clients: dict[str, Any], units: list[Unit]) -> dict[str, Any]:
+async def _drive(study: PreparedStudy, table: Table, clients: dict[str, Any], units: list[Unit]) -> dict[str, Any]:
     clock = Clock(list(clients))
     # Any client with `.chat` and any stub search with `.retrieve`/`.serve` plug in (pipeline's protocols).
     runner = StudyRunner(study, clients, clock, batcher=TableBatcher(study, table))
@@ -149,7 +149,7 @@ async def _drive(study: Study, table: Table, clients: dict[str, Any], units: lis
             "records": len(runner.records)}
 
 
-async def _engine_run(study: Study, table: Table, sims: dict[str, SimHandle], scale: float, llm_root: Path) -> dict[str, Any]:
+async def _engine_run(study: PreparedStudy, table: Table, sims: dict[str, SimHandle], scale: float, llm_root: Path) -> dict[str, Any]:
     async with contextlib.AsyncExitStack() as stack:
         engines = {}
         for spec in SPECS:
@@ -162,7 +162,7 @@ async def _engine_run(study: Study, table: Table, sims: dict[str, SimHandle], sc
 
 
 async def _openai_run(
-    study: Study, table: Table, sims: dict[str, SimHandle], runs: int, *, sequential: bool = False, until_done: bool = False
+    study: PreparedStudy, table: Table, sims: dict[str, SimHandle], runs: int, *, sequential: bool = False, until_done: bool = False
 ) -> dict[str, Any]:
     shared_lock = asyncio.Lock()  # sequential: one request in flight in the whole process
     clients = {

@@ -100,9 +100,10 @@ def half_model(dest: Path) -> dict[str, str]:
     from safetensors.torch import load_file, save_file
     from sentence_transformers import SentenceTransformer
 
-    from evaluator.retrieval.embed import DEFAULT_MODEL, resolve_model
+    from evaluator.retrieval.bundled import MINILM
+    from evaluator.retrieval.embed import resolve_model
 
-    src = Path(resolve_model(DEFAULT_MODEL)[0])
+    src = Path(resolve_model(MINILM)[0])
     out = dest / "model"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -344,13 +344,13 @@ def _timed(torch: Any, device: str, fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def _ranked(run: Run, index: Any, vecs: Any, rows_of: Callable[[Any], list[str]]) -> dict[str, Any]:
     """RtP, PtR and per-stub ranked ids of the stage's vectors, keyed as `study_lists` keys them."""
-    from evaluator.retrieval import search as retrieve
+    from evaluator.retrieval import ranking
 
     qv, sv = vecs
     keys, stubs, owners = run.keep["keys"], run.keep["stubs"], run.keep["owners"]
     _, q_rows = index.exact_search(qv, DEEP)
     s_scores, s_rows = index.exact_search(sv, DEEP)
-    ptr = retrieve.ptr_from_hits(s_scores, s_rows, owners, len(keys), DEEP, [TOP])
+    ptr = ranking.ptr_from_hits(s_scores, s_rows, owners, len(keys), DEEP, [TOP])
     out: dict[str, dict[str, Any]] = {key: {"rtp": rows_of(q_rows[j]), "ptr": rows_of(ptr[j].rows), "stubs": [],
                                             "stub_hits": []} for j, key in enumerate(keys)}
     for text, owner, hits in zip(stubs, owners, s_rows, strict=True):

@@ -28,7 +28,7 @@ import psutil
 from evaluator.llm import LLMEngine, load_profile
 from evaluator.study import prompts
 from evaluator.study.parse import parse_stubs
-from evaluator.study.prepare import Study
+from evaluator.study.prepare import PreparedStudy
 from simulator.harness import start_simulator
 
 from .common import Goal, Result, temp_dir
@@ -49,7 +49,7 @@ GOAL_FRESH, GOAL_CACHED = 1_000.0, 10_000.0
 Offered = list[list[tuple[str, str | None]]]
 
 
-async def _pattern(study: Study, offered: Offered, base_url: str, cache_root: Path) -> dict[str, Any]:
+async def _pattern(study: PreparedStudy, offered: Offered, base_url: str, cache_root: Path) -> dict[str, Any]:
     async with contextlib.AsyncExitStack() as stack:
         engines = [
             await stack.enter_async_context(LLMEngine(load_profile(m, base_url=base_url), cache_root=cache_root, seed=0))

@@ -22,9 +22,9 @@ from typing import Any
 
 import psutil
 
-from evaluator.batch.files import Request
 from evaluator.batch.ray_engine import LOCAL_RAY, RayOptions, run_requests_ray
-from evaluator.batch.requests import run_requests
+from evaluator.batch.request_files import run_requests
+from evaluator.batch.request_format import Request
 from evaluator.llm import load_profile
 from simulator.harness import start_simulator
 

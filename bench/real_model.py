@@ -7,7 +7,7 @@ cache_prompt) on, replies capped at `--max-tokens`. Per setting: calls/min and g
 server's usage counts, over the batch's wall time). The settings are visited in rounds (every setting once per
 round, in turn) so that a machine whose load drifts loads them alike; each figure is the median over rounds.
 
-Reported as ratios within this one run: the study's setting (`harness.sizing` on this machine) against the best
+Reported as ratios within this one run: the study's setting (`llama_server.sizing` on this machine) against the best
 setting (the server saturated: the most generated tokens/s any setting reached) and against one request at a
 time (1 slot). The goal (issue 28): >= 0.9x the best and >= 1.5x one-at-a-time. Writes
 `bench/results/real_model.json`. Not part of `python -m bench` (it needs the `local-model` extra).
@@ -32,12 +32,11 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Stamp, stamped  # noqa: E402
-from evaluator.llamacpp.harness import LlamaHandle, cpu_threads, sizing
+from bench.common import REPO, Stamp, stamped  # noqa: E402
+from evaluator.llamacpp.llama_server import LlamaHandle, cpu_threads, sizing
 from evaluator.llamacpp.weights import WEIGHTS
 from evaluator.llm import load_profile
 
-REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "bench" / "results" / "real_model.json"
 MEASURES = ("evaluator/llamacpp", "evaluator/llm", "bench/real_model.py")  # the code it measures (`python -m bench --check`)
 

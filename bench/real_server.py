@@ -24,10 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Stamp, stamped  # noqa: E402
+from bench.common import REPO, Stamp, stamped  # noqa: E402
 from evaluator.results.schema import TRUNCATED, OutputDir, Record, record_key  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "bench" / "results" / "real_server.json"
 MEASURES = ("evaluator", "bench/real_server.py")  # the code it measures (`python -m bench --check`)
 MODES = ("json_schema", "json_object_schema", "none")

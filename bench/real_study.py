@@ -24,9 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Stamp, stamped  # noqa: E402
+from bench.common import REPO, Stamp, stamped  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 MEASURES = ("evaluator", "bench/real_study.py")  # the code it measures (`python -m bench --check`)
 METRICS = ("recall", "precision", "ndcg", "mrr", "comp", "pass")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluator.results import schema as NEW
+from evaluator.results import schema
 
 
 def _old_schema(worktree: Path) -> Any:
@@ -32,12 +32,12 @@ def _old_schema(worktree: Path) -> Any:
 
 
 def _raw_read(folder: Path) -> list[dict[str, Any]]:
-    with open(folder / NEW.QUERIES_FILE, "rb") as fh:
+    with open(folder / schema.QUERIES_FILE, "rb") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
 
 def _raw_write(folder: Path, rows: list[dict[str, Any]]) -> None:
-    NEW.atomic_write(folder / NEW.QUERIES_FILE,
+    schema.atomic_write(folder / schema.QUERIES_FILE,
                      "".join(json.dumps(d, ensure_ascii=False, sort_keys=True) + "\n" for d in rows))
 
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     ways: dict[str, tuple[Any, Any]] = {
         "raw json": (_raw_read, _raw_write),
-        "typed (this tree)": (lambda d: NEW.OutputDir(d).read_records(), lambda d, r: NEW.OutputDir(d).write_records(r)),
+        "typed (this tree)": (lambda d: schema.OutputDir(d).read_records(), lambda d, r: schema.OutputDir(d).write_records(r)),
     }
     if args.old:
         old = _old_schema(args.old)
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in (list(ways) if rep % 2 == 0 else list(reversed(ways))):
             folder = work / name.split()[0]
             folder.mkdir(exist_ok=True)
-            shutil.copy(args.records, folder / NEW.QUERIES_FILE)
+            shutil.copy(args.records, folder / schema.QUERIES_FILE)
             read, write = ways[name]
             t = time.process_time()
             rows = read(folder)
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             t = time.process_time()
             write(folder, rows)
             times[name]["write"].append(time.process_time() - t)
-            same[name] = (folder / NEW.QUERIES_FILE).read_bytes() == args.records.read_bytes()
+            same[name] = (folder / schema.QUERIES_FILE).read_bytes() == args.records.read_bytes()
             del rows
     n = sum(1 for line in args.records.open("rb") if line.strip())
     base = {k: statistics.median(times["raw json"][k]) for k in ("read", "write")}

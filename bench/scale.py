@@ -11,7 +11,7 @@ is sampled every 50 ms, the largest process reported):
   runs) under new query ids: the summary, the tests, the report, the figures and view.html from the saved data.
 What is reported are ratios within one run: the extra peak memory per extra record between the sizes and what
 that slope projects for 100,000 queries x 4 runs x 2 models, beside the largest file of the viewer (view.html or
-one of its parts), which must not grow once the page is paged (`evaluator.render.view.PART_RECORDS`).
+one of its parts), which must not grow once the page is paged (`evaluator.render.view_page.PART_RECORDS`).
 `make_data` also writes a registry and N queries for a whole run (`python -m bench.scale --data DIR N`).
 """
 

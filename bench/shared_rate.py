@@ -29,7 +29,7 @@ from simulator.harness import start_simulator
 from .common import PYTHON, REPO, Goal, Result, temp_dir
 
 NAME = "shared_rate"
-MEASURES = ("evaluator/llm", "evaluator/batch", "evaluator/app/requests.py", "simulator", "bench/shared_rate.py")  # the code it measures (`python -m bench --check`)
+MEASURES = ("evaluator/llm", "evaluator/batch", "evaluator/app/request_commands.py", "simulator", "bench/shared_rate.py")  # the code it measures (`python -m bench --check`)
 TITLE = "9. Two processes on one key: shared RPM pacing vs each pacing alone"
 RPM = 1200  # 20 requests/s: the limit, on the simulator and in every profile
 N = 400  # requests in all (about 20 s at the limit)

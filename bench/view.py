@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evaluator.app import view as V
-from evaluator.app.report import render_outputs
+from evaluator.app import viewer
+from evaluator.app.outputs import render_outputs
 from evaluator.results.schema import Meta, OutputDir, as_records, plain
 
 from .common import Goal, Result, Stamp, finish, temp_dir
 
 NAME = "view"
-MEASURES = ("evaluator/render/view.py", "evaluator/render/view_assets", "evaluator/app/view.py", "bench/view.py")  # the code it measures (`python -m bench --check`)
+MEASURES = ("evaluator/render/view_page.py", "evaluator/render/view_assets", "evaluator/app/viewer.py", "bench/view.py")  # the code it measures (`python -m bench --check`)
 TITLE = "Results viewer: view.html size, build time, first render and filter in headless Chromium"
 BASELINE = Path(os.environ.get("EVALUATOR_BASELINE", "/work/baseline/full"))
 LOADS = 3
@@ -125,7 +125,7 @@ def _browse(driver, page: Path, explorer: bool = True) -> dict[str, float]:
 
 def _page(od: OutputDir, out: Path) -> tuple[float, int]:
     t0 = time.perf_counter()
-    path, html = V.write_page([od], out)
+    path, html = viewer.write_page([od], out)
     return time.perf_counter() - t0, path.stat().st_size
 
 

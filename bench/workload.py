@@ -11,12 +11,12 @@ import dataclasses
 import os
 from pathlib import Path
 
-from evaluator.retrieval import search as retrieve
-from evaluator.retrieval.search import Retrieved
+from evaluator.retrieval import ranking
+from evaluator.retrieval.ranking import Retrieved
 from evaluator.settings.load import load_settings
 from evaluator.study import prompts
 from evaluator.study.parse import parse_stubs, stub_text
-from evaluator.study.prepare import Study, load_inputs, prepare
+from evaluator.study.prepare import PreparedStudy, load_inputs, prepare
 from evaluator.study.runner import StubBatcher
 from simulator import behaviour
 
@@ -28,7 +28,7 @@ MODELS = ("sim", "sim-b")
 _SUFFIX = " (asked again)"
 
 
-def load_study(n_queries: int | None = N_QUERIES, cache_root: Path = BENCH_CACHE) -> Study:
+def load_study(n_queries: int | None = N_QUERIES, cache_root: Path = BENCH_CACHE) -> PreparedStudy:
     """The prepared study (registry vectors from the warm cache) grown to `n_queries` queries
     (None: the test queries as they are)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -48,7 +48,7 @@ def load_study(n_queries: int | None = N_QUERIES, cache_root: Path = BENCH_CACHE
     return dataclasses.replace(study, queries=queries, rtp=rtp)
 
 
-def discovery_replies(study: Study, runs: int = RUNS) -> dict[tuple[int, int], str]:
+def discovery_replies(study: PreparedStudy, runs: int = RUNS) -> dict[tuple[int, int], str]:
     """What the simulator will answer to each (run, query) discovery call: its answer function is
     pure (messages, seed, temperature), and the engine sends seed = run, temperature 0."""
     return {
@@ -58,7 +58,7 @@ def discovery_replies(study: Study, runs: int = RUNS) -> dict[tuple[int, int], s
     }
 
 
-def stub_texts(study: Study, runs: int = RUNS) -> dict[tuple[int, int], list[str]]:
+def stub_texts(study: PreparedStudy, runs: int = RUNS) -> dict[tuple[int, int], list[str]]:
     """(run, query) -> the stub texts the pipeline will embed for that discovery reply."""
     out = {}
     for key, reply in discovery_replies(study, runs).items():
@@ -67,7 +67,7 @@ def stub_texts(study: Study, runs: int = RUNS) -> dict[tuple[int, int], list[str
     return out
 
 
-def prewarm_stub_embeddings(study: Study, runs: int = RUNS) -> dict[str, int]:
+def prewarm_stub_embeddings(study: PreparedStudy, runs: int = RUNS) -> dict[str, int]:
     """Embed every PtR stub the workload will produce, into the benchmark's embedding cache.
 
     On 2 CPU cores MiniLM embeds ~100 stub texts/s; with time compressed 10-20x the study would wait
@@ -79,7 +79,7 @@ def prewarm_stub_embeddings(study: Study, runs: int = RUNS) -> dict[str, int]:
     return {"stub_texts": len(texts), "unique": len(set(texts)), "embedded_now": study.embedder.stats.embedded - before}
 
 
-def ptr_table(study: Study, runs: int = RUNS) -> dict[tuple[str, ...], Retrieved]:
+def ptr_table(study: PreparedStudy, runs: int = RUNS) -> dict[tuple[str, ...], Retrieved]:
     """Every PtR retrieval of the workload, computed up front in one batched search.
 
     `exact_search` makes a query's result independent of which others share the FAISS call, so this
@@ -90,7 +90,7 @@ def ptr_table(study: Study, runs: int = RUNS) -> dict[tuple[str, ...], Retrieved
     owners = [q for q, ts in enumerate(per_query) for _ in ts]
     vecs = study.embedder.encode(texts, desc="embedding stubs")
     s = study.retrieval
-    found = retrieve.ptr(study.index, vecs, owners, len(per_query), s.k_max, sorted(set(s.ks)))
+    found = ranking.ptr(study.index, vecs, owners, len(per_query), s.k_max, sorted(set(s.ks)))
     return dict(zip(per_query, found, strict=True))
 
 
@@ -99,7 +99,7 @@ class TableBatcher(StubBatcher):
     answered from `ptr_table`: the dependency discovery -> retrieval -> planner stays, the CPU cost
     (which does not shrink when the benchmark compresses time) goes."""
 
-    def __init__(self, study: Study, table: dict[tuple[str, ...], Retrieved]) -> None:
+    def __init__(self, study: PreparedStudy, table: dict[tuple[str, ...], Retrieved]) -> None:
         super().__init__(study)
         self.table = table
 

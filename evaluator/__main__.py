@@ -4,7 +4,7 @@ The process, not the library, sets two things here (measured on a warm rerun of 
 seconds before, bench/README.md "Warm rerun"):
 - the cyclic garbage collector's first threshold at 20,000 allocations, not 700: the study allocates millions of
   objects that live until it ends (records, parsed replies, the registry), and at the default every 70,000th
-  allocation set off a full collection walking all of them (0.8 CPU seconds, 18% of the run; 0.25 now). Objects
+  allocation set off a full collection walking all of them (0.8 CPU seconds, 18% of the study; 0.25 now). Objects
   freed by their reference count (nearly all) are not affected; cyclic garbage waits at most 20,000 allocations.
 - no interpreter teardown after the command: every file is written and closed, every child process stopped and
   every cache transaction committed by then, and freeing each object of the study one by one took 0.2-0.5 s.

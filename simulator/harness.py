@@ -18,15 +18,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import orjson
 
+from evaluator.core.paths import REPO_ROOT
 from simulator.server import SimConfig, config_from
 
-_REPO = Path(__file__).resolve().parents[1]
 # Loopback only: never route admin calls through an HTTP(S)_PROXY from the environment.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -147,6 +146,6 @@ def start_simulator(config: SimConfig | None = None, *, host: str = "127.0.0.1",
         "--config-json", orjson.dumps(dataclasses.asdict(cfg)).decode(),
     ]
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     handle = SimHandle(subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env), timeout_s)
     return handle.wait() if wait else handle

@@ -15,9 +15,9 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evaluator.batch.files import Request  # noqa: E402
+from evaluator.batch.batch_submit import BatchRunner  # noqa: E402
 from evaluator.batch.providers import AnthropicBatch, batch_api, batch_limits  # noqa: E402
-from evaluator.batch.runner import BatchRunner  # noqa: E402
+from evaluator.batch.request_format import Request  # noqa: E402
 from evaluator.batch.store import JobStore  # noqa: E402
 from evaluator.llm import LLMEngine, load_profile  # noqa: E402
 from evaluator.llm.cache import ResponseCache  # noqa: E402

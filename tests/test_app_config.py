@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from data_fixtures import make_data_dir
 
-from evaluator.app.study import load_profiles
+from evaluator.app.run_study import load_profiles
 from evaluator.cli.main import main
+from evaluator.core.errors import ConfigError
 from evaluator.settings.invocation import Invocation, ProfileOverrides
-from evaluator.settings.load import ConfigError, load, load_settings
+from evaluator.settings.load import load, load_settings
 from evaluator.settings.sections import AnalysisSettings, RunSettings, Settings
 from evaluator.settings.subsets import analysis_subsets
 

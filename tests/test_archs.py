@@ -18,18 +18,18 @@ import pytest
 from data_fixtures import make_data_dir
 from study_fixtures import REPO
 
-from evaluator.batch.requests import offline_profile
+from evaluator.batch.request_files import offline_profile
 from evaluator.cli.main import main
 from evaluator.data import Warnings, find_query_files, load_query_files, load_registry
 from evaluator.llm import ChatResult, LLMEngine
 from evaluator.results import migrate
 from evaluator.results.schema import FORMAT_VERSION, OutputDir, PtrBlock, Record, record_line
-from evaluator.retrieval import search as retrieve
-from evaluator.retrieval.search import Retrieved
+from evaluator.retrieval import ranking
+from evaluator.retrieval.ranking import Retrieved
 from evaluator.settings.sections import RetrievalSettings, RunSettings
 from evaluator.study import archs, prompts
 from evaluator.study.archs.fusion import rrf
-from evaluator.study.prepare import Study
+from evaluator.study.prepare import PreparedStudy
 from evaluator.study.runner import StudyRunner, Unit, probe_archs
 from simulator.behaviour import reply
 
@@ -67,13 +67,13 @@ class WordSearch:
         import numpy as np
         got = [self.hits(t) for t in texts]
         rows = np.array([r for r, _ in got]), np.array([s for _, s in got])
-        return retrieve.ptr_from_hits(rows[1], rows[0], [0] * len(texts), 1, self.k_max, self.ks)[0]
+        return ranking.ptr_from_hits(rows[1], rows[0], [0] * len(texts), 1, self.k_max, self.ks)[0]
 
     async def serve(self) -> None:
         await asyncio.Event().wait()
 
 
-def make_study(tmp_path: Path, arch_specs: list[str], route_tau: float | None = None) -> tuple[Study, WordSearch]:
+def make_study(tmp_path: Path, arch_specs: list[str], route_tau: float | None = None) -> tuple[PreparedStudy, WordSearch]:
     data = make_data_dir(tmp_path / "data")
     w = Warnings()
     reg = load_registry(data / "registry" / "apis.jsonl.gz", "full", w)
@@ -82,14 +82,14 @@ def make_study(tmp_path: Path, arch_specs: list[str], route_tau: float | None = 
     run_ = RunSettings(models=("sim",), runs=1, archs=tuple(arch_specs), route_tau=route_tau)
     search = WordSearch(reg.texts(), retrieval.k_max, sorted(set(retrieval.ks)))
     rtp = [Retrieved(*search.hits(q.text)) for q in queries]
-    return Study(retrieval, run_, data, reg, queries, None, None, None, None, rtp, w), search  # type: ignore[arg-type]
+    return PreparedStudy(retrieval, run_, data, reg, queries, None, None, None, None, rtp, w), search  # type: ignore[arg-type]
 
 
-def with_archs(study: Study, *names: str) -> Study:
+def with_archs(study: PreparedStudy, *names: str) -> PreparedStudy:
     return dataclasses.replace(study, run=dataclasses.replace(study.run, archs=names))
 
 
-def run(study: Study, search: WordSearch) -> tuple[list[Record], SimClient, StudyRunner]:
+def run(study: PreparedStudy, search: WordSearch) -> tuple[list[Record], SimClient, StudyRunner]:
     client = SimClient()
     runner = StudyRunner(study, {"sim": client}, batcher=search)
     records = asyncio.run(runner.run([Unit("sim", 0)]))
@@ -220,7 +220,7 @@ def test_a_broken_plugin_is_one_line_and_exit_2_before_any_work(tmp_path: Path, 
 
 
 def test_a_plugin_that_returns_the_wrong_type_stops_at_the_probe(tmp_path: Path) -> None:
-    # app.study runs this probe after preparing, before any call: every call of it fails unsent
+    # app.run_study runs this probe after preparing, before any call: every call of it fails unsent
     (tmp_path / "wrong.py").write_text("class Bad:\n    name = 'bad'\n    async def retrieve(self, ctx):\n"
                                        "        await ctx.chat([{'role': 'user', 'content': 'x'}], prompt_version='x')\n"
                                        "        return [('x', 1.0)]\n", encoding="utf-8")

@@ -16,9 +16,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evaluator.batch.files import Request  # noqa: E402
+from evaluator.batch.batch_submit import BatchRunner  # noqa: E402
 from evaluator.batch.providers import batch_api, chat_to_gemini  # noqa: E402
-from evaluator.batch.runner import BatchRunner  # noqa: E402
+from evaluator.batch.request_format import Request  # noqa: E402
 from evaluator.batch.store import JobStore  # noqa: E402
 from evaluator.llm import LLMEngine, load_profile  # noqa: E402
 from evaluator.llm.cache import ResponseCache  # noqa: E402
@@ -223,7 +223,7 @@ def test_collect_skips_calls_built_on_a_deferred_reply(tmp_path):
 
 def test_gemini_translation_both_ways():
     from evaluator.batch.providers import chat_to_gemini, gemini_to_completion
-    from evaluator.llm import ConfigError
+    from evaluator.core.errors import ConfigError
 
     body = {"model": "gemini-2.5-flash", "temperature": 0.0, "max_tokens": 64, "seed": 3,
             "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}],
@@ -244,7 +244,7 @@ def test_gemini_translation_both_ways():
 
 
 def test_split_keeps_each_batch_within_both_limits():
-    from evaluator.batch.files import Request, split
+    from evaluator.batch.request_format import Request, split
 
     reqs = [Request(f"k{i}", {"messages": [{"role": "user", "content": "x" * (i % 7 * 50)}]}) for i in range(40)]
     for max_req, max_bytes in ((7, None), (None, 900), (5, 600)):

@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evaluator.batch.files import BatchError, Request, Result, failure_kinds, read_results, split  # noqa: E402
+from evaluator.batch.batch_submit import BatchRunner, Poll  # noqa: E402
 from evaluator.batch.providers import (  # noqa: E402
     DEFAULT_LIMITS,
     GEMINI_JSONL_MIME,
@@ -30,8 +30,8 @@ from evaluator.batch.providers import (  # noqa: E402
     gemini_state,
     openai_state,
 )
-from evaluator.batch.requests import import_files  # noqa: E402
-from evaluator.batch.runner import BatchRunner, Poll  # noqa: E402
+from evaluator.batch.request_files import import_files  # noqa: E402
+from evaluator.batch.request_format import BatchFailure, Request, Result, failure_kinds, read_results, split  # noqa: E402
 from evaluator.batch.store import JobStore  # noqa: E402
 from evaluator.llm import load_profile  # noqa: E402
 from evaluator.llm.cache import ResponseCache  # noqa: E402
@@ -64,7 +64,7 @@ def test_openai_batch_objects_are_the_sdk_type_and_the_queue_limit_is_not_a_size
     # "Enqueued token limit reached": the account's queue, not this batch's size. The old rule (any "limit")
     # split it in two and re-submitted at once, down to one-request batches that all failed.
     assert full.status == "failed" and full.queue_full and not full.too_large
-    too_big = BatchState("failed", errors=[BatchError("batch_too_large", "The batch input is too large.")])
+    too_big = BatchState("failed", errors=[BatchFailure("batch_too_large", "The batch input is too large.")])
     assert too_big.too_large and not too_big.queue_full
 
 

@@ -18,8 +18,8 @@ from data_fixtures import make_data_dir
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evaluator.batch.files import read_requests, write_lines  # noqa: E402
 from evaluator.batch.providers import OpenAIBatch  # noqa: E402
+from evaluator.batch.request_format import read_requests, write_lines  # noqa: E402
 from evaluator.llm import load_profile  # noqa: E402
 from simulator.harness import batch_stats, configure_batch, reset_batch_stats, start_simulator  # noqa: E402
 

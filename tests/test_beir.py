@@ -20,7 +20,8 @@ from test_view import CHROMIUM, DRIVER, console_errors, go, open_page
 
 from evaluator.analysis import stats as S
 from evaluator.analysis.metrics import RANK_METRICS, rank_metrics, record_obs
-from evaluator.data import CORPUS_TEXT_RULE, DataError, Warnings, load_query_files, load_registry
+from evaluator.core.errors import DataError
+from evaluator.data import CORPUS_TEXT_RULE, Warnings, load_query_files, load_registry
 from evaluator.data.model import corpus_text
 from evaluator.results.schema import OutputDir, Record
 from evaluator.study import prompts

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from evaluator.app.dry_run import plan_requests  # noqa: E402
-from evaluator.batch.files import Request  # noqa: E402
+from evaluator.batch.request_format import Request  # noqa: E402
 from evaluator.cli import main as cli  # noqa: E402
 from evaluator.llm import load_profile  # noqa: E402
 

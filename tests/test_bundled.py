@@ -8,9 +8,10 @@ from importlib import metadata
 import numpy as np
 import pytest
 
+from evaluator.core.errors import EmbedderError
 from evaluator.core.files import sha256_file
 from evaluator.retrieval import bundled
-from evaluator.retrieval.embed import Embedder, EmbedderError
+from evaluator.retrieval.embed import Embedder
 
 
 def _installed() -> bool:

@@ -15,7 +15,7 @@ import records_fixtures as F
 from scipy import stats as sps
 
 from evaluator.analysis import compare, stats
-from evaluator.analysis.main import main_study
+from evaluator.analysis.main_study import main_study
 from evaluator.results.schema import Meta, as_records
 
 EXTRA = {"hyde": 0.45, "fusion": 0.3}  # extra architectures and how often each gold API lands in their list
@@ -161,7 +161,7 @@ def test_a_four_architecture_folder_renders_every_architecture(recs, tmp_path) -
     import json
     import re
 
-    from evaluator.app.report import render_outputs
+    from evaluator.app.outputs import render_outputs
     from evaluator.results.schema import OutputDir
 
     out = F.write_out(tmp_path / "out", recs, F.meta(("sim",), runs=3))

@@ -7,8 +7,8 @@ import json
 import pytest
 from data_fixtures import CATEGORIES, UNDESCRIBED, make_data_dir, make_toolenv_tree
 
+from evaluator.core.errors import DataError
 from evaluator.data import (
-    DataError,
     Warnings,
     find_query_files,
     load_queries,

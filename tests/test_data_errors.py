@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from evaluator.data import DataError, load_query_files, load_registry
+from evaluator.core.errors import DataError
+from evaluator.data import load_query_files, load_registry
 
 GOOD_TOOL = {"name": "ping", "description": "Check a host", "inputSchema": {"type": "object", "properties": {}}}
 GOOD_QUERY = {"query": "ping it", "gold": ["net::ping"]}

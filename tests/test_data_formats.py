@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from evaluator.data import EMBED_TEXT_RULE, DataError, Warnings, load_registry
+from evaluator.core.errors import DataError
+from evaluator.data import EMBED_TEXT_RULE, Warnings, load_registry
 
 # Two tools of one server, as an MCP tools/list result.
 SEARCH_SCHEMA = {

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from evaluator.core.errors import DataError
 from evaluator.data import (
     Api,
-    DataError,
     Registry,
     Warnings,
     find_query_files,

@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 import records_fixtures as F
 
-from evaluator.app import report as app
+from evaluator.app import outputs as app
 from evaluator.cli.main import main
 
 
@@ -21,7 +21,7 @@ def test_a_full_disk_without_a_file_name_names_the_folder(tmp_path, monkeypatch,
     def full(*_a, **_k):
         raise error
 
-    monkeypatch.setattr(app.figure_cache, "drawn", full)  # the figures written (app.figures)
+    monkeypatch.setattr(app.figure_store, "drawn", full)  # the figures written (app.figure_store)
     assert main(["report", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err
@@ -34,6 +34,6 @@ def test_other_database_errors_are_not_called_a_full_disk(tmp_path, monkeypatch)
     def locked(*_a, **_k):
         raise sqlite3.OperationalError("database is locked")
 
-    monkeypatch.setattr(app.figure_cache, "drawn", locked)
+    monkeypatch.setattr(app.figure_store, "drawn", locked)
     with pytest.raises(sqlite3.OperationalError):
         main(["report", str(out)])

@@ -7,8 +7,9 @@ import sys
 import numpy as np
 import pytest
 
+from evaluator.core.errors import EmbedderError
 from evaluator.core.progress import Reporter
-from evaluator.retrieval.embed import Embedder, EmbedderError, choose_runtime
+from evaluator.retrieval.embed import Embedder, choose_runtime
 
 TEXTS = [
     "Flight Search/search flights: find flights between two airports on a date",

@@ -9,8 +9,9 @@ import sys
 import numpy as np
 import pytest
 
+from evaluator.core.errors import EmbedderError
 from evaluator.core.progress import Reporter
-from evaluator.retrieval.embed import Embedder, EmbedderError
+from evaluator.retrieval.embed import Embedder
 
 TEXTS = ["Weather/current: the current weather for a city", "Maps/route: a route between two places"]
 

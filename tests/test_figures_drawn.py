@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evaluator.app import figures as F
-from evaluator.render.figures import png, pyplot
+from evaluator.app import figure_store as F
+from evaluator.render.charts import png, pyplot
 
 
 def _draw(calls: list[int], value: float):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from evaluator.analysis.metrics import RANK_METRICS
-from evaluator.analysis.routing import RoutingResult
-from evaluator.analysis.scaling import ScalingResult
+from evaluator.analysis.routing_study import RoutingResult
+from evaluator.analysis.scaling_study import ScalingResult
 from evaluator.cli.main import main
 from evaluator.results import migrate
 from evaluator.results.schema import (

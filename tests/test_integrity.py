@@ -17,18 +17,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluator.batch.files import Request, Result, dedupe, write_lines
+from evaluator.batch.batch_submit import BatchRunner
 from evaluator.batch.providers import batch_api
-from evaluator.batch.requests import import_files
-from evaluator.batch.runner import BatchRunner
+from evaluator.batch.request_files import import_files
+from evaluator.batch.request_format import Request, Result, dedupe, write_lines
 from evaluator.batch.store import JobStore
 from evaluator.cli import main as cli
+from evaluator.core.errors import EmbedderError
 from evaluator.data import Warnings, load_registry
 from evaluator.data.model import DESCRIPTION_CAP_CHARS
 from evaluator.llm import LLMEngine, load_profile
 from evaluator.llm.cache import ResponseCache
 from evaluator.results.schema import atomic_write
-from evaluator.retrieval.embed import Embedder, EmbedderError
+from evaluator.retrieval.embed import Embedder
 from evaluator.retrieval.embed import _key as embed_key
 from evaluator.retrieval.index import VectorIndex
 from evaluator.study.prompts import PLANNER_MARKER, api_line, planner_messages

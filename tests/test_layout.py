@@ -1,5 +1,7 @@
 """The house rules, checked on the source (AST): arrows point down the data flow, no import circle, no import
-inside a function except heavy optional packages, and only the CLI writes to the terminal.
+inside a function except heavy optional packages, only the CLI writes to the terminal, every module has a name of
+its own imported under that name, every `*Error` is an exception, and the defaults and the repository root are
+written once.
 
 Every module of `evaluator/` is covered: a new one without a layer fails `test_every_module_has_a_layer`.
 A failure names the module and line of each offence.
@@ -45,9 +47,10 @@ LAUNCHERS = {"simulator.harness": {"evaluator.app"}}
 # stands for a provider and shares nothing with the engine but the prompt markers and the one token rule;
 # render computes nothing.
 ONLY: dict[str, set[str]] = {
-    "simulator": {"evaluator.study.prompts", "evaluator.core.tokens", "evaluator"},
+    # the prompt markers, the one token rule, and where the repository is (the harness starts the server from it)
+    "simulator": {"evaluator.study.prompts", "evaluator.core.tokens", "evaluator.core.paths", "evaluator"},
     "evaluator.render": {"evaluator.analysis", "evaluator.results", "evaluator.settings", "evaluator.data",
-                         "evaluator.core.redact", "evaluator.study.prompts", "evaluator"},
+                         "evaluator.core.redact", "evaluator.core.errors", "evaluator.study.prompts", "evaluator"},
 }
 # Third-party packages that may be imported inside a function: optional or slow to import, needed by few runs.
 HEAVY = {"torch", "matplotlib", "openvino", "onnx", "onnxruntime", "optimum", "sentence_transformers",
@@ -267,14 +270,14 @@ def test_only_the_cli_writes_to_the_terminal() -> None:
 
 
 def test_checker_sees_relative_imports_circles_and_calls(tmp_path: Path) -> None:
-    assert {"evaluator.analysis.stats", "evaluator.analysis.main"} <= {i.target for i in imports("evaluator.render.tables")}
+    assert {"evaluator.analysis.stats", "evaluator.analysis.main_study"} <= {i.target for i in imports("evaluator.render.tables")}
     assert {"evaluator.results.schema", "evaluator.llm", "evaluator.study.prepare"} <= {
         i.target for i in imports("evaluator.study.runner")}
-    # `from evaluator.batch import collect as ...` imports the module
-    assert any(i.target == "evaluator.batch.collect" for i in imports("evaluator.app.study"))
+    # `from evaluator.batch import collect` imports the module
+    assert any(i.target == "evaluator.batch.collect" for i in imports("evaluator.app.run_study"))
     assert cycles({"a": {"b": 1}, "b": {"c": 1}, "c": {"a": 1}, "d": {"a": 1}}) == [["a", "b", "c"]]
     assert unit("evaluator.data.model") == "evaluator.data.model" and unit("evaluator.data.queries") == "evaluator.data"
-    assert unit("simulator.server") == "simulator" and unit("evaluator.render.view") == "evaluator.render"
+    assert unit("simulator.server") == "simulator" and unit("evaluator.render.view_page") == "evaluator.render"
     src = "import sys\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from x import y\n" \
           "def f():\n    import torch\n    print(1, file=sys.stderr)\n"
     found = {(type(n).__name__, fn) for n, fn in _walk(ast.parse(src))
@@ -301,6 +304,128 @@ def test_every_error_derives_from_the_one_base() -> None:
                 bad.append(f"{_where(mod, node.lineno)}: {node.name} derives from {sorted(bases & BUILTIN_ERRORS)}")
     assert not bad, "errors outside the one base (derive from core.errors.EvaluatorError or a subclass):\n" + \
         "\n".join(bad)
+
+
+def _classes() -> dict[str, tuple[str, set[str]]]:
+    """Every class of evaluator/ and simulator/ by name: (where, the names of its bases)."""
+    out = {}
+    for mod, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                out[node.name] = (_where(mod, node.lineno), {
+                    b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in node.bases})
+    return out
+
+
+def not_exceptions(classes: dict[str, tuple[str, set[str]]]) -> list[str]:
+    """Classes named `*Error` that are no exception (their bases reach no built-in exception)."""
+    def is_exception(name: str, seen: frozenset[str] = frozenset()) -> bool:
+        if name in BUILTIN_ERRORS or name == "Exception":
+            return True
+        bases = classes.get(name, ("", set()))[1]
+        return any(b not in seen and is_exception(b, seen | {name}) for b in bases)
+    return [f"{where}: {name}" for name, (where, _) in classes.items()
+            if name.endswith("Error") and not is_exception(name)]
+
+
+def test_every_class_named_error_is_an_exception() -> None:
+    """`*Error` is an exception a caller can catch; a value saying why something failed is a `*Failure`
+    (`TransportFailure`, `BatchFailure`)."""
+    bad = not_exceptions(_classes())
+    assert not bad, "classes named *Error that are not exceptions (name the value *Failure):\n" + "\n".join(bad)
+    planted = {"DataError": ("a", {"UserError"}), "UserError": ("b", {"Exception"}), "WireError": ("c", set())}
+    assert not_exceptions(planted) == ["c: WireError"]
+
+
+# ---------------------------------------------------------------- names
+
+def test_every_module_name_is_its_own() -> None:
+    """No two modules of evaluator/ share a file name (`__init__`, `__main__` aside), and none is named after one of
+    its packages: a name says one job, and nobody has to ask which `report.py` is meant."""
+    files = [p for p in sorted((REPO / "evaluator").rglob("*.py")) if p.name not in ("__init__.py", "__main__.py")]
+    where: dict[str, list[str]] = {}
+    for p in files:
+        where.setdefault(p.stem, []).append(str(p.relative_to(REPO)))
+    twice = [f"{name}.py: {', '.join(paths)}" for name, paths in where.items() if len(paths) > 1]
+    assert not twice, "module names used twice (name each after its job):\n" + "\n".join(twice)
+    packages = {p.parent.name for p in (REPO / "evaluator").rglob("__init__.py")}
+    clash = [str(p.relative_to(REPO)) for p in files if p.stem in packages]
+    assert not clash, f"modules named after a package: {clash}"
+
+
+IMPORTABLE = ("evaluator", "simulator", "bench")  # our own code: its modules and names keep their names
+
+
+def alias_offences(source: str, where: str = "") -> list[str]:
+    """`import evaluator.x as y` and `from evaluator.x import name as other` (or a relative import): a module or
+    name of ours imported under another name (a third party's, `numpy as np`, is left alone; `X as X`, the
+    re-export spelling, keeps the name)."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            bad += [f"{where}:{node.lineno}: import {a.name} as {a.asname}" for a in node.names
+                    if a.asname and a.name.split(".")[0] in IMPORTABLE and a.asname != a.name.rsplit(".", 1)[-1]]
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] in IMPORTABLE):
+            bad += [f"{where}:{node.lineno}: from {'.' * node.level}{node.module or ''} import {a.name} as {a.asname}"
+                    for a in node.names if a.asname and a.asname != a.name]
+    return bad
+
+
+def test_our_modules_and_names_are_imported_under_their_own_names() -> None:
+    """An alias hides which module a name comes from, and one that dodges a collision says two modules share a
+    name: rename the module (or the local variable) instead."""
+    bad = [b for root in IMPORTABLE for p in sorted((REPO / root).rglob("*.py"))
+           for b in alias_offences(p.read_text(encoding="utf-8"), str(p.relative_to(REPO)))]
+    assert not bad, "aliases of our own modules or names:\n" + "\n".join(bad)
+    planted = ("import numpy as np\nfrom evaluator.retrieval import ranking as retrieve\nimport evaluator.core.errors as E\n"
+               "from .sibling import f as g\nfrom evaluator.core.errors import DataError as DataError\n"
+               "from collections.abc import Set as AbstractSet\n")
+    assert alias_offences(planted, "p") == ["p:2: from evaluator.retrieval import ranking as retrieve",
+                                            "p:3: import evaluator.core.errors as E", "p:4: from .sibling import f as g"]
+
+
+# ---------------------------------------------------------------- every default and rule once
+
+def literal_places(value: object, where: dict[str, str]) -> list[str]:
+    """Where the sources (name -> text) write `value` as a literal: a tuple or list of constants equal to it, or
+    the constant itself."""
+    found = []
+    for name, source in where.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Tuple | ast.List) and node.elts and all(isinstance(e, ast.Constant) for e in node.elts):
+                got: object = tuple(e.value for e in node.elts if isinstance(e, ast.Constant))
+            elif isinstance(node, ast.Constant) and not isinstance(value, tuple):
+                got = node.value
+            else:
+                continue
+            if got == value:
+                found.append(f"{name}:{node.lineno}")
+    return found
+
+
+def test_each_default_is_written_once() -> None:
+    """The defaults of the settings are written in `settings/sections.py` and nowhere else in evaluator/ (others
+    take them from there: `RetrievalSettings().ks`); `configs/default.toml` is checked against them by
+    tests/test_settings_defaults.py. The embedder's name is `retrieval.bundled.MINILM`'s."""
+    from evaluator.retrieval.bundled import MINILM
+    from evaluator.settings.sections import AnalysisSettings, RetrievalSettings
+
+    sources = {str(p.relative_to(REPO)): p.read_text(encoding="utf-8") for p in sorted((REPO / "evaluator").rglob("*.py"))}
+    for what, value, home in (("the k-ablation", RetrievalSettings().ks, "evaluator/settings/sections.py"),
+                              ("the scaling sizes", AnalysisSettings().scaling_sizes, "evaluator/settings/sections.py"),
+                              ("the default embedder", MINILM, "evaluator/retrieval/bundled.py")):
+        places = literal_places(value, sources)
+        assert len(places) == 1 and places[0].startswith(home + ":"), f"{what} {value!r} written at {places}; " \
+            f"write it once, in {home}"
+    assert literal_places((1, 3, 5), {"p": "A = (1, 3, 5)\nB = [1, 3, 5]\nC = (1, 3)\n"}) == ["p:1", "p:2"]
+
+
+def test_the_repository_root_is_computed_once() -> None:
+    """`core.paths.REPO_ROOT` (and the folders under it): no other module finds the repository from its own file."""
+    bad = [f"{path.relative_to(REPO)}:{n}" for path in MODULES.values()
+           for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+           if "__file__" in line and "parents[" in line and path != REPO / "evaluator" / "core" / "paths.py"]
+    assert not bad, f"the repository root computed again (use evaluator.core.paths): {bad}"
 
 
 # render/ computes nothing and reads no file (docs/DESIGN.md): values in, text or PNG bytes out. Reading the folder,

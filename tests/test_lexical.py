@@ -10,7 +10,7 @@ from data_fixtures import make_data_dir
 from evaluator.core.cache_layout import CacheLayout
 from evaluator.data import load_registry
 from evaluator.retrieval import lexical as L
-from evaluator.retrieval import search as retrieve
+from evaluator.retrieval import ranking
 from evaluator.retrieval.retrievers import Hybrid, Lexical
 
 bm25s = pytest.importorskip("bm25s")
@@ -44,18 +44,18 @@ def test_scores_are_bm25s_own(texts: list[str]) -> None:
 def test_a_text_with_no_registry_token_retrieves_nothing_and_is_counted(texts: list[str]) -> None:
     told: list[str] = []
     lex = Lexical(L.BM25Index.build(texts), told.append)
-    found = retrieve.from_hits(lex.search(["zzz qqq", "football player transfers", "the and of"], 5))
+    found = ranking.from_hits(lex.search(["zzz qqq", "football player transfers", "the and of"], 5))
     assert found[0].rows == [] and found[0].scores == [] and found[2].rows == []  # stop words only: no token
     assert len(found[1].rows) == 5 and texts[found[1].rows[0]].startswith("Football Data/player transfers")
     assert told == ["zzz qqq", "the and of"]
     # a stub that matches nothing adds nothing to PtR's merge; the other stub's hits stand alone
     s, r = lex.search(["zzz qqq", "football player transfers"], 5)
-    merged = retrieve.ptr_from_hits(s, r, [0, 0], 1, 5, [1, 5])[0]
+    merged = ranking.ptr_from_hits(s, r, [0, 0], 1, 5, [1, 5])[0]
     assert merged.rows == found[1].rows and merged.stub_rows[0] == [] and merged.width == {1: 1, 5: 5}
-    assert retrieve.ptr_rows(s, r, [0, 0], 1, 5) == [found[1].rows]
+    assert ranking.ptr_rows(s, r, [0, 0], 1, 5) == [found[1].rows]
     # hybrid: the dense list alone ranks a text BM25 found nothing for (no NO_HIT row survives the fusion)
     dense = np.tile(np.arange(len(texts))[None, :], (2, 1))
-    fused = retrieve.from_hits(Hybrid(_SameRows(dense), lex).search(["zzz qqq", "football player transfers"], 5))
+    fused = ranking.from_hits(Hybrid(_SameRows(dense), lex).search(["zzz qqq", "football player transfers"], 5))
     assert fused[0].rows == list(range(5)) and all(x >= 0 for f in fused for x in f.rows)
 
 
@@ -144,11 +144,11 @@ def test_hybrid_fuses_and_ptr_merges_by_the_retrievers_score(texts: list[str]) -
     assert rows[0].tolist() == [2, 1, 9] and scores[0][0] == pytest.approx(1 / 61 + 1 / 62)
     assert rows[1].tolist() == [5, 11, 6]
     # PtR with stubs "a" and "b": the best RRF score any stub gives an API
-    (merged,) = retrieve.ptr_from_hits(scores, rows, [0, 0], 1, 3, [1, 3])
+    (merged,) = ranking.ptr_from_hits(scores, rows, [0, 0], 1, 3, [1, 3])
     assert merged.rows == [5, 2, 1] and merged.width == {1: 2, 3: 6}  # ties to the higher row
     lex = Lexical(L.BM25Index.build(texts))
     s, r = lex.search(QUERIES[:2], 3)
-    (one,) = retrieve.ptr_from_hits(s, r, [0, 0], 1, 3, [3])
+    (one,) = ranking.ptr_from_hits(s, r, [0, 0], 1, 3, [3])
     best = {}
     for row_list, score_list in zip(r, s, strict=True):
         for x, y in zip(row_list, score_list, strict=True):

@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from evaluator.llamacpp import harness
+from evaluator.llamacpp import llama_server
 from evaluator.llamacpp.weights import WEIGHTS
 from evaluator.llm import LLMEngine, load_profile
 from evaluator.llm.transport import NoReply
@@ -87,7 +87,7 @@ class Impostor(BaseHTTPRequestHandler):
         pass
 
 
-class StubHandle(harness.LlamaHandle):
+class StubHandle(llama_server.LlamaHandle):
     started: list[int] = []
 
     def _spawn(self) -> subprocess.Popen[bytes]:

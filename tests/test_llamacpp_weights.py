@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.llamacpp import harness
+from evaluator.core.errors import ConfigError
+from evaluator.llamacpp import llama_server
 from evaluator.llamacpp import weights as WT
-from evaluator.llm import ConfigError, load_profile
+from evaluator.llm import load_profile
 
 MODELS = Path(__file__).resolve().parents[1] / "configs" / "models"
 
@@ -120,11 +121,11 @@ def test_missing_weight_wheels_are_one_line_naming_the_install(fake, tmp_path, m
 
 
 def test_a_missing_server_package_is_one_line_before_any_work(tmp_path, monkeypatch):
-    real = harness.importlib.util.find_spec
-    monkeypatch.setattr(harness.importlib.util, "find_spec", lambda n, *a: None if n == "xllamacpp" else real(n, *a))
+    real = llama_server.importlib.util.find_spec
+    monkeypatch.setattr(llama_server.importlib.util, "find_spec", lambda n, *a: None if n == "xllamacpp" else real(n, *a))
     p = load_profile("qwen2.5-coder-0.5b")
     with pytest.raises(ConfigError) as e:
-        harness.check(p, tmp_path)
+        llama_server.check(p, tmp_path)
     assert "\n" not in str(e.value) and "pip install -e '.[local-model]'" in str(e.value)
 
 
@@ -133,7 +134,7 @@ def test_an_unknown_local_model_is_one_line(tmp_path):
     prof.write_text((MODELS / "qwen2.5-coder-0.5b.toml").read_text().replace(
         'local_model = "qwen2.5-coder-0.5b"', 'local_model = "qwen-9000"'))
     with pytest.raises(ConfigError, match="not a bundled model; known: qwen2.5-coder-1.5b, qwen2.5-coder-0.5b"):
-        harness.check(load_profile(str(prof)), tmp_path)
+        llama_server.check(load_profile(str(prof)), tmp_path)
 
 
 def test_the_bundled_profiles_need_no_key_no_endpoint_and_keep_their_cache_keys_across_ports():
@@ -147,19 +148,19 @@ def test_the_bundled_profiles_need_no_key_no_endpoint_and_keep_their_cache_keys_
 
 def test_threads_leave_out_the_cores_other_work_keeps_busy(monkeypatch):
     # llama.cpp's spinning threads are ~10x slower when the OS takes one away (bench/README.md, "Real model")
-    monkeypatch.setattr(harness, "cpu_threads", lambda: 8)
+    monkeypatch.setattr(llama_server, "cpu_threads", lambda: 8)
     p = load_profile("qwen2.5-coder-0.5b")
     for every, own, threads in ((0.2, 0.0, 8), (3.0, 0.0, 5), (13.0, 0.0, 1), (8.0, 7.9, 8)):
-        monkeypatch.setattr(harness, "busy_cores", lambda *_, every=every, own=own: (every, own))
-        assert harness.sizing(p) == (2 if threads == 1 else 8, threads)
+        monkeypatch.setattr(llama_server, "busy_cores", lambda *_, every=every, own=own: (every, own))
+        assert llama_server.sizing(p) == (2 if threads == 1 else 8, threads)
     # a burst in one sample (a process exiting as the server starts) is not a busy core
     bursts = iter([(7.5, 0.0), (0.3, 0.0), (7.9, 0.0), (6.0, 0.0)])
-    monkeypatch.setattr(harness, "busy_cores", lambda *_: next(bursts))
-    assert harness.sizing(p) == (8, 8)
-    monkeypatch.setattr(harness, "busy_cores", lambda *_: None)  # no /proc/stat: the load average
-    monkeypatch.setattr(harness.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
-    assert harness.sizing(p) == (8, 5)
-    assert harness.sizing(load_profile("qwen2.5-coder-0.5b", server_slots=3, server_threads=2)) == (3, 2)
+    monkeypatch.setattr(llama_server, "busy_cores", lambda *_: next(bursts))
+    assert llama_server.sizing(p) == (8, 8)
+    monkeypatch.setattr(llama_server, "busy_cores", lambda *_: None)  # no /proc/stat: the load average
+    monkeypatch.setattr(llama_server.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    assert llama_server.sizing(p) == (8, 5)
+    assert llama_server.sizing(load_profile("qwen2.5-coder-0.5b", server_slots=3, server_threads=2)) == (3, 2)
 
 
 def test_this_process_own_work_is_not_counted_as_other_work():
@@ -168,7 +169,7 @@ def test_this_process_own_work_is_not_counted_as_other_work():
     spin = threading.Thread(target=lambda: [None for _ in iter(lambda: time.monotonic() < stop, False)])
     spin.start()
     try:
-        got = harness.busy_cores(0.5)
+        got = llama_server.busy_cores(0.5)
     finally:
         spin.join()
     assert got is not None

@@ -12,7 +12,7 @@ import llm_fixtures as F
 import orjson
 import pytest
 
-from evaluator.llm import ConfigError, FatalLLMError
+from evaluator.core.errors import ConfigError, FatalLLMError
 from evaluator.llm.cache import CacheEntry, ResponseCache, cache_dir, decode_entry, encode_entry
 
 

@@ -13,7 +13,7 @@ import llm_fixtures as F
 import orjson
 import pytest
 
-from evaluator.llm import ConfigError, FatalLLMError
+from evaluator.core.errors import ConfigError, FatalLLMError
 from evaluator.llm.cache import CacheEntry, ResponseCache, new_owner
 
 sim_server, any_sim, socket_sim = F.sim_server, F.any_sim, F.socket_sim  # pytest finds fixtures by module attribute
@@ -104,7 +104,8 @@ def test_cache_dir_that_is_a_file_is_one_clear_line(tmp_path):
 _OPEN = """
 import sys
 sys.path.insert(0, {repo!r})
-from evaluator.llm import ConfigError, FatalLLMError, LLMEngine, load_profile
+from evaluator.llm import LLMEngine, load_profile
+from evaluator.core.errors import ConfigError, FatalLLMError
 try:
     LLMEngine(load_profile("sim", env={{}}), cache_root={root!r})
 except ConfigError as e:

@@ -11,7 +11,8 @@ import llm_fixtures as F
 import orjson
 import pytest
 
-from evaluator.llm import FatalLLMError, load_profile
+from evaluator.core.errors import FatalLLMError
+from evaluator.llm import load_profile
 from evaluator.llm.decide import (
     AttemptOutcome,
     CallState,
@@ -21,7 +22,7 @@ from evaluator.llm.decide import (
     Reply,
     Retry,
     StopRun,
-    TransportError,
+    TransportFailure,
     decide,
     resume_time,
 )
@@ -161,9 +162,9 @@ def test_malformed_replies_are_transient_and_an_empty_one_is_sent_once_more():
 
 
 def test_transport_errors():
-    timeout = decide(AttemptOutcome(error=TransportError("timeout")), CallState(), PROFILE, now=NOW, jitter=1.0)
+    timeout = decide(AttemptOutcome(error=TransportFailure("timeout")), CallState(), PROFILE, now=NOW, jitter=1.0)
     assert isinstance(timeout, Retry) and timeout.reason == f"timeout after {PROFILE.timeout_s:g}s" and timeout.after_s == _backoff(0, 1.0)
-    down = AttemptOutcome(error=TransportError("connect", "ClientConnectorError"))
+    down = AttemptOutcome(error=TransportFailure("connect", "ClientConnectorError"))
     assert isinstance(decide(down, CallState(failures=3), PROFILE, now=NOW, jitter=0.0), Retry)
     stop = decide(down, CallState(failures=4), PROFILE, now=NOW, jitter=0.0)
     assert isinstance(stop, StopRun) and "the endpoint does not answer" in stop.message

@@ -14,7 +14,8 @@ from types import SimpleNamespace
 import llm_fixtures as F
 import pytest
 
-from evaluator.llm import FatalLLMError, LLMEngine
+from evaluator.core.errors import FatalLLMError
+from evaluator.llm import LLMEngine
 from evaluator.llm.decide import resume_time
 from simulator import behaviour
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from evaluator.llm.limits import ConcurrencyLimit
+from evaluator.llm.limiters import ConcurrencyLimit
 
 
 async def _fill(lim: ConcurrencyLimit) -> int:

@@ -2,7 +2,7 @@
 
 The simulator (and a provider) admits at most B + r*t requests by time t: a token bucket of B = one second of
 rate, full at the start, refilled at r. Requests reach it later than the pacer lets them go, and not all equally
-late; the pacer's schedule must leave room for that spread (`limits.JITTER_S`), and a 429 must move the schedule
+late; the pacer's schedule must leave room for that spread (`limiters.JITTER_S`), and a 429 must move the schedule
 back rather than release the requests queued behind it together. Each test runs the pacer on an event loop whose
 clock only moves when every task sleeps (to the next timer): the schedule is computed exactly, nothing is timed.
 """
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from evaluator.llm.limits import JITTER_S, PACED_BURST_S, RPM_SAFETY, RequestPacer
+from evaluator.llm.limiters import JITTER_S, PACED_BURST_S, RPM_SAFETY, RequestPacer
 from evaluator.llm.pacing import Pacing, local_pacer, local_token_pacer
 from evaluator.llm.profiles import ModelProfile
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import llm_fixtures as F
 import pytest
 
-from evaluator.llm import ConfigError, LLMEngine, available_profiles, load_profile
-from evaluator.llm.profiles import MODELS_DIR
+from evaluator.core.errors import ConfigError
+from evaluator.core.paths import MODELS_DIR
+from evaluator.llm import LLMEngine, available_profiles, load_profile
 
 
 def test_bundled_profiles_load():

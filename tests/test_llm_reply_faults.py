@@ -22,7 +22,7 @@ from records_fixtures import flat
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.cache import CacheEntry, ResponseCache, cache_dir, encode_entry
 from evaluator.llm.decide import AttemptOutcome, GiveUp, Reply, decide
-from evaluator.llm.limits import read_server_facts
+from evaluator.llm.limiters import read_server_facts
 from evaluator.llm.reply import read_reply
 
 sim_server, any_sim, socket_sim = F.sim_server, F.any_sim, F.socket_sim  # pytest finds fixtures by module attribute

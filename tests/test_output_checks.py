@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.llm.errors import ConfigError
+from evaluator.core.errors import ConfigError
 from evaluator.results.schema import check_writable
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 from data_fixtures import make_data_dir
 
-from evaluator.analysis.main import main_study
+from evaluator.analysis.main_study import main_study
 from evaluator.data import Warnings, find_query_files, load_query_files, load_registry
 from evaluator.llm import ChatResult
 from evaluator.results.schema import Meta, Record
-from evaluator.retrieval.search import Retrieved
+from evaluator.retrieval.ranking import Retrieved
 from evaluator.settings.sections import RetrievalSettings, RunSettings
 from evaluator.study import prompts
-from evaluator.study.prepare import Study
+from evaluator.study.prepare import PreparedStudy
 from evaluator.study.runner import StudyRunner, Unit
 
 
@@ -23,7 +23,7 @@ class ScriptedClient:
     """Answers discovery with one stub and the planner with the first offered API; query 2's planner
     reply is cut at max_tokens and query 3's planner call fails for good."""
 
-    def __init__(self, study: Study) -> None:
+    def __init__(self, study: PreparedStudy) -> None:
         self.study = study
         self.calls: list[str] = []
 
@@ -57,13 +57,13 @@ class FixedSearch:
         await asyncio.Event().wait()  # runs until the pipeline cancels it
 
 
-def _study(tmp_path: Path) -> Study:
+def _study(tmp_path: Path) -> PreparedStudy:
     data = make_data_dir(tmp_path / "data")
     w = Warnings()
     reg = load_registry(data / "registry" / "apis.jsonl.gz", "full", w)
     queries = load_query_files(find_query_files(data), reg, w, subsets=["G1_instruction"])
     rtp = [Retrieved([5, 6, 7, 8, 9], [0.5, 0.4, 0.3, 0.2, 0.1]) for _ in queries]
-    return Study(RetrievalSettings(ks=(1, 5)), RunSettings(models=("scripted",), runs=1), data, reg, queries, None, None, None, None, rtp, w)  # type: ignore[arg-type]
+    return PreparedStudy(RetrievalSettings(ks=(1, 5)), RunSettings(models=("scripted",), runs=1), data, reg, queries, None, None, None, None, rtp, w)  # type: ignore[arg-type]
 
 
 def test_clients_and_stub_search_are_passed_in(tmp_path: Path) -> None:

@@ -20,9 +20,10 @@ sys.path.insert(0, str(REPO))
 
 from evaluator.app.dry_run import cache_estimate  # noqa: E402
 from evaluator.batch.providers import gemini_to_completion  # noqa: E402
+from evaluator.core.errors import ConfigError  # noqa: E402
 from evaluator.core.money import cost_usd  # noqa: E402
 from evaluator.core.redact import key_envs, redact  # noqa: E402
-from evaluator.llm import ConfigError, load_profile  # noqa: E402
+from evaluator.llm import load_profile  # noqa: E402
 from evaluator.llm.budget import check_priced  # noqa: E402
 from evaluator.llm.catalog import providers  # noqa: E402
 from evaluator.llm.reply import read_reply  # noqa: E402

@@ -18,7 +18,7 @@ from study_fixtures import REPO, run_cli
 from test_pipeline_protocols import FixedSearch, ScriptedClient, _study
 
 from evaluator.analysis.stats import ExactSum
-from evaluator.app import view as VW
+from evaluator.app import viewer as VW
 from evaluator.results.schema import OutputDir, record_key
 from evaluator.results.stream import HELD_ENV, RecordSpill, SavedRecords, records_of
 from evaluator.study.runner import StudyRunner, Unit

@@ -17,8 +17,8 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evaluator.batch.files import read_results, write_lines  # noqa: E402
 from evaluator.batch.ray_engine import row_result  # noqa: E402
+from evaluator.batch.request_format import read_results, write_lines  # noqa: E402
 from evaluator.cli import main as cli  # noqa: E402
 from evaluator.core.redact import key_envs, scrub  # noqa: E402
 from evaluator.llm import LLMEngine, load_profile  # noqa: E402

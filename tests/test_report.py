@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import records_fixtures as F
 
-from evaluator.app.report import render_outputs
+from evaluator.app.outputs import render_outputs
 from evaluator.results.schema import OutputDir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

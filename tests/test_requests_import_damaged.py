@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evaluator.batch.files import RequestFileError, read_results_salvaged  # noqa: E402
+from evaluator.batch.request_format import RequestFileError, read_results_salvaged  # noqa: E402
 from evaluator.cli import main as cli  # noqa: E402
 from evaluator.llm.cache import ResponseCache  # noqa: E402
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evaluator.analysis import routing as R
+from evaluator.analysis import routing_study as R
 from evaluator.cli.main import main as cli
 from evaluator.results.schema import as_records
 

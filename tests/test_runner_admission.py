@@ -53,7 +53,7 @@ async def _study_of_two(tmp_path, window: int, setup=None) -> tuple[list[str], l
         engines = {m: await stack.enter_async_context(s.engine(dataclasses.replace(
             F.sim_profile(s, concurrency=LIMITS[m], adaptive_concurrency=False), name=m))) for m, s in servers.items()}
         runner = StudyRunner(study, engines, batcher=FixedSearch())
-        # model by model, as app.study builds them
+        # model by model, as app.run_study builds them
         units = [Unit(m, r) for m in LIMITS for r in range(RUNS)]
         records = list(await runner.run(units, window=window))
     assert len(records) == 2 * RUNS * len(study.queries)

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from records_fixtures import flat
 
-from evaluator.analysis import scaling as S
-from evaluator.app.report import SCALING_FILE, render_outputs
+from evaluator.analysis import scaling_study as S
+from evaluator.app.outputs import SCALING_FILE, render_outputs
 from evaluator.cli.main import main as cli
 from evaluator.data import load_registry
 from evaluator.results.plans import Stub, stub_text
 from evaluator.results.schema import OutputDir
-from evaluator.retrieval import search as retrieve
+from evaluator.retrieval import ranking
 from evaluator.retrieval.embed import Embedder, _key
 from evaluator.retrieval.index import SubsetSearch, VectorIndex
 
@@ -70,7 +70,7 @@ def make_output(tmp_path: Path, *, g2_gold: int = 5, runs: int = 2) -> Path:
     out = tmp_path / "out"
     out.mkdir()
     qv = fake_encode([q[2] for q in queries])
-    rtp = retrieve.rtp(index, qv, 20)
+    rtp = ranking.rtp(index, qv, 20)
     records = []
     for run in range(runs):
         stubs_per_q = []
@@ -82,7 +82,7 @@ def make_output(tmp_path: Path, *, g2_gold: int = 5, runs: int = 2) -> Path:
             for st in stubs:
                 texts.append(stub_text(st))
                 owners.append(qi)
-        ptr = retrieve.ptr(index, fake_encode(texts), owners, len(queries), 20, [1, 5, 20])
+        ptr = ranking.ptr(index, fake_encode(texts), owners, len(queries), 20, [1, 5, 20])
         for qi, (subset, qid, text, api_list, relevant) in enumerate(queries):
             records.append({
                 "model": "sim", "run": run, "subset": subset, "query_id": qid, "query": text,
@@ -285,8 +285,8 @@ def test_scaling_points_equal_a_search_per_subregistry(tmp_path: Path) -> None:
             sub = S.sample_subregistry(pool, si.gold_rows, size, S.seed_rng(seed, size))
             index = VectorIndex(api, rows=sub.rows)
             n = len(si.query_ids)
-            expect_rtp = [r.rows for r in retrieve.rtp(index, si.query_vecs, K)]
-            expect_ptr = [r.rows for r in retrieve.ptr(index, si.stub_vecs, si.owners, len(si.units) * n, K, [K])]
+            expect_rtp = [r.rows for r in ranking.rtp(index, si.query_vecs, K)]
+            expect_ptr = [r.rows for r in ranking.ptr(index, si.stub_vecs, si.owners, len(si.units) * n, K, [K])]
             got = S.search(found, si, sub.rows, K)
             assert got.rtp == expect_rtp
             assert got.ptr == expect_ptr
@@ -300,6 +300,6 @@ def test_ptr_rows_equals_the_run_s_ptr_ranking() -> None:
     rows = rng.integers(0, 40, (n_stubs, K))
     scores = np.round(rng.random((n_stubs, K)), 1)  # tenths: ties everywhere
     owners = sorted(rng.integers(0, n_queries, n_stubs).tolist())  # some queries have no stub
-    expect = [r.rows for r in retrieve.ptr_from_hits(scores, rows, owners, n_queries, K, [K])]
-    assert retrieve.ptr_rows(scores, rows, owners, n_queries, K) == expect
+    expect = [r.rows for r in ranking.ptr_from_hits(scores, rows, owners, n_queries, K, [K])]
+    assert ranking.ptr_rows(scores, rows, owners, n_queries, K) == expect
     assert any(not e for e in expect)

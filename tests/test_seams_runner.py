@@ -12,7 +12,7 @@ from test_archs import SimClient, WordSearch, make_study
 
 from evaluator.llm import ChatResult
 from evaluator.results.schema import Record
-from evaluator.retrieval.search import Retrieved
+from evaluator.retrieval.ranking import Retrieved
 from evaluator.study.runner import StudyRunner, Unit
 
 PLUGINS = '''

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from evaluator.llm.budget import Budget  # noqa: E402
-from evaluator.llm.limits import SharedPacer, SharedRates, rate_key  # noqa: E402
+from evaluator.llm.limiters import SharedPacer, SharedRates, rate_key  # noqa: E402
 from evaluator.llm.profiles import ModelProfile  # noqa: E402
 from simulator.harness import start_simulator  # noqa: E402
 

@@ -22,7 +22,7 @@ def _loaded_after(code: str, tmp_path: Path) -> list[str]:
 
 
 def test_the_command_line_loads_no_heavy_package(tmp_path: Path) -> None:
-    assert _loaded_after("import evaluator.cli.main, evaluator.app.study", tmp_path) == []
+    assert _loaded_after("import evaluator.cli.main, evaluator.app.run_study", tmp_path) == []
 
 
 def test_a_fully_cached_embedding_loads_no_model(tmp_path: Path) -> None:

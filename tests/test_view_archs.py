@@ -12,7 +12,7 @@ import records_fixtures as F
 from test_compare import with_extra_archs
 from test_view import browser, choose, console_errors, go, open_page  # noqa: F401 (browser: a fixture)
 
-from evaluator.app.report import render_outputs
+from evaluator.app.outputs import render_outputs
 from evaluator.results.schema import OutputDir
 
 ARCHS = ["rtp", "ptr", "hyde", "fusion"]

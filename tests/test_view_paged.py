@@ -12,7 +12,7 @@ import pytest
 from test_app_run import run_cli
 from test_view import EXAMPLE, browser, choose, console_errors, open_page, rows  # noqa: F401 (browser: a fixture)
 
-from evaluator.app import view as VW
+from evaluator.app import viewer as VW
 from evaluator.results.schema import OutputDir
 
 PART = 12  # records per part in these tests (the shipped PART_RECORDS is 5,000)

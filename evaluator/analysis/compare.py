@@ -72,7 +72,7 @@ class FriedmanTest:
 
 @dataclass
 class Comparison:
-    """The N-way comparison of a run's architectures (summary.json's `comparisons` with three or more)."""
+    """The N-way comparison of a study's architectures (summary.json's `comparisons` with three or more)."""
 
     archs: list[str]
     k: int

@@ -19,9 +19,11 @@ from collections.abc import Set as AbstractSet
 from typing import TypeVar
 
 from evaluator.results.schema import FAILURE_KINDS, GOLDS, ArchBlock, PlanBlock, PtrBlock, Record, Tokens
+from evaluator.settings.sections import RetrievalSettings
 
-DEFAULT_KS: tuple[int, ...] = (1, 3, 5, 10, 20)
-DEFAULT_K = 5
+# The k-ablation and the planner's budget of a caller that names none: the [retrieval] section's defaults.
+DEFAULT_KS: tuple[int, ...] = RetrievalSettings().ks
+DEFAULT_K = RetrievalSettings().k
 
 MetricKey = tuple[str, str, int | None, str | None]
 Obs = dict[MetricKey, tuple[float, float]]

@@ -18,20 +18,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluator.app.study import checked_inputs, load_profiles, prepare_study, start_servers, use_servers
+from evaluator.app.run_study import checked_inputs, load_profiles, prepare_study, start_servers, use_servers
 from evaluator.core import aio
+from evaluator.core.errors import ConfigError
+from evaluator.core.paths import EXAMPLES_DIR, resolve_path
 from evaluator.core.progress import SILENT, Reporter
 from evaluator.llm import ChatResult, LLMEngine
 from evaluator.results.schema import ArchBlock, check_writable
 from evaluator.settings.invocation import Invocation
-from evaluator.settings.load import ConfigError
-from evaluator.settings.paths import REPO_ROOT, resolve_path
 from evaluator.settings.sections import Settings
-from evaluator.study import archs as arch_units
-from evaluator.study import prompts
+from evaluator.study import archs, prompts
 from evaluator.study.runner import ARCH_OF_CALL, StudyRunner, Unit
 
-EXAMPLE = REPO_ROOT / "examples" / "mcp"  # the registry and queries tried when none is named
+EXAMPLE = EXAMPLES_DIR / "mcp"  # the registry and queries tried when none is named
 LIMIT = 3  # queries per subset tried when --limit is not given
 
 
@@ -100,10 +99,10 @@ def settings_for(s: Settings, spec: str, flags_given: frozenset[str]) -> Setting
 
 def check(spec: str, s: Settings, inv: Invocation, reporter: Reporter = SILENT) -> ArchChecked:
     """`spec` run on the settings' data (see `settings_for`) against its one model; the plugin's blocks."""
-    if not arch_units.is_plugin_spec(spec):
+    if not archs.is_plugin_spec(spec):
         raise ConfigError(f"arch check {spec}: name a plugin as path/to/file.py:ClassName or package.module:ClassName "
                           "(the built-ins are checked by the test suite).")
-    name = next(iter(arch_units.resolve([spec], 0.0, resolve_path)))  # loads and checks it: one line if broken
+    name = next(iter(archs.resolve([spec], 0.0, resolve_path)))  # loads and checks it: one line if broken
     if len(s.run.models) != 1:
         raise ConfigError("arch check tries a plugin against one model: pass one --model.")
     cache_root = resolve_path(s.run.cache_dir)

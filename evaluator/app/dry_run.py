@@ -16,7 +16,7 @@ the batch API from the profile's prices (and where they come from, with their da
 the RPM/TPM pacing and concurrency set. Where the provider caches prompt prefixes (`prompt_cache`), every
 call after the first with the same system prompt is counted as reading that prompt from the cache (priced at
 the cached rate) when the prompt is at least `cache_min_tokens` long, and the first one as writing it when
-the cache is explicit (Anthropic): an estimate that assumes the prefix stays cached while the run goes on.
+the cache is explicit (Anthropic): an estimate that assumes the prefix stays cached while the study goes on.
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.batch.collect import collect, offline
-from evaluator.batch.files import Request
+from evaluator.batch.request_format import Request
 from evaluator.core import aio
 from evaluator.core.money import cost_usd
 from evaluator.core.tokens import MESSAGE_TOKENS, prompt_tokens
 from evaluator.llm import ChatResult, LLMEngine, ModelProfile, Prepared
 from evaluator.llm.budget import unpriced
-from evaluator.llm.limits import PACED_BURST_S, RPM_SAFETY
+from evaluator.llm.limiters import PACED_BURST_S, RPM_SAFETY
 from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
 from evaluator.study import prompts
-from evaluator.study.prepare import Study
+from evaluator.study.prepare import PreparedStudy
 from evaluator.study.runner import ARCH_OF_CALL, study_archs
 
 PLAN_FILE = "plan.json"
@@ -49,7 +49,7 @@ TOKEN_RULE = (f"prompt tokens = characters of message text / the profile's chars
 @dataclass
 class ModelPlan:
     model: str
-    calls: int  # chat calls the run makes (each PtR planner behind an uncached discovery counted once)
+    calls: int  # chat calls the study makes (each PtR planner behind an uncached discovery counted once)
     cached: int  # answered from the cache
     to_send: int  # distinct requests not cached (upper bound: the PtR planners below are in it)
     ptr_planners_upper_bound: int  # of `to_send`: planners that depend on a reply not cached yet (any architecture)
@@ -281,7 +281,7 @@ class _Planner:
     """Collects every call of the collect pass (by architecture), and stands in the planner behind each reply
     that is not cached yet."""
 
-    def __init__(self, study: Study, profiles: dict[str, ModelProfile]) -> None:
+    def __init__(self, study: PreparedStudy, profiles: dict[str, ModelProfile]) -> None:
         self.study = study
         self.tally = {n: _Tally(p) for n, p in profiles.items()}
         names = list(study_archs(study))  # in --archs order, by name (a plugin by its `name`)
@@ -307,7 +307,7 @@ class _Planner:
         self._count(model, arch)
 
 
-def plan_study(study: Study, profiles: dict[str, ModelProfile], cache_root: Path) -> DryRunPlan:
+def plan_study(study: PreparedStudy, profiles: dict[str, ModelProfile], cache_root: Path) -> DryRunPlan:
     """The plan of `study` on these models; reads the cache, sends nothing."""
     planner = _Planner(study, profiles)
     aio.run(collect(study, profiles, cache_root, on_call=planner, on_deferred=planner.deferred, keep=False))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from evaluator.core.errors import ConfigError
 from evaluator.llm import catalog
-from evaluator.llm.errors import ConfigError
 from evaluator.llm.profiles import available_profiles
 
 

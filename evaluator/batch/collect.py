@@ -9,7 +9,7 @@ collect -> submit -> import until nothing new comes back; the study then runs fr
 
 Batch work never turns into online calls without a word: a batch refused or failed is told at once
 (`warn`), and when requests are still unanswered after the rounds (refused lines, failed or expired
-batches, unusable replies) the run stops before any online call (`BatchIncomplete`, one line saying how
+batches, unusable replies) the study stops before any online call (`BatchIncomplete`, one line saying how
 many, why and what to do) unless `--batch-fallback online` lets them go online at the online price, with
 a warning saying so.
 """
@@ -24,16 +24,15 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from evaluator.batch.budget import BudgetedBatches
-from evaluator.batch.files import Request
+from evaluator.batch.batch_budget import BudgetedBatches
+from evaluator.batch.batch_submit import BatchRunner, BatchStats
 from evaluator.batch.providers import batch_api, batch_kind, chat_to_gemini
-from evaluator.batch.runner import BatchRunner, BatchStats
+from evaluator.batch.request_format import Request
 from evaluator.batch.store import JobStore
 from evaluator.core import aio
+from evaluator.core.errors import ConfigError, FatalLLMError
 from evaluator.llm import (
     ChatResult,
-    ConfigError,
-    FatalLLMError,
     LLMEngine,
     ModelProfile,
     Prepared,
@@ -58,7 +57,7 @@ OnCall = Callable[[str, Prepared, str, ChatResult | None], None]
 
 
 class BatchIncomplete(FatalLLMError):
-    """Requests the batch API did not answer, and `--batch-fallback stop`: the run stops before any online call."""
+    """Requests the batch API did not answer, and `--batch-fallback stop`: the study stops before any online call."""
 
 
 class _Collector:
@@ -137,8 +136,8 @@ async def batch_rounds(
     fallback: str = "stop",
 ) -> dict[str, BatchStats]:
     """Bring the study's replies into the cache through each model's batch API; stats per model.
-    `budget`: each batch's worst case is reserved before it is submitted (batch/budget.py).
-    `fallback` "stop": requests still unanswered stop the run (`BatchIncomplete`); "online": they go online."""
+    `budget`: each batch's worst case is reserved before it is submitted (batch/batch_budget.py).
+    `fallback` "stop": requests still unanswered stop the study (`BatchIncomplete`); "online": they go online."""
     say = log or (lambda m: None)
     tell = warn or say
     check(profiles)
@@ -182,7 +181,7 @@ async def batch_rounds(
 
 def unanswered(runners: dict[str, BatchRunner], left: dict[str, int], fallback: str,
                warn: Callable[[str], None]) -> None:
-    """Requests the batch rounds left unanswered (`left`, per model): stop the run, or say they go online."""
+    """Requests the batch rounds left unanswered (`left`, per model): stop the study, or say they go online."""
     if not left:
         return
     def why(n: str) -> str:

@@ -32,10 +32,17 @@ from urllib.parse import urlsplit
 import aiohttp
 import orjson
 
-from evaluator.batch.files import BatchError, Request, Result, error_dict, json_lines, parse_results
+from evaluator.batch.request_format import (
+    BatchFailure,
+    Request,
+    Result,
+    error_dict,
+    json_lines,
+    parse_results,
+)
+from evaluator.core.errors import ConfigError, FatalLLMError
 from evaluator.core.redact import redact
 from evaluator.llm.dialects import AnthropicWire, anthropic_base, dialect, from_message
-from evaluator.llm.errors import ConfigError, FatalLLMError
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.retry import backoff_delay, retry_after_from_headers
 from evaluator.llm.transport import tls_problem
@@ -71,7 +78,7 @@ _GRPC_BY_NAME = {name: code for code, (name, _) in GRPC_CODES.items()}
 
 
 class BatchAPIError(FatalLLMError):
-    """The provider refused a batch call for a reason a retry will not fix. Fatal for the run (one line);
+    """The provider refused a batch call for a reason a retry will not fix. Fatal for the command (one line);
     every reply imported before it is cached and every submitted batch is recorded, so a rerun resumes."""
 
     def __init__(self, message: str, status: int | None = None) -> None:
@@ -85,7 +92,7 @@ class BatchState:
     total: int = 0
     completed: int = 0
     failed: int = 0
-    errors: list[BatchError] = field(default_factory=list)  # why a whole batch failed (validation)
+    errors: list[BatchFailure] = field(default_factory=list)  # why a whole batch failed (validation)
 
     @property
     def done(self) -> bool:
@@ -318,7 +325,7 @@ def status_result(key: str, status: dict[str, Any]) -> Result:
     name = grpc_name(status)
     message = str(status.get("message") or "")
     if name == "CANCELLED":
-        return Result(key, None, None, BatchError("cancelled", message))
+        return Result(key, None, None, BatchFailure("cancelled", message))
     http = GRPC_CODES[_GRPC_BY_NAME[name]][1]
     return Result(key, http, {"error": {"code": _GRPC_BY_NAME[name], "status": name, "message": f"{name}: {message}"}})
 
@@ -333,7 +340,7 @@ def gemini_state(op: dict[str, Any]) -> BatchState:
     meta = op.get("metadata") or {}
     st = meta.get("batchStats") or {}
     err = op.get("error") or {}  # a failed operation's google.rpc.Status
-    errors = [BatchError(grpc_name(err), str(err.get("message", "")))] if err else []
+    errors = [BatchFailure(grpc_name(err), str(err.get("message", "")))] if err else []
     return BatchState(_gemini_status(meta.get("state", "")), int(st.get("requestCount") or 0),
                       int(st.get("successfulRequestCount") or 0), int(st.get("failedRequestCount") or 0), errors)
 
@@ -460,9 +467,9 @@ def anthropic_result(x: dict[str, Any]) -> Result | None:
         try:
             return Result(cid, 200, from_message(res["message"]))
         except ValueError as e:
-            return Result(cid, None, None, BatchError("malformed_reply", str(e)))
+            return Result(cid, None, None, BatchFailure("malformed_reply", str(e)))
     if kind in _NOT_RAN:
-        return Result(cid, None, None, BatchError(*_NOT_RAN[kind]))
+        return Result(cid, None, None, BatchFailure(*_NOT_RAN[kind]))
     outer = res.get("error")
     outer = outer if isinstance(outer, dict) else {}
     inner = outer.get("error")

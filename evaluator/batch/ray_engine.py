@@ -2,7 +2,7 @@
 
 The driver (this process) keeps what Ray does not: it answers from the response cache whatever is
 there (the same keys as the evaluator's own `requests run`, so either engine resumes the other), puts
-only the rest in a Ray Dataset, and stores each reply in the cache as its block comes back, so a run
+only the rest in a Ray Dataset, and stores each reply in the cache as its block comes back, so a command
 stopped mid-way and started again sends only what has no reply yet. Ray Data LLM sends: its
 HTTP processor (`HttpRequestProcessorConfig`: `qps` per actor, `max_retries` with exponential backoff on
 429/408/502/503/504 and transport errors) against the profile's endpoint, or, asked for and installed,
@@ -25,11 +25,11 @@ from typing import Any
 import orjson
 
 from evaluator.batch import ray_worker
-from evaluator.batch.files import BatchError, Request, Result
-from evaluator.batch.requests import as_result
-from evaluator.core.errors import EvaluatorError
+from evaluator.batch.request_files import as_result
+from evaluator.batch.request_format import BatchFailure, Request, Result
+from evaluator.core.errors import ConfigError, EvaluatorError, FatalLLMError
 from evaluator.core.progress import SILENT, Reporter
-from evaluator.llm import ConfigError, FatalLLMError, LLMEngine, ModelProfile
+from evaluator.llm import LLMEngine, ModelProfile
 from evaluator.llm.accounting import CallStats
 
 INSTALL = "pip install 'evaluator[ray]'"
@@ -145,14 +145,14 @@ def row_result(row: dict[str, Any], engine: LLMEngine) -> Result:
     """One output row as a results line; a usable reply is stored in the cache now (that is the resume)."""
     cid = str(row["custom_id"])
     if row["error"]:  # the last attempt never got an answer
-        return Result(cid, None, None, BatchError(str(row["error"]), str(row["message"])))
+        return Result(cid, None, None, BatchFailure(str(row["error"]), str(row["message"])))
     status, text = int(row["status"]), str(row["text"])
     try:
         body = orjson.loads(text)
     except orjson.JSONDecodeError:
         body = None
     if not isinstance(body, dict):
-        return Result(cid, status, None, BatchError("not_json", text[:300]))
+        return Result(cid, status, None, BatchFailure("not_json", text[:300]))
     if status == 200:
         engine.store_reply(str(row["key"]), body)  # an unusable reply is not stored: `requests import` counts it
     return Result(cid, status, body)

@@ -2,7 +2,7 @@
 
 A batch costs money once created, so its existence is written down before it can be lost: the row
 (with a fresh token and the request keys) is committed *before* the create call, the provider's batch
-id right after it returns. A run killed in between finds the row without an id and looks the batch up
+id right after it returns. A command killed in between finds the row without an id and looks the batch up
 at the provider by its token (sent as batch metadata / display name) instead of creating it again.
 """
 

@@ -2,7 +2,7 @@
 
 The only module that knows about argv, the terminal and exit codes. Every user mistake ends in one
 line on stderr naming the flag, file or key and what to do — no traceback. Exit codes (`core.errors`,
-where every error class says its own and its line): 0 done; 1 the run stopped (bad key, exhausted quota:
+where every error class says its own and its line): 0 done; 1 the command stopped (bad key, exhausted quota:
 finished calls are cached); 2 a usage, config or data error (before any work); 3 done, but some LLM calls
 failed for good (a rerun retries them); 4 stopped at --budget (replies received are cached: a rerun with a
 larger budget resumes); 5 done, but an architecture failed on some queries (one line per architecture and kind
@@ -27,12 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-from evaluator.analysis.routing import RoutingMeta
-from evaluator.analysis.scaling import ScalingMeta
-from evaluator.app import arch_check, models, report, requests, study
-from evaluator.app import view as view_app
+from evaluator.analysis.routing_study import RoutingMeta
+from evaluator.analysis.scaling_study import ScalingMeta
+from evaluator.app import arch_check, models, outputs, request_commands, run_study, viewer
 from evaluator.batch.ray_engine import RayOptions
-from evaluator.batch.requests import import_files
+from evaluator.batch.request_files import import_files
 from evaluator.cli import view_server
 from evaluator.core.aio import interrupt_on_stop_signals, stop_signal
 from evaluator.core.errors import (
@@ -44,23 +43,26 @@ from evaluator.core.errors import (
     ConfigError,
     EvaluatorError,
 )
+from evaluator.core.paths import resolve_path
 from evaluator.core.progress import Reporter
 from evaluator.core.redact import RedactFilter, redact, redacted_traceback
+from evaluator.data import REGISTRY_CHOICES
 from evaluator.llm import cache_clear, cache_stats
 from evaluator.llm.profiles import STRUCTURED
-from evaluator.render.view import trace_text
+from evaluator.render.view_page import trace_text
 from evaluator.results.schema import OutputDir
 from evaluator.settings.invocation import BATCH_FALLBACKS, STOP_GRACE_S, Invocation, ProfileOverrides
 from evaluator.settings.load import load, load_settings
-from evaluator.settings.paths import resolve_path
 from evaluator.settings.sections import (
     BACKEND_CHOICES,
     PRECISION_CHOICES,
-    REGISTRY_CHOICES,
     RETRIEVER_CHOICES,
     TOOLS_FORMAT_CHOICES,
     Settings,
 )
+from evaluator.study.archs import BUILTIN
+
+DEFAULTS = Settings()  # every setting's default, as the help states it (settings.sections holds them)
 
 
 class Parser(argparse.ArgumentParser):
@@ -133,18 +135,18 @@ def run_parser() -> Parser:
     p.add_argument("--tools", help="registry file or folder: MCP tools/list results, OpenAI-style tool lists, JSONL, a ToolBench tree or a BEIR folder's corpus (default: the data folder's)")
     p.add_argument("--queries", nargs="+", metavar="PATH", help="query files or folders: JSONL/CSV with query and gold, ToolBench test_instruction files, or a BEIR folder (its queries judged by --split) (default: the data folder's)")
     p.add_argument("--tools-format", choices=TOOLS_FORMAT_CHOICES, help="force the registry format (default: detected from each file)")
-    p.add_argument("--split", help="a BEIR folder (corpus.jsonl, queries.jsonl, qrels/): the qrels/<split>.tsv whose judged queries run (default test)")
+    p.add_argument("--split", help=f"a BEIR folder (corpus.jsonl, queries.jsonl, qrels/): the qrels/<split>.tsv whose judged queries run (default {DEFAULTS.data.split})")
     p.add_argument("--subset-field", metavar="FIELD", help="a BEIR folder: the query field holding each query's subset, dotted (e.g. metadata.subset; default: one subset named after the folder)")
     p.add_argument("--subsets", type=_csv, help="comma list of subsets (query-file stems, or a query file's subset column) or prefixes, e.g. G1,G2")
-    p.add_argument("--k", type=int, help="retrieval budget handed to the planner (default 5)")
-    p.add_argument("--ks", type=_ints, help="k-ablation budgets, e.g. 1,3,5,10,20")
+    p.add_argument("--k", type=int, help=f"retrieval budget handed to the planner (default {DEFAULTS.retrieval.k})")
+    p.add_argument("--ks", type=_ints, help=f"k-ablation budgets (default {','.join(map(str, DEFAULTS.retrieval.ks))})")
     p.add_argument("--registry", choices=REGISTRY_CHOICES, help="every API, or only described ones")
-    p.add_argument("--embedder", help="bundled:all-MiniLM-L6-v2 (default), bundled:all-mpnet-base-v2 (optional extra), a hub name, or a local folder")
-    p.add_argument("--device", help="auto (default), cpu, cuda, cuda:1 ...")
+    p.add_argument("--embedder", help=f"{DEFAULTS.embed.model} (default), bundled:all-mpnet-base-v2 (optional extra), a hub name, or a local folder")
+    p.add_argument("--device", help=f"{DEFAULTS.embed.device} (default), cpu, cuda, cuda:1 ...")
     p.add_argument("--precision", choices=PRECISION_CHOICES, help="embedding precision")
     p.add_argument("--backend", choices=BACKEND_CHOICES,
                    help="embedding runtime (auto: the fastest path verified equivalent to torch fp32)")
-    p.add_argument("--cache-dir", help="cache root for embeddings and LLM replies (default: cache/)")
+    p.add_argument("--cache-dir", help=f"cache root for embeddings and LLM replies (default: {DEFAULTS.run.cache_dir}/)")
     p.add_argument("--out", help="output folder (default: results/<timestamp>); rerunning the same study into it "
                    "resumes it, another study's results there need --overwrite")
     p.add_argument("--overwrite", action="store_true", help="--out holds another study's results: replace them "
@@ -154,20 +156,21 @@ def run_parser() -> Parser:
     p.add_argument("--model", action="append", dest="models", help="model (repeatable): a profile (sim, gemini, "
                    "gpt-oss-120b, a .toml path) or PROVIDER/MODEL (anthropic/claude-sonnet-4-5, openai/gpt-5-mini, "
                    "google/gemini-2.5-flash, vllm/NAME, ollama/NAME, ...: `models` lists them)")
-    p.add_argument("--runs", type=int, help="independent runs per model (default 4)")
-    p.add_argument("--archs", type=_csv, help="comma list of architectures: rtp, ptr (default both), hyde, rewrite, "
-                   "fusion, route, or a plugin path/to/file.py:ClassName or package.module:ClassName")
+    p.add_argument("--runs", type=int, help=f"independent runs per model (default {DEFAULTS.run.runs})")
+    p.add_argument("--archs", type=_csv, help=f"comma list of architectures: {', '.join(BUILTIN)} (default "
+                   f"{','.join(DEFAULTS.run.archs)}), or a plugin path/to/file.py:ClassName or package.module:ClassName")
     p.add_argument("--route-tau", type=float, metavar="TAU", help="route: RtP when RtP's top-1 score >= TAU, else PtR "
                    "(default: the median of the study's top-1 scores)")
     p.add_argument("--arch-timeout", type=float, metavar="S", help="an architecture's own time on one query, model calls "
-                   "and searches not counted; past it that block fails as a timeout (default 300)")
+                   f"and searches not counted; past it that block fails as a timeout (default {DEFAULTS.run.arch_timeout_s:g})")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first query an architecture fails on (it "
                    "raised, broke the plugin contract, timed out, waited in a cycle), with its error; without it such "
-                   "blocks are left out of the results, counted, and the run goes on (exit 5)")
+                   "blocks are left out of the results, counted, and the study goes on (exit 5)")
     p.add_argument("--base-url", help="override the model's endpoint (for sim: use a running simulator; vllm, sglang, "
                    "llamacpp: their server's /v1 address)")
     p.add_argument("--retriever", choices=RETRIEVER_CHOICES,
-                   help="what every architecture searches with: dense (default), bm25, hybrid (RRF of both)")
+                   help=f"what every architecture searches with (default {DEFAULTS.retrieval.retriever}): dense, bm25, hybrid "
+                   "(RRF of both)")
     p.add_argument("--fallback-to-query", action="store_true", default=None, help="PtR: embed the raw query when no stub is produced")
     _rate_flags(p)
     p.add_argument("--max-tokens", type=int, help="override the profile's max_tokens (completion limit per call)")
@@ -179,12 +182,12 @@ def run_parser() -> Parser:
     p.add_argument("--batch", action="store_true", help="send the LLM calls through each profile's batch API (about half price; see README)")
     p.add_argument("--batch-fallback", choices=BATCH_FALLBACKS,
                    help="--batch: what happens to requests the batch API did not answer (refused, failed, expired): "
-                        "stop the run before any online call (default) or send them online at the online price")
+                        "stop the study before any online call (default) or send them online at the online price")
     p.add_argument("--batch-cancel", action="store_true", help="cancel this cache's open batches of the --model profiles, keep their finished replies, and stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--dry-run", action="store_true", help="prepare what costs nothing (data, embeddings, retrieval, cache lookups), then print and write OUT/plan.json: calls, tokens, USD and time per model; send nothing")
     p.add_argument("--budget", type=_budget, metavar="USD", help="stop sending before this invocation could spend more than USD (online prices; replies received stay cached; exit code 4)")
-    p.add_argument("--stop-grace", type=float, metavar="S", help="seconds the LLM calls on the wire at a stop (SIGTERM, SIGHUP, Ctrl-C) get to arrive and be cached (default 8)")
+    p.add_argument("--stop-grace", type=float, metavar="S", help=f"seconds the LLM calls on the wire at a stop (SIGTERM, SIGHUP, Ctrl-C) get to arrive and be cached (default {STOP_GRACE_S:g})")
     p.add_argument("--rate-dir", help="share each model's RPM/TPM pacing with every process using this folder (default: the cache folder)")
     return p
 
@@ -252,7 +255,7 @@ def cmd_run(argv: list[str]) -> int:
     args = run_parser().parse_args(argv)
     s, inv = settings_from(args)
     _writing(s.run.out or "results/", resolve_path(s.run.cache_dir))
-    outcome = study.run(s, inv, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
+    outcome = run_study.run(s, inv, reporter=make_reporter(not args.no_progress), retrieval_only=args.retrieval_only)
     if outcome.message:  # --batch-cancel: no study ran
         print(outcome.message)
         return 0
@@ -291,7 +294,7 @@ def cmd_report(argv: list[str]) -> int:
     _writing(args.out_dir)
     od = OutputDir(args.out_dir).require()
     with od.writing("`report`", make_reporter(False).info):  # one writer per output folder
-        report.render_outputs(od)
+        outputs.render_outputs(od)
     print(f"Re-rendered {args.out_dir}/report.md, summary.json and figures/")
     return 0
 
@@ -351,7 +354,7 @@ def _analysis_command(prog: str, description: str, argv: list[str], add: Callabl
 def cmd_scaling(argv: list[str]) -> int:
     def add(p: Parser) -> None:
         p.add_argument("--sizes", dest="scaling_sizes", metavar="N,N,...", type=_ints, help="sub-registry sizes (default from the config); the full registry is always added")
-        p.add_argument("--seeds", dest="scaling_seeds", metavar="N", type=int, help="distractor draws per size (default 5)")
+        p.add_argument("--seeds", dest="scaling_seeds", metavar="N", type=int, help=f"distractor draws per size (default {DEFAULTS.analysis.scaling_seeds})")
         p.add_argument("--subsets", dest="scaling_subsets", metavar="S,S,...", type=_csv, help="comma list of subsets or prefixes (default: every subset but the last in sorted order)")
         p.add_argument("--divergence-subset", help="subset whose top-k divergence is reported (default: the first scaling subset)")
         p.add_argument("--data", help="data folder (default: the run's, from meta.json)")
@@ -362,7 +365,7 @@ def cmd_scaling(argv: list[str]) -> int:
     return _analysis_command(
         "scaling", "Scaling study (paper Table 10): RtP and PtR recall on sub-registries of growing size, from a "
         "finished output folder; no LLM call, embeddings from the run's cache.", argv, add,
-        lambda args, od, s: report.scaling_from_output(od, s, data_dir=args.data, device=args.device,
+        lambda args, od, s: outputs.scaling_from_output(od, s, data_dir=args.data, device=args.device,
                                                     reporter=make_reporter(not args.no_progress)).meta)
 
 
@@ -370,13 +373,13 @@ def cmd_routing(argv: list[str]) -> int:
     def add(p: Parser) -> None:
         p.add_argument("--train", dest="routing_train", metavar="S,S,...", type=_csv, help="subsets tau is tuned on for the split evaluation (default: every subset but the last in sorted order)")
         p.add_argument("--test", dest="routing_test", metavar="S,S,...", type=_csv, help="subsets it is reported on (default: the last subset in sorted order)")
-        p.add_argument("--folds", dest="routing_folds", metavar="N", type=int, help="cross-validation folds (default 5)")
-        p.add_argument("--seed", dest="routing_seed", metavar="N", type=int, help="seed of the fold assignment (default 0)")
+        p.add_argument("--folds", dest="routing_folds", metavar="N", type=int, help=f"cross-validation folds (default {DEFAULTS.analysis.routing_folds})")
+        p.add_argument("--seed", dest="routing_seed", metavar="N", type=int, help=f"seed of the fold assignment (default {DEFAULTS.analysis.routing_seed})")
 
     return _analysis_command(
         "routing", "Complexity-adaptive routing (RtP when RtP's top-1 score >= tau, else PtR; also query length "
         "and clause count) from a finished output folder; no embedding, no LLM call.", argv, add,
-        lambda _args, od, s: report.routing_from_output(od, s, make_reporter()).meta)
+        lambda _args, od, s: outputs.routing_from_output(od, s, make_reporter()).meta)
 
 
 # ---------------------------------------------------------------- `requests export|import|run`: request files
@@ -411,7 +414,7 @@ def _requests_export(argv: list[str]) -> int:
     args = run_parser().parse_args(argv[1:])
     s, inv = settings_from(args)
     _writing(Path(argv[0]).parent, resolve_path(s.run.cache_dir))
-    done = requests.export_requests(s, inv, Path(argv[0]), make_reporter(not args.no_progress))
+    done = request_commands.export_requests(s, inv, Path(argv[0]), make_reporter(not args.no_progress))
     n = sum(done.per_model.values())
     if n:
         per = ", ".join(f"{name} {k:,}" for name, k in done.per_model.items())
@@ -462,7 +465,7 @@ def _requests_run(argv: list[str]) -> int:
     _rate_flags(ap)
     ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
-    ap.add_argument("--stop-grace", type=float, metavar="S", default=STOP_GRACE_S, help="seconds the calls on the wire at a stop signal get to arrive and be cached (default 8)")
+    ap.add_argument("--stop-grace", type=float, metavar="S", default=STOP_GRACE_S, help=f"seconds the calls on the wire at a stop signal get to arrive and be cached (default {STOP_GRACE_S:g})")
     ap.add_argument("--dry-run", action="store_true", help="print (and write OUT's stem + .plan.json) the requests, tokens, USD and time the file would take; send nothing")
     ray = ap.add_argument_group("Ray (--engine ray; pip install 'evaluator[ray]')")
     ray.add_argument("--engine", choices=["evaluator", "ray"], default="evaluator",
@@ -486,10 +489,10 @@ def _requests_run(argv: list[str]) -> int:
     overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
     _writing(args.out.parent, _cache_root(args.cache_dir, args.config))
     if args.dry_run:
-        print(requests.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
+        print(request_commands.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
                                     **overrides.as_kwargs()))
         return 0
-    done = requests.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
+    done = request_commands.run_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
                                 reporter=make_reporter(not args.no_progress), ray=ray_opts, grace_s=args.stop_grace,
                                 **overrides.as_kwargs())
     n, bad = len(done.results), sum(1 for r in done.results if not r.ok)
@@ -515,7 +518,7 @@ def cmd_view(argv: list[str]) -> int:
     folders = [OutputDir(d).require() for d in args.out_dirs]
     # the folder the page goes into has one writer (a study's, a `report`'s or this one), not the page's readers
     with OutputDir(args.out.parent if args.out else args.out_dirs[0]).writing("`view`", make_reporter(False).info):
-        path, html = view_app.write_page(folders, args.out)
+        path, html = viewer.write_page(folders, args.out)
     print(path)
     if args.serve:
         srv = view_server.server(html, args.port, path)
@@ -550,7 +553,7 @@ def cmd_export(argv: list[str]) -> int:
     p.add_argument("--bare-qids", action="store_true", help="qid = the query id alone (e.g. a BEIR folder's own, to "
                    "meet its qrels/<split>.tsv), not <subset>/<query_id>; refused when two subsets share an id")
     args = p.parse_args(argv)
-    files = report.export_trec(OutputDir(args.out_dir).require(), args.to, args.bare_qids)
+    files = outputs.export_trec(OutputDir(args.out_dir).require(), args.to, args.bare_qids)
     runs = sum(f.suffix == ".trec" for f in files)
     qrels = sum(f.name.startswith("qrels.") for f in files)
     print(f"Wrote {runs} run file(s) and {qrels} qrels file(s) to {args.to}/ "
@@ -570,7 +573,7 @@ def cmd_arch(argv: list[str]) -> int:
     p.add_argument("--data", help="data folder (registry/ and queries/) to try it on")
     p.add_argument("--tools", help="registry file or folder to try it on")
     p.add_argument("--queries", nargs="+", metavar="PATH", help="query files to try it on")
-    p.add_argument("--limit", type=int, help="first N queries per subset (default 3)")
+    p.add_argument("--limit", type=int, help=f"first N queries per subset (default {arch_check.LIMIT})")
     p.add_argument("--retriever", choices=RETRIEVER_CHOICES, help="the study's retriever (ctx.search's default)")
     p.add_argument("--model", action="append", dest="models",
                    help="model profile (default sim: a local simulator, nothing sent out)")
@@ -578,7 +581,7 @@ def cmd_arch(argv: list[str]) -> int:
     p.add_argument("--structured", choices=STRUCTURED, help="how schemas are sent (default for a simulated profile: "
                    "json_schema)")
     p.add_argument("--cache-dir", help="cache root (embeddings, replies; default: the config's)")
-    p.add_argument("--arch-timeout", type=float, metavar="S", help="the plugin's own time per query (default 300)")
+    p.add_argument("--arch-timeout", type=float, metavar="S", help=f"the plugin's own time per query (default {DEFAULTS.run.arch_timeout_s:g})")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first query it fails on")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -662,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _log_to_stderr()
     warnings.showwarning = _one_line_warning  # no raw library warning (with its source line) on stderr
-    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the run as Ctrl-C does (core/aio.py)
+    interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the command as Ctrl-C does (core/aio.py)
     command = argv[0] if argv and argv[0] in HANDLERS else "run"
     rest = argv[1:] if argv and argv[0] in HANDLERS else argv
     sys.excepthook = lambda *exc: sys.stderr.write(redacted_traceback(*exc))  # even a crash's traceback carries no key

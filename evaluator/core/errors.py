@@ -2,11 +2,16 @@
 
 `cli.main` catches `EvaluatorError` once and prints `line()` (redacted) to stderr, then exits with
 `exit_code`; a new kind of error is a subclass here (or of one of these, beside the code that raises it,
-as `llm.cache.StoreError`), never a new branch in the CLI. Exit codes: 0 done; 1 the run stopped (bad key,
+as `llm.cache.StoreError`), never a new branch in the CLI. Exit codes: 0 done; 1 the command stopped (bad key,
 exhausted quota: finished calls are cached); 2 a usage, config or data error (before any work); 3 done,
 but some LLM calls failed for good (a rerun retries them); 4 stopped at --budget; 5 done, but an architecture
 failed on some queries (it raised, broke the plugin contract, timed out or waited in a cycle: those blocks are
 left out of the results; fix the architecture); 130 interrupted.
+
+Every class named `*Error` is an exception (tests/test_layout.py); a value that says why something failed is a
+`*Failure` (`llm.decide.TransportFailure`, `batch.request_format.BatchFailure`). An exception one module of the
+evaluator raises for another to catch, never shown to a user, derives from `InternalSignal`, not from
+`EvaluatorError`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,12 @@ class EvaluatorError(Exception):
     def line(self) -> str:
         """The one line on stderr (the CLI redacts it)."""
         return f"error: {self}"
+
+
+class InternalSignal(Exception):
+    """The base of exceptions that stay inside the evaluator: raised by one module for the module that called it
+    to catch and turn into a value (a retry, a failed call). The CLI does not catch them: one that escapes is a
+    bug, shown with its traceback."""
 
 
 class UserError(EvaluatorError):
@@ -50,7 +61,7 @@ class OutputError(UserError):
 
 
 class FatalLLMError(EvaluatorError, RuntimeError):
-    """The run cannot continue with this model (bad key, no permission, daily quota).
+    """The command cannot continue with this model (bad key, no permission, daily quota).
 
     The message says what to do. Calls that finished are already in the cache, so a rerun resumes.
     """

@@ -3,7 +3,7 @@ into place, so a reader never sees half of it and a kill leaves the old one (or 
 
 Used by the output folder (`schema`), the embedding shards (`embed`), the kept searches (`index`), the
 response cache's spill files (`llm.cache`), the runtime exports (`embed_backends`) and the figure store
-(`render.figures`). What a failure means is the caller's: an output file is an error the CLI prints as
+(`render.charts`). What a failure means is the caller's: an output file is an error the CLI prints as
 one line, a cache file that cannot be written only costs the next run the work again.
 """
 

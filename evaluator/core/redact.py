@@ -10,7 +10,7 @@ do not know (a proxy echoing another header).
 Where it runs, at every boundary text from a server or a plugin crosses: server and batch errors
 (`redact`), a 200 reply's text as it is read (`llm.reply.read_reply`: content and reasoning, so the cache,
 the records and everything made from them hold no key), the response cache's entries, every file of an
-output folder (`results.schema`: queries.jsonl lines, meta.json, summary.json, report.md; `app.view`: the
+output folder (`results.schema`: queries.jsonl lines, meta.json, summary.json, report.md; `app.viewer`: the
 viewer's page and parts), request and result files, the CLI's lines and every note or warning
 (`core.progress`, the logging filter). Replies and files lose only configured keys (`scrub`): a reply's
 text may hold words shaped like a key that are no secret.
@@ -28,22 +28,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
+from evaluator.core.paths import MODELS_DIR, PROVIDERS_FILE
+
 # Shorter values would turn ordinary words of an error into redaction marks and are no secret worth
 # the name (a local server's placeholder key); every provider key is far longer.
 MIN_KEY_LEN = 6
 # Shapes of provider keys met in error text even when the key is not ours.
 KEY_SHAPES = re.compile(r"(AIza[0-9A-Za-z_\-]{20,}|sk-[A-Za-z0-9_\-]{12,}|Bearer\s+[A-Za-z0-9._~+/=\-]{8,})")
 
-# Providers' own key variables, redacted whether or not a profile names them (an SDK reads them by itself).
-PROVIDERS_FILE = MODELS_DIR.parent / "providers.toml"  # every provider's `api_key_env` (llm.catalog reads the rest)
-
 _watched: set[str] = set()  # env var names of profiles loaded from elsewhere than configs/models
 _configured: set[str] | None = None  # env var names the bundled profiles declare (read once)
 
 
 def _profile_envs(models_dir: Path = MODELS_DIR, providers: Path = PROVIDERS_FILE) -> set[str]:
-    """The `api_key_env` of every bundled profile and of every provider's table."""
+    """The `api_key_env` of every bundled profile and of every provider's table (providers' own key variables are
+    redacted whether or not a profile names them: an SDK reads them by itself)."""
     tables: list[object] = []
     for f in [*sorted(models_dir.glob("*.toml")), providers]:
         try:
@@ -128,6 +127,11 @@ def redacted_traceback(kind: type[BaseException], exc: BaseException, tb: Traceb
 
 # Query parameters that carry credentials in a base URL (Gemini's `?key=`, signed URLs, proxies' tokens).
 _SECRET_PARAM = re.compile(r"key|token|secret|sig|pass|auth|credential", re.IGNORECASE)
+
+
+def mask(secret: str | None) -> str:
+    """How a key appears in reprs: whether it is set, nothing of its value."""
+    return "***" if secret else "<unset>"
 
 
 def redact_url(url: str) -> str:

@@ -5,7 +5,7 @@ Registries: the project's JSONL (ToolBench's, one API a line), ToolBench's `tool
 forced (`registry.TOOLS_FORMATS`). Queries: ToolBench `test_instruction` files, JSONL / CSV with `query`
 and `gold`, or a BEIR folder's queries with the qrels of one split (graded gold; `beir`). Every API embeds
 by one rule (`EMBED_TEXT_RULE`; a corpus document: `CORPUS_TEXT_RULE`). Every file is read through `source`,
-so a bad input stops the run with one line naming the file, the line or record and what was expected
+so a bad input stops the study with one line naming the file, the line or record and what was expected
 (`DataError`), before any work; lesser problems are counted as warnings that reach the report; nothing
 is dropped silently and nothing is half-loaded.
 """
@@ -17,7 +17,6 @@ from evaluator.data.model import (
     GOLD_SETS,
     REGISTRY_CHOICES,
     Api,
-    DataError,
     Query,
     QueryId,
     Registry,
@@ -36,7 +35,7 @@ from evaluator.data.queries import (
 from evaluator.data.registry import TOOLS_FORMATS, load_registry
 
 __all__ = [
-    "CORPUS_TEXT_RULE", "EMBED_TEXT_RULE", "GOLD_SETS", "REGISTRY_CHOICES", "TOOLS_FORMATS", "Api", "DataError", "Query", "Registry",
+    "CORPUS_TEXT_RULE", "EMBED_TEXT_RULE", "GOLD_SETS", "REGISTRY_CHOICES", "TOOLS_FORMATS", "Api", "Query", "Registry",
     "Warnings", "api_id", "find_query_files", "load_queries", "load_query_files", "load_registry", "match_subsets",
     "normalise_qid",
     "QueryId", "qid_key", "resolve_data_dir", "select_subsets",

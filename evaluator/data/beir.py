@@ -11,10 +11,10 @@ models embed it (`model.corpus_text`). As BEIR's loader does, only the queries t
 (the others are counted); a judgement of score > 0 makes a document relevant with that grade, a score of 0 or
 less is judged non-relevant and kept out of the gold set. What BEIR's loader would read wrongly or refuse (a
 file missing, an id repeated with another text, two scores for one pair, a line that is not three cells, a
-malformed line) stops the run with one line naming the file and line and what to do; a line repeated as it is
+malformed line) stops the study with one line naming the file and line and what to do; a line repeated as it is
 is read once and counted. Judgements of a query-id no query has, or of a
 corpus-id no document has (checked against the registry: `queries.finish`), are counted warnings up to
-`model.UNRESOLVED_GOLD_SHARE` of them (public folders have a few: BEIR's NFCorpus and ArguAna), and stop the run
+`model.UNRESOLVED_GOLD_SHARE` of them (public folders have a few: BEIR's NFCorpus and ArguAna), and stop the study
 past it (the qrels are another folder's); a missing document stays in the gold set, unreachable, as pytrec_eval
 scores it on the folder's qrels.
 """
@@ -27,11 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evaluator.core.errors import DataError
 from evaluator.data.model import (
     NAME_CAP_CHARS,
     UNRESOLVED_GOLD_SHARE,
     Api,
-    DataError,
     Warnings,
     corpus_text,
     description_or_none,

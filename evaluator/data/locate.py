@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from evaluator.data.model import DataError
+from evaluator.core.errors import DataError
 
 
 def resolve_data_dir(cli: str | None, configured: str | None, base: Path) -> Path:

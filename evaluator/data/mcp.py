@@ -7,7 +7,8 @@ a JSON-RPC response's `result`), a JSON list of tools, or one tool a line (JSONL
 
 from __future__ import annotations
 
-from evaluator.data.model import Api, DataError, description_or_none
+from evaluator.core.errors import DataError
+from evaluator.data.model import Api, description_or_none
 from evaluator.data.params import schema_params
 from evaluator.data.source import get_str, json_type
 

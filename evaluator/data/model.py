@@ -8,8 +8,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from evaluator.core.errors import DataError as DataError  # defined with its exit code in core.errors
-
 GOLD_SETS: tuple[str, ...] = ("api_list", "relevant")  # a query's gold sets, in the order tables show them
 REGISTRY_CHOICES = ("full", "described")
 
@@ -103,7 +101,7 @@ def loose_id(aid: str) -> str:
 
 
 # When gold ids match no API of the registry, as read: past this share of a file's gold ids (or of a BEIR
-# folder's judgements) the run stops before any paid work. Why a share: a mistake in the id form (`tool/api`,
+# folder's judgements) the study stops before any paid work. Why a share: a mistake in the id form (`tool/api`,
 # `tool.api`, the API name alone, another case), or qrels of another corpus, leaves most ids unmatched; a typo or
 # an API renamed since touches a few, and those are counted warnings (on stderr and in the report) that keep the
 # run going. ToolBench's own files match every id; BEIR's ArguAna judges 5 documents its corpus lacks.

@@ -9,7 +9,8 @@ the record's `tool` field, else the file's name without its suffixes.
 
 from __future__ import annotations
 
-from evaluator.data.model import Api, DataError, description_or_none
+from evaluator.core.errors import DataError
+from evaluator.data.model import Api, description_or_none
 from evaluator.data.params import schema_params
 from evaluator.data.source import get_str, json_type
 

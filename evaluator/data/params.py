@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from evaluator.data.model import DataError, Param
+from evaluator.core.errors import DataError
+from evaluator.data.model import Param
 from evaluator.data.source import json_type
 
 

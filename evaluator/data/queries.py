@@ -17,11 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evaluator.core.errors import DataError
 from evaluator.data import beir, toolbench
 from evaluator.data.model import (
     GOLD_SETS,
     UNRESOLVED_GOLD_SHARE,
-    DataError,
     Query,
     Registry,
     Warnings,
@@ -253,7 +253,7 @@ def _pick_subsets(raws: list[RawQuery], wanted: list[str] | None) -> list[RawQue
 
 # UNRESOLVED_GOLD_SHARE (data.model): when gold ids match no API of the registry, as read (an id the `described`
 # choice left out is a known API), a file where more than this share of its gold ids match none, or any query
-# none of whose ids in a gold set matches, stops the run before any paid work. A BEIR folder's judgements are
+# none of whose ids in a gold set matches, stops the study before any paid work. A BEIR folder's judgements are
 # held to the share alone (`_judged_in`).
 GOLD_ID_FORM = "`tool::api` as the registry names them (tool and API name joined by '::', case and spaces as written)"
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from evaluator.core.errors import DataError
 from evaluator.data import beir, mcp, openai, toolbench
 from evaluator.data.model import (
     DESCRIPTION_CAP_CHARS,
@@ -19,7 +20,6 @@ from evaluator.data.model import (
     NAME_CAP_CHARS,
     REGISTRY_CHOICES,
     Api,
-    DataError,
     Registry,
     Warnings,
     bounded_name,

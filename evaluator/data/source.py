@@ -21,7 +21,7 @@ from typing import Any, Literal, overload
 
 import orjson
 
-from evaluator.data.model import DataError
+from evaluator.core.errors import DataError
 
 GZIP_MAGIC = b"\x1f\x8b"
 # Errors a reader may raise on a record of the wrong shape; `located` turns them into DataError.

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evaluator.data.model import Api, DataError, api_id, description_or_none
+from evaluator.core.errors import DataError
+from evaluator.data.model import Api, api_id, description_or_none
 from evaluator.data.params import schema_params
 from evaluator.data.source import get_str, json_type, located, one_line, parse_json, read_text
 

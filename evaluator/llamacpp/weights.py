@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from evaluator.core.errors import ConfigError
 from evaluator.core.files import sha256_file
-from evaluator.llm.errors import ConfigError
 
 _BLOCK = 8 << 20  # 8 MiB per read: hashing and copying at disk speed without holding a chunk in memory
 

@@ -3,13 +3,10 @@
 from evaluator.llm.accounting import ModelStats
 from evaluator.llm.cache import ResponseCache, cache_clear, cache_stats
 from evaluator.llm.engine import ChatResult, LLMEngine, Prepared
-from evaluator.llm.errors import ConfigError, FatalLLMError
 from evaluator.llm.profiles import ModelProfile, available_profiles, load_profile, resolve_api_key
 
 __all__ = [
     "ChatResult",
-    "ConfigError",
-    "FatalLLMError",
     "LLMEngine",
     "ModelProfile",
     "ModelStats",

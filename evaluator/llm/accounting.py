@@ -71,7 +71,7 @@ class CallStats(Counters):
 
 @dataclass
 class ModelStats(Counters):
-    """The engine's live counters; `summary()` is what the run keeps of them."""
+    """The engine's live counters; `summary()` is what the command keeps of them."""
 
     # Server time per attempt answered 200: from send to the whole reply, no queueing in it.
     latencies: list[float] = field(default_factory=list, repr=False)

@@ -5,7 +5,7 @@ price plus `max_tokens` at the output price) before each HTTP attempt and settle
 the provider reports; a call that could pass the cap is not sent. While other reservations are still
 open a call waits for them to settle (their real cost is usually far below the worst case) and is
 refused only when nothing is open and it still does not fit, so the cap is used, not just approached.
-From the first refusal on every later call is refused: the run stops cleanly, and the replies already
+From the first refusal on every later call is refused: the command stops cleanly, and the replies already
 received stay cached, so a rerun with a larger budget pays for none of them again.
 """
 
@@ -15,10 +15,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from evaluator.core.errors import ConfigError
 from evaluator.core.money import capped_usd
 from evaluator.core.tokens import prompt_tokens
-from evaluator.llm.errors import CONTEXT_EXCEEDED as CONTEXT_EXCEEDED
-from evaluator.llm.errors import ConfigError
 from evaluator.llm.profiles import ModelProfile
 
 
@@ -85,7 +84,7 @@ class Budget:
         return True
 
     async def admit(self, usd: float) -> bool:
-        """`reserve`, waiting while other reservations are open; False (and the run stops) when it cannot fit."""
+        """`reserve`, waiting while other reservations are open; False (and the command stops) when it cannot fit."""
         while not self.reserve(usd):
             if self.stopped or self.reserved_usd <= 1e-15:
                 self.stopped = True
@@ -108,7 +107,7 @@ class Budget:
         return max(0.0, self.limit_usd - self.spent_usd)
 
     def stop_message(self) -> str:
-        """The one line the CLI prints when the cap stopped the run (the engine raises it as `BudgetExhausted`)."""
+        """The one line the CLI prints when the cap stopped the command (the engine raises it as `BudgetExhausted`)."""
         return (f"budget reached: spent ${self.spent_usd:.4f} of ${self.limit_usd:.4f} (online prices, the provider's "
                 "token counts), and the next call could pass it. Every reply received is cached: rerun the same "
                 "command with a larger --budget to continue (add --dry-run to see what remains).")

@@ -55,9 +55,9 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.errors import ConfigError, FatalLLMError
 from evaluator.core.files import atomic_write
 from evaluator.core.redact import scrub
-from evaluator.llm.errors import ConfigError, FatalLLMError
 from evaluator.llm.reply import CONTEXT, MAX_TOKENS
 
 KEY_SCHEMA = 1  # bump if the key recipe changes, so old entries are never misread
@@ -134,7 +134,7 @@ def decode_entry(raw: Any) -> CacheEntry | None:
 
 
 class StoreError(FatalLLMError):
-    """The cache could not store (disk full, I/O error, read-only): the run stops; `what` says why."""
+    """The cache could not store (disk full, I/O error, read-only): the command stops; `what` says why."""
 
     def __init__(self, message: str, *, full: bool) -> None:
         super().__init__(message)

@@ -22,10 +22,9 @@ from typing import Any, Literal, get_args
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
+from evaluator.core.errors import ConfigError
+from evaluator.core.paths import PROVIDERS_FILE
 from evaluator.core.validation import checked, toml_label
-from evaluator.llm.errors import ConfigError
-
-PROVIDERS_FILE = Path(__file__).resolve().parents[2] / "configs" / "providers.toml"
 
 # How requests go on the wire: OpenAI's /chat/completions (and every OpenAI-compatible host) or Anthropic's
 # Messages API (llm/dialects.py).

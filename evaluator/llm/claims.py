@@ -37,7 +37,7 @@ class Claims:
 
     def take(self, key: str) -> bool:
         """Claim `key`; False while another live process holds it. Raises the cache's error when the claim
-        cannot be written (the run stops: without claims, processes could pay twice)."""
+        cannot be written (the command stops: without claims, processes could pay twice)."""
         if not self._cache.claim(key, self._owner, self._lease):
             return False
         self._held.add(key)
@@ -58,7 +58,7 @@ class Claims:
     async def wait_for_other(self, key: str, lookup: Callable[[str], ChatResult | None],
                              stop: Callable[[], BaseException | None]) -> ChatResult | None:
         """Another process holds `key`: poll for its reply (`lookup`); None once the claim is free.
-        `stop()` returns the engine's fatal error, raised at once when the run stops meanwhile."""
+        `stop()` returns the engine's fatal error, raised at once when the command stops meanwhile."""
         delay = 0.02
         while True:
             if (fatal := stop()) is not None:

@@ -11,7 +11,7 @@ the profile's retry rules, and returns one typed decision:
 - `DropFields(names)`: the host rejects these optional request fields - never send them again, retry now.
 - `DowngradeSchema(also_drop)`: the host rejects `json_schema` - send the schema as json_object form.
 - `GiveUp(kind, reason)`: this call cannot succeed (or its retries are spent); the others may.
-- `StopRun(message)`: the run cannot go on with this model (bad key, daily quota, a wait past
+- `StopRun(message)`: the command cannot go on with this model (bad key, daily quota, a wait past
   `give_up_after_s`); the message says what to do.
 
 No I/O, no clock, no randomness: `now` (epoch seconds) and `jitter` (in [0, 1), the backoff's random
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
-from evaluator.llm.errors import CONTEXT_EXCEEDED
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.reply import EMPTY_REPLY, MAX_TOKENS, REFUSAL, ChatResult, read_reply
 from evaluator.llm.retry import (
+    CONTEXT_EXCEEDED,
     Kind,
     Verdict,
     classify_http,
@@ -45,7 +45,7 @@ EMPTY_RETRIES = 1  # an empty 200 is sent again this many times (each one billed
 
 
 @dataclass(frozen=True)
-class TransportError:
+class TransportFailure:
     """No HTTP answer: `timeout` (after timeout_s), `connect` (nothing listens), `connection` (cut), `tls` (the
     server's certificate is not trusted, or the handshake failed: sending again cannot help)."""
 
@@ -60,7 +60,7 @@ class AttemptOutcome:
     status: int = 0  # 0: no HTTP answer (see `error`)
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes = b""
-    error: TransportError | None = None
+    error: TransportFailure | None = None
     latency_s: float = 0.0
     sent: frozenset[str] = frozenset()  # the request fields this attempt carried
     sent_json_schema: bool = False  # its response_format was the json_schema form
@@ -170,7 +170,7 @@ def decide(outcome: AttemptOutcome, state: CallState, p: ModelProfile, *, now: f
     return _on_verdict(verdict, outcome, state, p, now, jitter)
 
 
-def _transport_verdict(e: TransportError, p: ModelProfile) -> Verdict:
+def _transport_verdict(e: TransportFailure, p: ModelProfile) -> Verdict:
     if e.kind == "timeout":
         return Verdict(Kind.RETRY, f"timeout after {p.timeout_s:g}s", label="timeout")
     if e.kind == "connect":
@@ -188,7 +188,7 @@ def _on_verdict(v: Verdict, o: AttemptOutcome, state: CallState, p: ModelProfile
     if v.label == "daily_quota" and hint is not None and state.daily_quota == 0 and (
             give_up_after is None or hint <= give_up_after):
         # Gemini lists every quota a 429 touched, the per-day one too, with a retryDelay of seconds when
-        # only the per-minute one is spent: take the server at its word once; a second one stops the run.
+        # only the per-minute one is spent: take the server at its word once; a second one stops the command.
         return Retry(min(hint, p.max_wait_s), v.reason, is_429=True, cause="daily_quota", hint_s=hint)
     if v.kind is Kind.FATAL or (v.fatal_when_exhausted and failures >= p.max_retries):
         return StopRun(fatal_message(o.status, v, p, now), is_429=v.is_429)
@@ -232,7 +232,7 @@ def _duration(s: float) -> str:
 
 
 def fatal_message(status: int, v: Verdict, p: ModelProfile, now: float) -> str:
-    """What to do when the run cannot go on with this model (not yet redacted)."""
+    """What to do when the command cannot go on with this model (not yet redacted)."""
     env = p.api_key_env or "the profile's api_key_env"
     if v.label == "spend_limit":
         what = ("the organisation's monthly spend limit is reached; raise it in the provider's console (or wait for "

@@ -9,16 +9,16 @@ process, then the fresh path, one attempt at a time in named steps:
    -> budget -> `_send_once` (one HTTP exchange through the `Transport`, transport.py; returns a typed
    `AttemptOutcome` and gives the limits their signals).
 2. `decide` (decide.py, a pure function): outcome + the call's state + profile -> one decision.
-3. `Decisions.apply` (decisions.py): store and return the reply, retry (a 429 closes the model's gate),
-   drop fields or send the schema in another form (wire.py), give up on this call, or stop the run.
+3. `Decisions.apply` (carry_out.py): store and return the reply, retry (a 429 closes the model's gate),
+   drop fields or send the schema in another form (wire.py), give up on this call, or stop the command.
 
 The transport is aiohttp's unless one is passed (`transport=`, e.g. transport.MockTransport in tests). The URL
 is the profile's, or asked of `locate=` at every request (the bundled llama.cpp server, restarted on a free port
-after a crash: `llamacpp.harness.LlamaHandle.locate`).
+after a crash: `llamacpp.llama_server.LlamaHandle.locate`).
 
-A call cancelled while its request is on the wire (Ctrl-C, SIGTERM, a run stopping) gets `grace_s`
+A call cancelled while its request is on the wire (Ctrl-C, SIGTERM, a command stopping) gets `grace_s`
 to receive its reply and store it, so the rerun does not pay for it again. A reply the cache cannot
-store (disk full) is kept in memory and in a spill file the next run imports (cache.py); the run stops.
+store (disk full) is kept in memory and in a spill file the next invocation imports (cache.py); the command stops.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ from types import TracebackType
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from evaluator.core.errors import BudgetExhausted, ConfigError, FatalLLMError
 from evaluator.core.money import capped_usd
+from evaluator.core.redact import mask
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.accounting import ModelStats
-from evaluator.llm.budget import CONTEXT_EXCEEDED, context_overflow, worst_case_usd
+from evaluator.llm.budget import context_overflow, worst_case_usd
 from evaluator.llm.cache import (
     RUN_ID,
     CacheEntry,
@@ -51,15 +53,15 @@ from evaluator.llm.cache import (
     profile_shaped,
     reusable,
 )
+from evaluator.llm.carry_out import Call, Decisions
 from evaluator.llm.claims import CLAIM_LEASE_S, Claims
-from evaluator.llm.decide import AttemptOutcome, Reply, Retry, TransportError, decide
-from evaluator.llm.decisions import Call, Decisions
+from evaluator.llm.decide import AttemptOutcome, Reply, Retry, TransportFailure, decide
 from evaluator.llm.dialects import dialect
-from evaluator.llm.errors import BudgetExhausted, ConfigError, FatalLLMError, mask
-from evaluator.llm.limits import ConcurrencyLimit, ServerFacts, ask_server_facts
+from evaluator.llm.limiters import ConcurrencyLimit, ServerFacts, ask_server_facts
 from evaluator.llm.pacing import PacerFactory, Pacing, TokenPacerFactory, local_pacer, local_token_pacer
 from evaluator.llm.profiles import ModelProfile, resolve_api_key
 from evaluator.llm.reply import CONTEXT, ChatResult, cut_cause, read_reply
+from evaluator.llm.retry import CONTEXT_EXCEEDED
 from evaluator.llm.tally import Tally
 from evaluator.llm.transport import AiohttpTransport, NoReply, Request, Response, Transport
 from evaluator.llm.wire import WireShape, is_json_schema
@@ -472,7 +474,7 @@ class LLMEngine:
             await self._grace(exchange, call, sent, schema, reserved)
             raise
         latency = time.perf_counter() - t_send
-        if isinstance(got, TransportError):
+        if isinstance(got, TransportFailure):
             outcome = AttemptOutcome(error=got, latency_s=latency, sent=sent, sent_json_schema=schema)
         else:
             if self.profile.follow_rate_headers:
@@ -483,8 +485,8 @@ class LLMEngine:
         self._count_reply(outcome, reserved, call)
         return outcome
 
-    async def _exchange(self, body: bytes) -> Response | TransportError:
-        """One POST of the chat body; the transport's `NoReply` as a `TransportError` value; a 200's body as
+    async def _exchange(self, body: bytes) -> Response | TransportFailure:
+        """One POST of the chat body; the transport's `NoReply` as a `TransportFailure` value; a 200's body as
         chat.completion JSON whatever the wire."""
         assert self._transport is not None
         try:
@@ -494,7 +496,7 @@ class LLMEngine:
             return e.error
         return dataclasses.replace(got, body=self._wire.decode(got.body)) if got.status == 200 else got
 
-    async def _grace(self, exchange: asyncio.Future[Response | TransportError], call: Call, sent: frozenset[str], schema: bool,
+    async def _grace(self, exchange: asyncio.Future[Response | TransportFailure], call: Call, sent: frozenset[str], schema: bool,
                      reserved: float) -> None:
         """Cancelled with the request on the wire: give its reply `grace_s` to arrive, and store it."""
         loop = asyncio.get_running_loop()
@@ -513,7 +515,7 @@ class LLMEngine:
             self._settle(reserved, None)
             return
         got = exchange.result()
-        if isinstance(got, TransportError):
+        if isinstance(got, TransportFailure):
             self._settle(reserved, None)
             return
         outcome = AttemptOutcome.http(got.status, got.headers, got.body, sent=sent, sent_json_schema=schema,
@@ -549,7 +551,7 @@ class LLMEngine:
                                cache_write=reply.cache_write_tokens) if reply is not None else 0.0
             self._budget.settle(reserved, spent)
 
-    # -- step 3 (decisions.py) keeps a reply through this -------------------------------------------------
+    # -- step 3 (carry_out.py) keeps a reply through this -------------------------------------------------
     async def _keep(self, call: Call, r: ChatResult) -> None:
         if r.cut == CONTEXT:
             await self.server_facts()  # stored with the context it was cut under
@@ -557,7 +559,7 @@ class LLMEngine:
 
     # -- step 4: store -------------------------------------------------------------------------------
     def _store(self, key: str, r: ChatResult, *, dropped: list[str] | tuple[()]) -> None:
-        """Commit the reply; on a storage error keep it (memory + spill file) and stop the run."""
+        """Commit the reply; on a storage error keep it (memory + spill file) and stop the command."""
         if self._cache is None:
             return
         entry = CacheEntry(

@@ -1,4 +1,5 @@
-"""One model's pace: the 429 gate every call waits at, RPM and TPM pacing, and a limit the server announces.
+"""One model's pace (`Pacing`): its 429 gate every call waits at, its RPM and TPM pacers, and the limits its
+server's rate-limit headers announce.
 
 A profile that follows its provider's rate-limit headers (`follow_rate_headers`) paces to the limits they
 announce on every reply, up or down from its own start (`announced`: Anthropic's
@@ -6,8 +7,8 @@ announce on every reply, up or down from its own start (`announced`: Anthropic's
 says a limit is spent (`...-remaining: 0`) every call waits at the gate until its reset (Anthropic: an RFC 3339
 time; OpenAI: a duration such as "6m0s").
 
-The pacers themselves are in limits.py (this process) or shared across processes (`SharedRates`, passed
-to the engine as `pacer_factory` / `token_pacer_factory`); this module holds the engine's use of them.
+The pacers themselves are the limiters of `limiters` (this process) or shared across processes (`SharedRates`,
+passed to the engine as `pacer_factory` / `token_pacer_factory`); this module holds one model's use of them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from evaluator.llm.limits import RequestPacer, SlowDownGate, TokenBucket
+from evaluator.llm.limiters import RequestPacer, SlowDownGate, TokenBucket
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.retry import parse_duration
 
@@ -42,7 +43,7 @@ PacerFactory = Callable[[ModelProfile, float], Pacer]
 
 
 def local_pacer(profile: ModelProfile, rpm: float) -> Pacer:
-    """The default pacer: this process only (llm/limits.py). A shared one is passed as `pacer_factory`."""
+    """The default pacer: this process only (llm/limiters.py). A shared one is passed as `pacer_factory`."""
     return RequestPacer(rpm)
 
 
@@ -58,7 +59,7 @@ TokenPacerFactory = Callable[[ModelProfile, float], TokenPacer]
 
 
 def local_token_pacer(profile: ModelProfile, tpm: float) -> TokenPacer:
-    """The default TPM pacer: this process only. A shared one (llm/limits.py `SharedRates.tpm`) is passed
+    """The default TPM pacer: this process only. A shared one (llm/limiters.py `SharedRates.tpm`) is passed
     as `token_pacer_factory`."""
     return TokenBucket(tpm)
 

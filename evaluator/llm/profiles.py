@@ -18,14 +18,13 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic.dataclasses import dataclass
 
+from evaluator.core.errors import ConfigError
+from evaluator.core.paths import MODELS_DIR, PROVIDERS_FILE
 from evaluator.core.redact import redact_url, watch_env
 from evaluator.core.tokens import CHARS_PER_TOKEN
 from evaluator.core.validation import checked, toml_label
 from evaluator.llm import catalog
 from evaluator.llm.catalog import BatchApi, PromptCache, Structured, Wire
-from evaluator.llm.errors import ConfigError
-
-MODELS_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
 
 STRUCTURED: tuple[str, ...] = get_args(Structured)
 # Requests in flight per model at most: the runner keeps at most 1,024 queries in flight (study.runner.WINDOW), and
@@ -61,7 +60,7 @@ class ModelProfile:
     backoff_base_s: float = Field(default=0.5, gt=0, le=3600, allow_inf_nan=False)
     backoff_max_s: float = Field(default=30.0, gt=0, le=86_400, allow_inf_nan=False)
     max_wait_s: float = Field(default=120.0, gt=0, le=86_400, allow_inf_nan=False)
-    # A server retry hint longer than this stops the run ("resume after HH:MM UTC"); shorter ones past
+    # A server retry hint longer than this stops the command ("resume after HH:MM UTC"); shorter ones past
     # max_wait_s are retried every max_wait_s, with one warning saying what the server asked for.
     give_up_after_s: float = Field(default=3600.0, gt=0, allow_inf_nan=False)
     # Concurrency: fixed at `concurrency`, or adaptive (AIMD) up to it for servers of unknown capacity.
@@ -198,7 +197,7 @@ def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str 
         return raw, str(path), None
     known = catalog.providers()
     if not isinstance(named, str) or named not in known:
-        raise ConfigError(f"{path}: provider = {named!r} is not a provider of {catalog.PROVIDERS_FILE} "
+        raise ConfigError(f"{path}: provider = {named!r} is not a provider of {PROVIDERS_FILE} "
                           f"(known: {', '.join(known)})")
     if not isinstance(raw.get("model"), str):
         raise ConfigError(f"{path}: 'model' (the provider's model id) is required")

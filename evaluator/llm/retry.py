@@ -24,7 +24,9 @@ from typing import Any
 
 import orjson
 
-from evaluator.llm.errors import CONTEXT_EXCEEDED
+# The error kind of a call whose prompt cannot fit the model's context: refused by the server (`classify_http`), or
+# known before sending from the profile's `context_tokens` (llm.budget) and then never sent.
+CONTEXT_EXCEEDED = "context_exceeded"
 
 _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -33,7 +35,7 @@ _PER_DAY = re.compile(r"per[ _-]?day|daily", re.IGNORECASE)
 
 class Kind(Enum):
     RETRY = "retry"  # transient: back off and send again
-    FATAL = "fatal"  # the run cannot go on with this model
+    FATAL = "fatal"  # the command cannot go on with this model
     GIVE_UP = "give_up"  # this one call cannot succeed (e.g. 400), the others may
 
 
@@ -193,7 +195,7 @@ def _quota_ids(err: Mapping[str, Any]) -> list[str]:
 
 
 def is_daily_quota(err: Mapping[str, Any]) -> bool:
-    """A quota that will not come back within the run: Gemini per-day ids/messages, OpenAI billing."""
+    """A quota that will not come back within the command: Gemini per-day ids/messages, OpenAI billing."""
     if any("PerDay" in q or _PER_DAY.search(q) for q in _quota_ids(err)):
         return True
     msg = str(err.get("message", ""))

@@ -10,7 +10,7 @@ from typing import Any
 from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.accounting import ModelStats
 from evaluator.llm.decide import EMPTY_RETRIES, AttemptOutcome
-from evaluator.llm.limits import ConcurrencyLimit
+from evaluator.llm.limiters import ConcurrencyLimit
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.reply import CONTEXT, EMPTY_REPLY, MAX_TOKENS, ChatResult, describe_cut
 from evaluator.llm.retry import is_validation_error

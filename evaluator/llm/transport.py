@@ -24,8 +24,8 @@ from typing import Literal, Protocol
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from evaluator.core.errors import EvaluatorError
-from evaluator.llm.decide import TransportError
+from evaluator.core.errors import InternalSignal
+from evaluator.llm.decide import TransportFailure
 
 
 @dataclass(frozen=True)
@@ -55,13 +55,14 @@ class Response:
             object.__setattr__(self, "headers", CIMultiDictProxy(CIMultiDict(self.headers)))
 
 
-class NoReply(EvaluatorError):  # noqa: N818 - a transport outcome, not a programming error
-    """No HTTP answer came back; `error` says which way (decide.py reads it). The engine turns it into a
-    retry or a stop; it reaches no user."""
+class NoReply(InternalSignal):
+    """No HTTP answer came back; `error` says which way (decide.py reads it). Internal: the engine (and the server
+    facts' probe) catches it and turns it into a `TransportFailure` value, then a retry or a failed call; it
+    never reaches a user as an exception."""
 
     def __init__(self, kind: Literal["timeout", "connect", "connection", "tls"], detail: str = "") -> None:
         super().__init__(f"{kind}: {detail}" if detail else kind)
-        self.error = TransportError(kind, detail)
+        self.error = TransportFailure(kind, detail)
 
 
 def tls_problem(e: aiohttp.ClientSSLError) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from evaluator.analysis import stats
 from evaluator.analysis.compare import Comparison
 from evaluator.analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
-from evaluator.analysis.main import MainResult
+from evaluator.analysis.main_study import MainResult
 from evaluator.analysis.metrics import RANK_METRICS, RETRIEVAL_METRICS
 from evaluator.render.fmt import (
     DASH,
@@ -35,7 +35,7 @@ from evaluator.results.schema import FAILURE_KINDS
 
 @dataclass
 class Labels:
-    """What every caption states about the run, resolved once from meta."""
+    """What every caption states about the study, resolved once from meta."""
 
     simulated: set[str]
     embedder: str
@@ -189,7 +189,7 @@ NWAY_COLUMNS = (("recall", "Recall", True), ("precision", "Precision", True), ("
 
 
 def architectures_compared(c: Ctx, model: str, gold: str) -> str:
-    """Every architecture of the run side by side at the main k: the retrieval metrics, pass rate and tokens."""
+    """Every architecture of the study side by side at the main k: the retrieval metrics, pass rate and tokens."""
     k = c.r.k
     archs = [a for a in c.s.archs if has(c.s, model, a) or (a == "rtp" and has(c.s, None, a))]
     header = ["Subset", "Architecture"] + [name for _, name, _ in NWAY_COLUMNS] + ["Tokens/query"]

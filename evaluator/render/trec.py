@@ -106,7 +106,7 @@ def export(records: Sequence[Record], bare: bool = False) -> dict[str, str]:
     recs = in_key_order(records)
     groups: dict[tuple[str | None, int, str, str], list[Record]] = {}
     for r in recs:
-        for arch in r.arch_names:  # every architecture of the run (Record.archs, in --archs order)
+        for arch in r.arch_names:  # every architecture of the study (Record.archs, in --archs order)
             if r.block(arch) is not None:
                 groups.setdefault((r.model, r.run, arch, r.retriever_name), []).append(r)
     files: dict[str, str] = {}

@@ -154,7 +154,7 @@ def _torch_if_unsaid(meta: JSON) -> JSON:
 
 
 def _analysis_meta(d: Mapping[str, Any]) -> JSON:
-    """scaling.json / routing.json of version 0: what their `meta` states about the run, filled in."""
+    """scaling.json / routing.json of version 0: what their `meta` states about the study, filled in."""
     return {**d, "meta": _torch_if_unsaid(dict(d["meta"]))} if isinstance(d.get("meta"), Mapping) else dict(d)
 
 

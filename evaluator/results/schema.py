@@ -34,8 +34,7 @@ from pydantic import (
 )
 from pydantic.dataclasses import dataclass
 
-from evaluator.core.errors import ConfigError
-from evaluator.core.errors import OutputError as OutputError  # defined with its exit code in core.errors
+from evaluator.core.errors import ConfigError, OutputError
 from evaluator.core.files import (
     atomic_write as atomic_write,  # every write of an output folder (the CLI prints an OSError as one line)
 )
@@ -47,7 +46,7 @@ from evaluator.llm.reply import cut_cause
 from evaluator.results import migrate, outlock
 from evaluator.results.cost import BatchStats, Cost
 from evaluator.results.plans import ParseAudit, Stub
-from evaluator.settings.sections import Fitted, Settings
+from evaluator.settings.sections import Fitted, RetrievalSettings, Settings
 
 # re-exported: query ids (int or str) and their sort key, a PtR stub, a model's call counters, the version
 __all__ = ["qid_key", "QueryId", "Stub", "CallStats", "FORMAT_VERSION"]
@@ -420,7 +419,7 @@ class WarningCount:
 
 @dataclass
 class About:
-    """What a scaling or routing section states about the run it analysed (copied from `Meta`)."""
+    """What a scaling or routing section states about the study it analysed (copied from `Meta`)."""
 
     embedder: str = "?"
     precision: str = "?"
@@ -442,7 +441,7 @@ _ABOUT = TypeAdapter(About)
 
 @dataclass
 class LocalServer:
-    """The bundled llama.cpp server a run started for a model (`llamacpp.harness.LlamaHandle.stats`)."""
+    """The bundled llama.cpp server a study started for a model (`llamacpp.llama_server.LlamaHandle.stats`)."""
 
     model_file: str = ""  # the joined GGUF, checked by size and sha256
     sha256: str = ""
@@ -492,7 +491,7 @@ class PeakMemory:
 class Runtime:
     """meta.json's `runtime`: what changes between otherwise identical invocations (never in summary.json)."""
 
-    created: str = ""  # local time the run started, ISO 8601
+    created: str = ""  # local time the study started, ISO 8601
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (bench/warm_run.py reads them)
     # The embedding cache's work (embed.EmbedStats's counters and seconds; schema does not import the embedder).
     embed: dict[str, int | float] = field(default_factory=dict)
@@ -527,15 +526,15 @@ class Meta:
     backend: str = "?"  # embedding runtime: torch, onnx, openvino
     registry: RegistryInfo = field(default_factory=RegistryInfo)
     subsets: dict[str, int] = field(default_factory=dict)
-    k: int = 5
-    ks: list[int] = field(default_factory=lambda: [1, 3, 5, 10, 20])
+    k: int = RetrievalSettings().k  # a meta.json without k or ks was written with the defaults
+    ks: list[int] = field(default_factory=lambda: list(RetrievalSettings().ks))
     runs: int = 1
     models: list[ModelInfo] = field(default_factory=list)
     retrieval_only: bool = False
     warnings: dict[str, WarningCount] = field(default_factory=dict)
     llm_stats: dict[str, CallStats] = field(default_factory=dict)
     runtime: Runtime = field(default_factory=Runtime)
-    # Why an analysis that follows the run (scaling, routing) did not run, by analysis.
+    # Why an analysis that follows the study (scaling, routing) did not run, by analysis.
     analysis_notes: dict[str, str] = field(default_factory=dict)
     # Per model: the batch API's work (--batch) and tokens + USD online/batch (evaluator.results.cost).
     batch: dict[str, BatchStats] = field(default_factory=dict)

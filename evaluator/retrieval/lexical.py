@@ -14,7 +14,7 @@ ties to the higher registry row (as the dense index orders them); a query that m
 is padded with score-0 documents in the same order, so every list is k long, like the dense one (bm25s's own
 `retrieve` does the same). A query that matches no document at all (none of its tokens is in the registry, or
 in the sub-registry searched) finds nothing: its row of the result is `NO_HIT` (row -1, score -inf) throughout,
-never the registry's first or last rows scored 0; `search.from_hits` and every merge leave those cells out.
+never the registry's first or last rows scored 0; `ranking.from_hits` and every merge leave those cells out.
 
 Cache: `<cache>/bm25/<digest>.npz` (core.cache_layout), the digest over the texts (in order), the tokenizer, the scoring
 parameters and bm25s's version. The file carries a checksum of its arrays; one that is unreadable or fails

@@ -13,7 +13,7 @@ from pydantic.dataclasses import dataclass
 
 from evaluator.llm.engine import STOP_GRACE_S
 
-# --batch-fallback: requests the batch API did not answer stop the run, or go online at the online price
+# --batch-fallback: requests the batch API did not answer stop the study, or go online at the online price
 BATCH_FALLBACKS = ("stop", "online")
 BatchFallback = Literal[BATCH_FALLBACKS]  # type: ignore[valid-type]
 
@@ -43,7 +43,7 @@ class Invocation:
     budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     # --rate-dir: share RPM/TPM pacing with other processes here (else the cache folder)
     rate_dir: str = ""
-    # --batch-fallback: requests the batch API did not answer stop the run ("stop") or go online ("online")
+    # --batch-fallback: requests the batch API did not answer stop the study ("stop") or go online ("online")
     batch_fallback: BatchFallback = "stop"
     # --stop-grace: seconds a call on the wire at a stop signal (SIGTERM, SIGHUP, Ctrl-C) gets to arrive and be cached
     stop_grace_s: float = Field(default=STOP_GRACE_S, ge=0, le=600)
@@ -54,7 +54,7 @@ class Invocation:
     batch: Literal["submit", "cancel"] | None = None
     dry_run: bool = False  # --dry-run: plan the calls, tokens, cost and time; send nothing
     overwrite: bool = False  # --overwrite: --out may hold another study's results; they are replaced, not merged
-    fail_fast: bool = False  # --fail-fast: the first architecture that fails on a query stops the run (plugin authors)
+    fail_fast: bool = False  # --fail-fast: the first architecture that fails on a query stops the study (plugin authors)
     overrides: ProfileOverrides = field(default_factory=ProfileOverrides)
     # settings given as flags (not from the file), by dotted name ("retrieval.ks")
     cli_keys: frozenset[str] = frozenset()

@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from evaluator.core.errors import ConfigError  # one ConfigError for settings and model profiles
+from evaluator.core.errors import ConfigError
+from evaluator.core.paths import DEFAULT_CONFIG
 from evaluator.core.validation import check_values
 from evaluator.llm.profiles import ModelProfile
 from evaluator.settings.invocation import Invocation, ProfileOverrides
-from evaluator.settings.paths import DEFAULT_CONFIG
 from evaluator.settings.sections import (
     AnalysisSettings,
     DataSettings,
@@ -28,7 +28,7 @@ from evaluator.settings.sections import (
     Settings,
 )
 
-__all__ = ["ConfigError", "Settings", "Invocation", "load", "load_settings", "flag", "SECTIONS"]
+__all__ = ["Settings", "Invocation", "load", "load_settings", "flag", "SECTIONS"]
 
 # TOML table -> its section's type (the fields of `Settings`, in file order)
 SECTIONS: dict[str, type] = {"data": DataSettings, "embed": EmbedSettings, "retrieval": RetrievalSettings,

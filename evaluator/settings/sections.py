@@ -17,25 +17,30 @@ from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias, get_args
 from pydantic import AfterValidator, Field
 from pydantic.dataclasses import dataclass
 
-from evaluator.data import TOOLS_FORMATS
+from evaluator.data import REGISTRY_CHOICES, TOOLS_FORMATS
+from evaluator.data.beir import DEFAULT_SPLIT
 from evaluator.retrieval.backends import BACKENDS, PRECISIONS
+from evaluator.retrieval.bundled import MINILM
 
 # The choices of each setting, declared once (the config file, the flags' `choices` and the checks use these).
 if TYPE_CHECKING:  # a Literal built from the tables is no type to a static checker: it sees strings
     Backend: TypeAlias = str
     Precision: TypeAlias = str
     ToolsFormat: TypeAlias = str
+    RegistryChoice: TypeAlias = str
 else:  # pydantic checks the choices
     Backend = Literal[("auto", *BACKENDS)]  # auto: see evaluator/retrieval/embed.py AUTO_CPU
     Precision = Literal[("auto", *dict.fromkeys(p for ps in PRECISIONS.values() for p in ps))]
     ToolsFormat = Literal[TOOLS_FORMATS]  # auto: detected per file
-RegistryChoice = Literal["full", "described"]
-# --archs: the built-in architectures (evaluator/study/archs/), or a plugin `path/file.py:Class` / `module:Class`
+    RegistryChoice = Literal[REGISTRY_CHOICES]  # full: every API; described: only those with a description
+# --archs: the built-in architectures, or a plugin `path/file.py:Class` / `module:Class`. The one list of the
+# built-ins' names (the registry): `study.archs` makes each from the class of that `name`; the help and every
+# message list them from here.
 ARCHS: tuple[str, ...] = ("rtp", "ptr", "hyde", "rewrite", "fusion", "route")
 
 
 def _arch_spec(v: str) -> str:
-    """A built-in's name or a plugin spec (its import and protocol are checked before the run: study.archs)."""
+    """A built-in's name or a plugin spec (its import and protocol are checked before the study: study.archs)."""
     target, sep, cls = v.rpartition(":")
     if v in ARCHS or (sep and target and cls.isidentifier()):
         return v
@@ -58,7 +63,6 @@ RetrieverChoice = Literal["dense", "bm25", "hybrid"]  # evaluator/retrieval/retr
 BACKEND_CHOICES: tuple[str, ...] = get_args(Backend)
 PRECISION_CHOICES: tuple[str, ...] = get_args(Precision)
 TOOLS_FORMAT_CHOICES: tuple[str, ...] = get_args(ToolsFormat)
-REGISTRY_CHOICES: tuple[str, ...] = get_args(RegistryChoice)
 RETRIEVER_CHOICES: tuple[str, ...] = get_args(RetrieverChoice)
 AtLeast1 = Annotated[int, Field(ge=1)]
 # Upper bounds of the counts a user gives (one line past them, `core.validation`): each keeps the study's memory and
@@ -92,7 +96,7 @@ class DataSettings:
     # A BEIR folder (data.beir): the split whose qrels judge the queries, and the query field naming each query's
     # subset (dotted: "metadata.subset"; "" = one subset named after the folder). Saved only when not the default,
     # so the settings of a study of other data read as they did before these existed.
-    split: Split = Field(default="test", exclude_if=lambda v: v == "test")
+    split: Split = Field(default=DEFAULT_SPLIT, exclude_if=lambda v: v == DEFAULT_SPLIT)
     subset_field: str = Field(default="", exclude_if=lambda v: not v)
 
 
@@ -100,7 +104,7 @@ class DataSettings:
 class EmbedSettings:
     """[embed]: the embedding model and how it runs."""
 
-    model: str = "bundled:all-MiniLM-L6-v2"
+    model: str = MINILM
     device: str = "auto"
     precision: Precision = "auto"
     backend: Backend = "auto"

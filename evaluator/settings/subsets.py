@@ -1,4 +1,4 @@
-"""The subsets each analysis uses, from the [analysis] section and the subsets a run has."""
+"""The subsets each analysis uses, from the [analysis] section and the subsets a study has."""
 
 from __future__ import annotations
 

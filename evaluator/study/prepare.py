@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evaluator.core.paths import REPO_ROOT, resolve_path
 from evaluator.core.progress import SILENT, Reporter
 from evaluator.data import (
     Query,
@@ -23,17 +24,19 @@ from evaluator.data import (
     load_registry,
     resolve_data_dir,
 )
-from evaluator.retrieval import search as retrieve
+from evaluator.retrieval import ranking
 from evaluator.retrieval.embed import Embedder
 from evaluator.retrieval.index import VectorIndex, searches_folder
 from evaluator.retrieval.lexical import load_index
 from evaluator.retrieval.retrievers import Dense, Hybrid, Lexical, Retriever
-from evaluator.settings.paths import REPO_ROOT, resolve_path
 from evaluator.settings.sections import DataSettings, EmbedSettings, RetrievalSettings, RunSettings
 
 
 @dataclass
-class Study:
+class PreparedStudy:
+    """The model-independent part of a study, made once and shared by every model and run: the data loaded, every
+    API and query embedded, RtP retrieved, and the sections the runner reads."""
+
     retrieval: RetrievalSettings  # what the searches and the runner use (the k-ablation fitted to the registry)
     run: RunSettings  # the models, runs and architectures
     data_dir: Path | None
@@ -43,7 +46,7 @@ class Study:
     api_vecs: np.ndarray
     query_vecs: np.ndarray
     index: VectorIndex
-    rtp: list[retrieve.Retrieved]
+    rtp: list[ranking.Retrieved]
     warnings: Warnings
     timings: dict[str, float] = field(default_factory=dict)
     retriever: Retriever | None = None  # what every architecture searches with (None: dense over `index`)
@@ -106,7 +109,7 @@ def load_inputs(data: DataSettings, *, data_from_cli: bool = False) -> Inputs:
 
 
 def prepare(inputs: Inputs, *, embed: EmbedSettings, retrieval: RetrievalSettings, run: RunSettings,
-            cache_root: Path, progress: bool = True, reporter: Reporter = SILENT) -> Study:
+            cache_root: Path, progress: bool = True, reporter: Reporter = SILENT) -> PreparedStudy:
     """`inputs` embedded by the `embed` section's model (vectors cached under `cache_root`) and RtP retrieved."""
     registry, queries = inputs.registry, inputs.queries
     timings: dict[str, float] = {"load_s": inputs.load_s}
@@ -122,11 +125,11 @@ def prepare(inputs: Inputs, *, embed: EmbedSettings, retrieval: RetrievalSetting
     no_match = NoMatch(inputs.warnings, reporter.warn)
     retriever = retriever_of(retrieval.retriever, embedder, index, registry, {}, reporter.warn, no_match)
     if isinstance(retriever, Dense):
-        rtp = retrieve.rtp(index, query_vecs, retrieval.k_max)  # the vectors are at hand: no second encode
+        rtp = ranking.rtp(index, query_vecs, retrieval.k_max)  # the vectors are at hand: no second encode
     else:
-        rtp = retrieve.from_hits(retriever.search([q.text for q in queries], retrieval.k_max))
+        rtp = ranking.from_hits(retriever.search([q.text for q in queries], retrieval.k_max))
     timings["rtp_search_s"] = time.perf_counter() - t
-    return Study(retrieval, run, inputs.data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp,
+    return PreparedStudy(retrieval, run, inputs.data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp,
                  inputs.warnings, timings, retriever, no_match, reporter.warn)
 
 
@@ -164,7 +167,7 @@ def retriever_of(name: str, embedder: Embedder, index: VectorIndex, registry: Re
     return lexical if name == "bm25" else Hybrid(dense, lexical)
 
 
-def build_retriever(name: str, study: Study, have: Mapping[str, Retriever]) -> Retriever:
+def build_retriever(name: str, study: PreparedStudy, have: Mapping[str, Retriever]) -> Retriever:
     """A retriever an architecture asks for by name (`Context.search(..., retriever=)`), over the study's registry
     and index, reusing those the study has (`have`)."""
     return retriever_of(name, study.embedder, study.index, study.registry, have, study.warn, study.no_match)

@@ -1,6 +1,6 @@
 """Pipeline stage: every (model, run, query) of the prepared study through each architecture, concurrently.
 
-Takes the prepared `Study` (its retrieval and run sections inside) and the chat clients, returns typed `Record`s; it
+Takes the `PreparedStudy` (its retrieval and run sections inside) and the chat clients, returns typed `Record`s; it
 writes nothing and knows nothing of the command line. The chat client of each model and the stub
 search are passed in through small protocols, so tests and benchmarks can hand in their own.
 
@@ -15,7 +15,7 @@ arch_timeout_s`) and the outcomes it waits on (a wait that would close a cycle i
 architecture that raises, breaks the contract, runs out of time or closes a cycle fails that query's block only
 (`ArchBlock.failure`, kinds `results.schema.FAILURE_KINDS`): no planner call, not scored, counted; the study goes
 on (`fail_fast`: the first stops it). What the engine or the search raise (a bad key, a spent budget, a full
-disk) still stops the run, whichever architecture's call met it.
+disk) still stops the study, whichever architecture's call met it.
 """
 
 from __future__ import annotations
@@ -33,20 +33,19 @@ from typing import Any, Protocol, TypeVar
 
 from evaluator.core.aio import cancel_all, gather_all
 from evaluator.core.errors import EvaluatorError
+from evaluator.core.paths import resolve_path
 from evaluator.core.redact import redact
 from evaluator.data import Query, Registry
 from evaluator.llm import ChatResult
 from evaluator.results.schema import ArchBlock, BlockFailure, PlanBlock, PtrBlock, Record, Tokens, round6
-from evaluator.retrieval import search as retrieve
+from evaluator.retrieval import ranking
+from evaluator.retrieval.ranking import Retrieved
 from evaluator.retrieval.retrievers import Retriever
-from evaluator.retrieval.search import Retrieved
-from evaluator.settings.paths import resolve_path
 from evaluator.settings.sections import RETRIEVER_CHOICES
-from evaluator.study import archs as arch_units
-from evaluator.study import prompts
+from evaluator.study import archs, prompts
 from evaluator.study.archs import ArchError, ArchFailure, Architecture, Context, Discovery, Hits, Searched
 from evaluator.study.parse import Plan, parse_plan
-from evaluator.study.prepare import Study, build_retriever
+from evaluator.study.prepare import PreparedStudy, build_retriever
 
 T = TypeVar("T")
 # The architecture whose task makes a call (the dry run counts calls per architecture by it).
@@ -113,12 +112,12 @@ class StubBatcher:
     arrives while a batch is being processed joins the next batch (one batch per retriever asked for).
     """
 
-    def __init__(self, study: Study) -> None:
+    def __init__(self, study: PreparedStudy) -> None:
         self.study = study
         self.queue: asyncio.Queue[tuple[list[str], str | None, asyncio.Future[Retrieved]]] = asyncio.Queue()
         self.batches = 0
         # The study's retriever and any other an architecture asks for by name (`Context.search(..., retriever=)`),
-        # each made on its first search and kept. Dense (the default, and a `Study` built without one) searches
+        # each made on its first search and kept. Dense (the default, and a `PreparedStudy` built without one) searches
         # every stub vector once, ever: a rerun's stubs come from the cache folder's `searches/` (the stub search
         # was most of a warm rerun's LLM stage).
         self.retrievers: dict[str, Retriever] = {}
@@ -171,7 +170,7 @@ class StubBatcher:
         owners = [q for q, ts in enumerate(per_query) for _ in ts]
         # every stub searched by the retriever; merged by the retriever's own score, the best over stubs
         scores, rows = self.retriever(name).search(texts, s.k_max)
-        return retrieve.ptr_from_hits(scores, rows, owners, len(per_query), s.k_max, sorted(set(s.ks)))
+        return ranking.ptr_from_hits(scores, rows, owners, len(per_query), s.k_max, sorted(set(s.ks)))
 
 
 # ---------------------------------------------------------------- record blocks
@@ -207,7 +206,7 @@ def _tokens(result: ChatResult | None) -> Tokens:
     return Tokens(result.prompt_tokens, result.completion_tokens) if result else Tokens()
 
 
-def retrieval_only_records(study: Study, sink: Sink | None = None) -> Sink:
+def retrieval_only_records(study: PreparedStudy, sink: Sink | None = None) -> Sink:
     out: Sink = [] if sink is None else sink
     for q, r in zip(study.queries, study.rtp, strict=True):
         rec = base_record(q, None, 0, study.retrieval.retriever)
@@ -216,15 +215,15 @@ def retrieval_only_records(study: Study, sink: Sink | None = None) -> Sink:
     return out
 
 
-def route_tau(study: Study) -> float:
+def route_tau(study: PreparedStudy) -> float:
     """route's τ: the setting, else the median of RtP's top-1 scores over the study's queries (archs.route)."""
     tau = study.run.route_tau
-    return float(tau) if tau is not None else arch_units.default_tau([r.scores[0] for r in study.rtp if r.scores])
+    return float(tau) if tau is not None else archs.default_tau([r.scores[0] for r in study.rtp if r.scores])
 
 
-def study_archs(study: Study) -> dict[str, tuple[str, Architecture]]:
+def study_archs(study: PreparedStudy) -> dict[str, tuple[str, Architecture]]:
     """The run's architectures by name, in `--archs` order (plugins loaded and checked: `study.archs.plugins`)."""
-    return arch_units.resolve(study.run.archs, route_tau(study), resolve_path)
+    return archs.resolve(study.run.archs, route_tau(study), resolve_path)
 
 
 # ---------------------------------------------------------------- the runner
@@ -385,7 +384,7 @@ class _Names:
 
     def __contains__(self, name: object) -> bool:
         r = self.runner
-        return name in r.archs or name in r._helpers or name in arch_units.BUILTIN
+        return name in r.archs or name in r._helpers or name in archs.BUILTIN
 
 
 def _line(e: BaseException | str, limit: int = 400) -> str:
@@ -395,9 +394,9 @@ def _line(e: BaseException | str, limit: int = 400) -> str:
 
 
 class StudyRunner:
-    def __init__(self, study: Study, clients: Mapping[str, ChatClient], progress: Ticker | None = None,
+    def __init__(self, study: PreparedStudy, clients: Mapping[str, ChatClient], progress: Ticker | None = None,
                  batcher: StubSearch | None = None, on_deferred: OnDeferred | None = None,
-                 archs: Mapping[str, tuple[str, Architecture]] | None = None, sink: Sink | None = None,
+                 resolved: Mapping[str, tuple[str, Architecture]] | None = None, sink: Sink | None = None,
                  fail_fast: bool = False) -> None:
         self.study = study
         self.clients = clients
@@ -407,20 +406,20 @@ class StudyRunner:
         self.reg = study.registry
         self.records: Sink = sink if sink is not None else []  # where each finished record goes
         self.on_deferred = on_deferred
-        self.archs = dict(archs) if archs is not None else study_archs(study)
+        self.archs = dict(resolved) if resolved is not None else study_archs(study)
         self._helpers: dict[str, tuple[str, Architecture]] = {}  # built-ins asked for by another, not in --archs
         self.arch_calls: Counter[tuple[str, str]] = Counter()  # (model, architecture) -> chat calls it made
-        self.registry_view = arch_units.RegistryView(self.reg)
+        self.registry_view = archs.RegistryView(self.reg)
         self._names = _Names(self)
-        self.fail_fast = fail_fast  # the first failed block stops the run (ArchError), for plugin authors
+        self.fail_fast = fail_fast  # the first failed block stops the study (ArchError), for plugin authors
 
     def _arch(self, name: str) -> tuple[str, Architecture]:
         got = self.archs.get(name) or self._helpers.get(name)
         if got is None:
-            if name not in arch_units.BUILTIN:
+            if name not in archs.BUILTIN:
                 raise ArchError(f"an architecture asked for the outcome of {name!r}, which is neither built-in "
-                                f"({', '.join(arch_units.BUILTIN)}) nor in --archs")
-            got = self._helpers[name] = (name, arch_units.builtin(name, route_tau(self.study)))
+                                f"({', '.join(archs.BUILTIN)}) nor in --archs")
+            got = self._helpers[name] = (name, archs.builtin(name, route_tau(self.study)))
         return got
 
     async def _chat(self, model: str, messages: list[dict], run: int, version: str,
@@ -470,7 +469,7 @@ class StudyRunner:
     async def _search_seam(self, clock: _OwnTime, texts: Sequence[str], retriever: str | None) -> Searched:
         if isinstance(texts, str | bytes) or not isinstance(texts, Sequence) \
                 or not all(isinstance(t, str) for t in texts):
-            raise ArchFailure("contract", f"ctx.search takes a list of strings, not {arch_units.shown(texts)}")
+            raise ArchFailure("contract", f"ctx.search takes a list of strings, not {archs.shown(texts)}")
         if retriever is not None and retriever not in RETRIEVER_CHOICES:
             raise ArchFailure("contract", f"ctx.search(retriever={retriever!r}): one of {', '.join(RETRIEVER_CHOICES)}")
         clock.enter()
@@ -488,13 +487,13 @@ class StudyRunner:
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str | list)
                 for m in messages):
             raise ArchFailure("contract", "ctx.chat takes a non-empty list of messages, each a dict with a \"role\" "
-                                          f"and a \"content\" string, not {arch_units.shown(messages)}")
+                                          f"and a \"content\" string, not {archs.shown(messages)}")
         if not isinstance(version, str) or not version:
             raise ArchFailure("contract", f"ctx.chat(prompt_version={version!r}): a non-empty string naming the prompt")
         if schema is not None and not (isinstance(schema, dict) and isinstance(schema.get("name"), str)
                                        and isinstance(schema.get("schema"), dict)):
             raise ArchFailure("contract", "ctx.chat(schema=...): {\"name\": str, \"schema\": a JSON schema dict}, not "
-                                          f"{arch_units.shown(schema)}")
+                                          f"{archs.shown(schema)}")
         unit = state.unit
         clock.enter()
         try:
@@ -503,7 +502,7 @@ class StudyRunner:
             clock.leave(e)
             raise
         clock.leave()
-        if result.error_kind == arch_units.DEFERRED_KIND:
+        if result.error_kind == archs.DEFERRED_KIND:
             state.deferred.add(name)
         return result
 
@@ -511,9 +510,9 @@ class StudyRunner:
         """Another architecture's outcome for `name` (`Context.outcome`): shared, in its own task if nobody started
         it; a failure of it is `name`'s to handle (`ArchFailure`), a wait that closes a circle a `cycle`."""
         if not isinstance(other, str) or not (other in self.archs or other in self._helpers
-                                              or other in arch_units.BUILTIN):
+                                              or other in archs.BUILTIN):
             raise ArchFailure("contract", f"asked for the outcome of {other!r}, which is neither built-in "
-                                          f"({', '.join(arch_units.BUILTIN)}) nor in --archs")
+                                          f"({', '.join(archs.BUILTIN)}) nor in --archs")
         waiter, awaited = ("outcome", name), ("outcome", other)
         cycle = state.cycle(waiter, awaited)
         if cycle is not None:
@@ -554,7 +553,7 @@ class StudyRunner:
                 raise ArchFailure("arch_error", f"retrieve raised {type(e).__name__}: {_line(e)}") from None
             finally:
                 clock.disarm()
-            return arch_units.check_discovery(got, self.reg.row, self._names, name)
+            return archs.check_discovery(got, self.reg.row, self._names, name)
         return make
 
     def _planned(self, state: _Query, name: str) -> Awaitable[ArchBlock]:
@@ -770,16 +769,16 @@ class _Probe:
         return ChatResult(None, None, error="probe: not sent", error_kind="probe")
 
 
-async def probe_archs(study: Study, archs: Mapping[str, tuple[str, Architecture]],
+async def probe_archs(study: PreparedStudy, resolved: Mapping[str, tuple[str, Architecture]],
                       batcher: StubSearch | None = None) -> None:
     """Every plugin run once on the first query with a client that sends nothing (its calls fail) and the real
     search: a plugin that fails there (raises, breaks the contract, runs out of time, waits in a cycle) is
     broken on every query, so it is one line (`ArchError`) before any paid work. A plugin that fails only on
-    some later query fails that query's block alone, in the run."""
-    plugins = {n: a for n, a in archs.items() if n not in arch_units.BUILTIN}
+    some later query fails that query's block alone, in the study."""
+    plugins = {n: a for n, a in resolved.items() if n not in archs.BUILTIN}
     if not plugins or not study.queries:
         return
-    runner = StudyRunner(study, {"probe": _Probe()}, batcher=batcher, archs=plugins)
+    runner = StudyRunner(study, {"probe": _Probe()}, batcher=batcher, resolved=plugins)
     rec = await runner.run_one(Unit("probe", 0), 0)
     for name, failure in rec.failed_blocks:
         raise ArchError(f"--archs {plugins[name][0]}: {failure.error} ({failure.kind}, on the probe: query "
@@ -787,17 +786,17 @@ async def probe_archs(study: Study, archs: Mapping[str, tuple[str, Architecture]
                         "nothing sent); fix the plugin, or run `python -m evaluator arch check` on it")
 
 
-def calls_per_unit(study: Study, archs: Mapping[str, tuple[str, Architecture]] | None = None) -> int:
+def calls_per_unit(study: PreparedStudy, resolved: Mapping[str, tuple[str, Architecture]] | None = None) -> int:
     """LLM calls one (model, run) makes at most: the progress bar's total. Each built-in's own calls counted
     once however many reuse them; route counts its side's; a plugin counts one call before its planner."""
-    names = list(archs) if archs is not None else list(study.run.archs)
+    names = list(resolved) if resolved is not None else list(study.run.archs)
     slots: set[tuple[str, int]] = set()
     own = {"rtp": [], "ptr": ["discovery"], "hyde": ["hyde"], "rewrite": ["rewrite"], "fusion": ["ptr:discovery"]}
     tau = route_tau(study) if "route" in names else 0.0
     for qi, r in enumerate(study.rtp):
         for n in names:
             if n == "route":
-                side = arch_units.route_side(list(r.scores), tau)
+                side = archs.route_side(list(r.scores), tau)
                 slots.update({(f"{side}:planner", qi), *((("ptr:discovery", qi),) if side == "ptr" else ())})
                 continue
             for c in own.get(n, ["own"]):

@@ -12,7 +12,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from batch_sim_fixtures import batch_sim_fixtures  # noqa: E402
 
-from evaluator.batch.files import Request  # noqa: E402
+from evaluator.batch.request_format import Request  # noqa: E402
 from evaluator.llm import load_profile  # noqa: E402
 
 sim_server, sim = batch_sim_fixtures(turnaround_s=0.6)

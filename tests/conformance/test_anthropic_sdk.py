@@ -17,8 +17,8 @@ anthropic = pytest.importorskip("anthropic")
 from anthropic.types import Message  # noqa: E402
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse  # noqa: E402
 
-from evaluator.batch.files import Request  # noqa: E402
 from evaluator.batch.providers import AnthropicBatch, anthropic_result  # noqa: E402
+from evaluator.batch.request_format import Request  # noqa: E402
 from evaluator.llm import load_profile  # noqa: E402
 from evaluator.llm.reply import read_reply  # noqa: E402
 from simulator.harness import batch_stats, configure_batch  # noqa: E402

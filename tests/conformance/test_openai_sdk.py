@@ -16,8 +16,8 @@ openai = pytest.importorskip("openai")
 from openai.types import Batch, BatchError, FileObject  # noqa: E402
 from openai.types.chat import ChatCompletion  # noqa: E402
 
-from evaluator.batch.files import parse_results  # noqa: E402
 from evaluator.batch.providers import OpenAIBatch  # noqa: E402
+from evaluator.batch.request_format import parse_results  # noqa: E402
 from simulator.harness import batch_stats, configure_batch  # noqa: E402
 
 sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute

@@ -1,5 +1,5 @@
 // The results viewer: overview, query explorer, query page and comparison of evaluator output folders.
-// Plain ES module, no dependency; the data is the inline JSON of <script id="data"> (see evaluator/render/view.py).
+// Plain ES module, no dependency; the data is the inline JSON of <script id="data"> (see evaluator/render/view_page.py).
 // A large run is paged: the inline data then holds the overview and `parts`, and each part's queries and records
 // sit in a script beside the page (view-data/part-NNNN.js), loaded when a view needs it — a <script> tag, since a
 // page opened from file:// may load scripts beside it but not fetch() them.

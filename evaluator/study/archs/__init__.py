@@ -1,7 +1,9 @@
-"""Discovery architectures as units: the contract (`base`), the built-ins (one module each) and user plugins.
+"""Discovery architectures as pluggable classes: the contract (`base`), the built-ins (one module each) and user plugins.
 
 `resolve(specs, ...)` turns `--archs` into architectures by name, in order: a built-in's name, or a plugin's
-`file.py:Class` / `module:Class` (`plugins`). Built-ins: rtp, ptr (the paper's), hyde, rewrite, fusion, route.
+`file.py:Class` / `module:Class` (`plugins`). The built-ins (rtp and ptr, the paper's; hyde, rewrite, fusion,
+route) are named once, by the setting's choices (`settings.sections.ARCHS`, which checks `--archs`); `BUILTIN` is
+that list, and each is made from the class whose `name` it is.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ from evaluator.study.archs.hyde import HyDE
 from evaluator.study.archs.plugins import check_discovery, is_plugin_spec, load_plugin, shown
 from evaluator.study.archs.ptr import PtR
 from evaluator.study.archs.rewrite import Rewrite
-from evaluator.study.archs.route import Route, default_tau
-from evaluator.study.archs.route import side_for as route_side
+from evaluator.study.archs.route import Route, default_tau, route_side
 from evaluator.study.archs.rtp import RtP
 from evaluator.study.parse import parse_json
 
@@ -36,13 +37,16 @@ __all__ = ["Architecture", "ArchError", "ArchFailure", "Context", "Discovery", "
            "DEFERRED_KIND", "TRACE_MAX_BYTES", "BUILTIN", "resolve", "check_discovery", "shown", "default_tau",
            "route_side", "parse_json"]
 
-BUILTIN = ARCHS  # the setting's choices (settings.load): one list
+BUILTIN = ARCHS  # the one list of the built-ins' names
+# Each built-in made from its class, by the class's `name` (one of BUILTIN); route is made with its τ.
+_MAKERS: dict[str, Callable[[float], Architecture]] = {
+    RtP.name: lambda _tau: RtP(), PtR.name: lambda _tau: PtR(), HyDE.name: lambda _tau: HyDE(),
+    Rewrite.name: lambda _tau: Rewrite(), Fusion.name: lambda _tau: Fusion(), Route.name: Route}
 
 
 def builtin(name: str, tau: float) -> Architecture:
-    made: dict[str, Callable[[], Architecture]] = {
-        "rtp": RtP, "ptr": PtR, "hyde": HyDE, "rewrite": Rewrite, "fusion": Fusion, "route": lambda: Route(tau)}
-    return made[name]()
+    """The built-in architecture `name` (one of `BUILTIN`)."""
+    return _MAKERS[name](tau)
 
 
 def resolve(specs: Sequence[str], tau: float = 0.0, resolve_path: Callable[[str], Path] = Path,

@@ -64,7 +64,7 @@ class Hits:
 @dataclass
 class Searched:
     """The result of `Context.search(texts)`: every text's own top K_MAX, and their union re-ranked by the best
-    score any text gives an API (PtR's rule, `retrieval.search.ptr_from_hits`), cut to K_MAX."""
+    score any text gives an API (PtR's rule, `retrieval.ranking.ptr_from_hits`), cut to K_MAX."""
 
     merged: Hits
     per_text: list[Hits]

@@ -5,7 +5,7 @@ cannot be made without arguments, has no `name` or no `async def retrieve(self, 
 return type than `Discovery` is one `ArchError` line naming the flag and the spec (exit 2, no traceback).
 What every architecture returns is checked on every query (`check_discovery`, the runner's seam): a breach
 fails that query's block (`contract`), first on one probe query before the LLM stage
-(`study.runner.probe_archs`, where it stops the run before any paid call).
+(`study.runner.probe_archs`, where it stops the study before any paid call).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def default_tau(top1: Sequence[float]) -> float:
     return float(statistics.median(top1)) if top1 else 0.0
 
 
-def side_for(rtp_scores: Sequence[float], tau: float) -> str:
+def route_side(rtp_scores: Sequence[float], tau: float) -> str:
     """The architecture a query goes to: RtP when its top-1 score is at least τ (no hit: PtR)."""
     return "rtp" if rtp_scores and rtp_scores[0] >= tau else "ptr"
 
@@ -32,6 +32,6 @@ class Route:
     async def retrieve(self, ctx: Context) -> Discovery:
         rtp = await ctx.outcome("rtp")
         scores = rtp.scores or []  # an outcome handed on is checked: its scores are filled
-        side = side_for(scores, self.tau)
+        side = route_side(scores, self.tau)
         return Discovery([], [], side=side, trace={"side": side, "top1": scores[0] if scores else None,
                                                   "tau": self.tau})

@@ -15,15 +15,23 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.batch.collect import offline
-from evaluator.batch.files import BatchError, Request, Result, dedupe, failure_kinds, read_results_salvaged
+from evaluator.batch.request_format import (
+    BatchFailure,
+    Request,
+    Result,
+    dedupe,
+    failure_kinds,
+    read_results_salvaged,
+)
 from evaluator.batch.store import JobStore
 from evaluator.core import aio
 from evaluator.core.aio import cancel_all
+from evaluator.core.errors import ConfigError
 from evaluator.core.progress import SILENT, Reporter
-from evaluator.llm import ChatResult, ConfigError, LLMEngine, ModelProfile, ResponseCache, load_profile
+from evaluator.llm import ChatResult, LLMEngine, ModelProfile, ResponseCache, load_profile
 from evaluator.llm.accounting import CallStats
 from evaluator.llm.engine import STOP_GRACE_S
-from evaluator.llm.limits import SharedRates, rate_folder
+from evaluator.llm.limiters import SharedRates, rate_folder
 
 
 @dataclass
@@ -121,7 +129,7 @@ async def run_requests(
     where the server listens now (a bundled server restarted on another port)."""
     bar = reporter.calls({profile.name: len(requests)})
     results: list[Result | None] = [None] * len(requests)
-    # Processes on one cache folder share each key's RPM and TPM (llm/limits.py `SharedRates`).
+    # Processes on one cache folder share each key's RPM and TPM (llm/limiters.py `SharedRates`).
     rates = SharedRates(rate_folder(None, cache_root))
     async with LLMEngine(profile, cache_root=cache_root, pacer_factory=rates, token_pacer_factory=rates.tpm,
                          grace_s=grace_s, locate=locate) as engine:
@@ -156,7 +164,7 @@ async def run_requests(
 def as_result(custom_id: str, res: ChatResult, profile: ModelProfile) -> Result:
     """One engine reply as a line of a provider's batch output (an error line when it failed for good)."""
     if res.error is not None:
-        return Result(custom_id, None, None, BatchError("request_failed", res.error))
+        return Result(custom_id, None, None, BatchFailure("request_failed", res.error))
     raw = getattr(res, "raw", None)
     if raw is None:  # answered from the cache: the stored reply, in chat.completion form
         raw = {

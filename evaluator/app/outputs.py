@@ -10,19 +10,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from evaluator.analysis import compare
-from evaluator.analysis import routing as routing_analysis
-from evaluator.analysis import scaling as scaling_analysis
-from evaluator.analysis.main import main_study
+from evaluator.analysis import compare, routing_study, scaling_study
+from evaluator.analysis.main_study import main_study
 from evaluator.analysis.stats import summary_dict
-from evaluator.app import figures as figure_cache
-from evaluator.app import view
+from evaluator.app import figure_store, viewer
 from evaluator.app.memo import Memo
+from evaluator.core.errors import ConfigError, DataError, OutputError
+from evaluator.core.paths import resolve_path
 from evaluator.core.progress import SILENT, Reporter
-from evaluator.data import DataError, load_registry
-from evaluator.render import figures, report, trec
-from evaluator.render import routing as routing_render
-from evaluator.render import scaling as scaling_render
+from evaluator.data import load_registry
+from evaluator.render import charts, report_md, routing_section, scaling_section, trec
 from evaluator.results.schema import (
     REPORT_FILE,
     ROUTING_FILE,
@@ -31,15 +28,12 @@ from evaluator.results.schema import (
     About,
     Meta,
     OutputDir,
-    OutputError,
     Record,
     check_writable,
 )
 from evaluator.results.stream import in_key_order, records_of
 from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import load_index
-from evaluator.settings.load import ConfigError
-from evaluator.settings.paths import resolve_path
 from evaluator.settings.sections import AnalysisSettings, EmbedSettings, Settings
 from evaluator.settings.subsets import AnalysisSubsets, analysis_subsets
 from evaluator.study.prepare import make_embedder
@@ -54,11 +48,11 @@ def about(meta: Meta, a: AnalysisSettings, setting: str) -> About:
         else "as set in [analysis]")
 
 
-def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Path | None = None,
+def render_outputs(od: OutputDir, *, with_figures: bool = True, store_dir: Path | None = None,
                    meta: Meta | None = None, records: Sequence[Record] | None = None, kept: Memo | None = None) -> None:
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
-    `figure_store`: a folder of figures already drawn, by their data (app.figures.drawn). `meta`,
-    `records`: what the run just wrote there, so it is not read back (0.5 s of a warm study). Records past
+    `store_dir`: a folder of figures already drawn, by their data (app.figure_store.drawn). `meta`,
+    `records`: what the study just wrote there, so it is not read back (0.5 s of a warm study). Records past
     `stream.held()` are a stream over queries.jsonl (`SavedRecords`): every analysis passes over them. `kept`:
     the main study's result read back when these records and this study were analysed before (app.memo)."""
     saved = meta is None or records is None  # read back: another run's meta.json may sit beside the records
@@ -78,19 +72,19 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
     skipped: list[str] = []
     figs: list[Path] = []  # the main study's figures (report.md lists them); the analyses' sit in their sections
     if with_figures:
-        simulated = report.labels_of(meta, result.summary.models).simulated
+        simulated = report_md.labels_of(meta, result.summary.models).simulated
         inputs = {"rows": [dataclasses.asdict(r) for r in result.summary.rows], "k": result.k, "ks": list(result.ks),
                   "simulated": sorted(simulated)}
-        figs = figure_cache.drawn(od.figures, "summary", inputs, functools.partial(
-            figures.summary_figures, result.summary, k=result.k, ks=result.ks, simulated=simulated), figure_store)
+        figs = figure_store.drawn(od.figures, "summary", inputs, functools.partial(
+            charts.summary_figures, result.summary, k=result.k, ks=result.ks, simulated=simulated), store_dir)
     drawn = list(figs)  # every figure this render drew: the view shows these, not a stale PNG of an earlier run
     # The two analyses that follow the main study: (name, saved data, its typed result, section, figure, command)
     analyses: tuple[tuple[str, dict[str, Any] | None, Callable[[Mapping[str, Any]], Any], Callable[[Any], str],
                           Callable[[Any], bytes], str], ...] = (
-        ("scaling", scaling, scaling_analysis.ScalingResult.from_dict, scaling_render.section_md,
-         scaling_render.figure, "Scaling study (Table 10)"),
-        ("routing", routing, routing_analysis.RoutingResult.from_dict, routing_render.section_md,
-         routing_render.figure, "Routing study"),
+        ("scaling", scaling, scaling_study.ScalingResult.from_dict, scaling_section.section_md,
+         scaling_section.figure, "Scaling study (Table 10)"),
+        ("routing", routing, routing_study.RoutingResult.from_dict, routing_section.section_md,
+         routing_section.figure, "Routing study"),
     )
     for name, data, typed, section_md, draw, title in analyses:
         if data is None:
@@ -104,16 +98,16 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, figure_store: Pa
             raise OutputError(f"{od.path / f'{name}.json'}: not a {name} result ({type(e).__name__}: "
                               f"{str(e).splitlines()[0][:160]}); rerun `python -m evaluator {name} OUT`.") from None
         sections.append(section_md(res))
-        if isinstance(res, routing_analysis.RoutingResult) and not res.meta.has_split:
+        if isinstance(res, routing_study.RoutingResult) and not res.meta.has_split:
             skipped.append("Routing held-out subset split: it needs two subsets, one to tune τ on and one to "
                            "report on; cross-validation is shown instead.")
         if with_figures:
-            drawn += figure_cache.drawn(od.figures, name, figure_cache.figure_inputs(data),
-                                        functools.partial(_one_figure, f"{name}.png", draw, res), figure_store)
-    od.write_text(REPORT_FILE, report.compose(meta, result, sections=sections, figures=[p.name for p in figs],
+            drawn += figure_store.drawn(od.figures, name, figure_store.figure_inputs(data),
+                                        functools.partial(_one_figure, f"{name}.png", draw, res), store_dir)
+    od.write_text(REPORT_FILE, report_md.compose(meta, result, sections=sections, figures=[p.name for p in figs],
                                           skipped=skipped))
-    # view.html: every query browsable (app.view)
-    view.write(od, meta, records, [p.name for p in drawn] if with_figures else None, kept=kept)
+    # view.html: every query browsable (app.viewer)
+    viewer.write(od, meta, records, [p.name for p in drawn] if with_figures else None, kept=kept)
 
 
 def _one_figure(name: str, draw: Callable[[Any], bytes], result: Any) -> dict[str, bytes]:
@@ -128,7 +122,7 @@ def _records_with_ptr(od: OutputDir, what: str) -> Sequence[Record]:
 
 
 def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = None, device: str = "auto",
-                        reporter: Reporter = SILENT) -> scaling_analysis.ScalingResult:
+                        reporter: Reporter = SILENT) -> scaling_study.ScalingResult:
     """The scaling study on a finished run: its registry re-read, every vector from its embedding cache."""
     meta = od.read_meta()
     records = records_of(od)
@@ -153,7 +147,7 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     subs = analysis_subsets(a, sorted({r.subset for r in records}))
     retriever = meta.settings.retrieval.retriever
     lexical = load_index(registry.texts(), embedder.cache_dir, reporter.warn)[0] if retriever != "dense" else None
-    res = scaling_analysis.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
+    res = scaling_study.scaling_study(records, registry, api_vecs, encode, subsets=subs.scaling,
                            divergence_subset=subs.divergence, k=s.retrieval.k, sizes=list(a.scaling_sizes),
                            seeds=a.scaling_seeds, about=about(meta, a, "scaling_subsets"), log=reporter.info,
                            memo=searches_folder(embedder.cache_dir), retriever=retriever, lexical=lexical)
@@ -168,7 +162,7 @@ def scaling_from_output(od: OutputDir, s: Settings, *, data_dir: str | None = No
     return res
 
 
-def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> routing_analysis.RoutingResult:
+def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT) -> routing_study.RoutingResult:
     meta = od.read_meta()
     saved = max([meta.k, *meta.ks])
     k = s.retrieval.k
@@ -178,7 +172,7 @@ def routing_from_output(od: OutputDir, s: Settings, reporter: Reporter = SILENT)
     od.check_agree(meta, records)
     subs = analysis_subsets(s.analysis, sorted({r.subset for r in records}))
     opt = routing_options(k, s.analysis, subs)
-    res = routing_analysis.routing_study(records, opt, about(meta, s.analysis, "routing_test"), log=reporter.info)
+    res = routing_study.routing_study(records, opt, about(meta, s.analysis, "routing_test"), log=reporter.info)
     od.write_json(ROUTING_FILE, res.to_dict())
     render_outputs(od)
     return res
@@ -201,6 +195,6 @@ def export_trec(od: OutputDir, to: Path, bare_qids: bool = False) -> list[Path]:
     return written
 
 
-def routing_options(k: int, a: AnalysisSettings, subs: AnalysisSubsets) -> routing_analysis.Options:
-    return routing_analysis.Options(k=k, train=subs.routing_train, test=subs.routing_test,
+def routing_options(k: int, a: AnalysisSettings, subs: AnalysisSubsets) -> routing_study.Options:
+    return routing_study.Options(k=k, train=subs.routing_train, test=subs.routing_test,
                                     folds=a.routing_folds, seed=a.routing_seed)

@@ -11,14 +11,22 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.app.dry_run import plan_requests, write_plan
-from evaluator.app.study import checked_inputs, load_profiles, prepare_study, start_servers, use_servers
-from evaluator.batch import collect as batch_study
-from evaluator.batch.files import Result, read_requests, write_lines
+from evaluator.app.run_study import (
+    check_archs,
+    checked_inputs,
+    load_profiles,
+    prepare_study,
+    start_servers,
+    use_servers,
+)
+from evaluator.batch import collect, ray_engine
 from evaluator.batch.ray_engine import RayOptions, RayRun, run_requests_ray
-from evaluator.batch.ray_engine import check as check_ray
-from evaluator.batch.requests import offline_profile, run_requests
+from evaluator.batch.request_files import offline_profile, run_requests
+from evaluator.batch.request_format import Result, read_requests, write_lines
 from evaluator.batch.store import JobStore
 from evaluator.core import aio
+from evaluator.core.errors import ConfigError
+from evaluator.core.paths import resolve_path
 from evaluator.core.progress import SILENT, Reporter
 from evaluator.llm import load_profile
 from evaluator.llm.accounting import CallStats
@@ -27,8 +35,6 @@ from evaluator.results.schema import (
     check_writable,
 )
 from evaluator.settings.invocation import Invocation
-from evaluator.settings.load import ConfigError
-from evaluator.settings.paths import resolve_path
 from evaluator.settings.sections import Settings
 
 
@@ -51,9 +57,10 @@ def export_requests(s: Settings, inv: Invocation, out: Path, reporter: Reporter 
     if not s.run.models:
         raise ConfigError("requests export: name the model(s) with --model PROFILE")
     profiles = load_profiles(s, inv, offline=True)
+    check_archs(s)
     checked = checked_inputs(s, inv, reporter)
     study = prepare_study(checked.settings, checked.inputs, cache_root, reporter)
-    todo = aio.run(batch_study.collect(study, profiles, cache_root))
+    todo = aio.run(collect.collect(study, profiles, cache_root))
     store = JobStore(cache_root)
     try:
         for name, reqs in todo.items():
@@ -90,7 +97,7 @@ def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, rep
     check_writable(out.parent, "--out")  # one line now, not a traceback after every request was sent
     profile = load_profile(model, **overrides)
     if ray is not None:
-        check_ray(profile, ray)  # Ray missing, vLLM missing, a pace Ray cannot keep: one line, before any start
+        ray_engine.check(profile, ray)  # Ray missing, vLLM missing, a pace Ray cannot keep: one line, before any start
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         profiles = {profile.name: profile}

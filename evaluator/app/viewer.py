@@ -1,4 +1,4 @@
-"""The viewer's use case: an output folder's values gathered through `OutputDir`, the page made by `render.view`
+"""The viewer's use case: an output folder's values gathered through `OutputDir`, the page made by `render.view_page`
 and written beside them (with its parts, each file atomic); the `view` command's page of one or several folders.
 Serving it is `cli.view_server`'s."""
 
@@ -17,9 +17,10 @@ from pydantic import TypeAdapter
 from evaluator.analysis import compare
 from evaluator.analysis.stats import Checks, Row, Summary, Test
 from evaluator.app.memo import Memo
+from evaluator.core.errors import OutputError
 from evaluator.core.files import atomic_write
 from evaluator.core.redact import scrub
-from evaluator.render.view import (
+from evaluator.render.view_page import (
     PART_RECORDS,
     VIEW_FILE,
     Assets,
@@ -31,7 +32,7 @@ from evaluator.render.view import (
     sides,
     split_in_memory,
 )
-from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, OutputError, Record
+from evaluator.results.schema import SUMMARY_FILE, Meta, OutputDir, Record
 from evaluator.results.stream import SavedRecords, records_of
 
 _COMPARISON = TypeAdapter(compare.Comparison)
@@ -83,7 +84,7 @@ def source(od: OutputDir, name: str | None = None, *, meta: Meta | None = None,
 
 def write(od: OutputDir, meta: Meta, records: Sequence[Record], figures: Sequence[str] | None,
           part_records: int = PART_RECORDS, kept: Memo | None = None) -> None:
-    """`OUT/view.html` of one output folder (the hook at the end of `report` and of a run), with its parts.
+    """`OUT/view.html` of one output folder (the hook at the end of `report` and of a study), with its parts.
     `kept`: the records' page data read back when these records were shown before (app.memo)."""
     write_paged(od.path / VIEW_FILE, [source(od, meta=meta, records=records, figures=figures)],
                 part_records=part_records, kept=kept)
@@ -101,7 +102,7 @@ def write_page(folders: Sequence[OutputDir], out: Path | None = None,
 
 
 def split_streamed(sources: Sequence[Source], plan: dict[compare.QueryKey, int]) -> Iterator[list[Source]]:
-    """`render.view.split_in_memory` for records too many to hold (a stream over queries.jsonl,
+    """`render.view_page.split_in_memory` for records too many to hold (a stream over queries.jsonl,
     `SavedRecords`): one pass notes each record's position under its part, then each part's records are read
     back alone from queries.jsonl."""
     parts = max(plan.values(), default=-1) + 1

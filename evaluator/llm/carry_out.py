@@ -1,8 +1,8 @@
-"""Carrying out a decision: what each of decide.py's verdicts does to the call, the model and the run.
+"""Carrying out `decide`'s verdicts: what each one does to the call, the model and the command.
 
 decide.py says what to do with an attempt's outcome (a pure function); `Decisions.apply` does it: keep the
 reply, retry after a wait (a 429 closes the model's gate for everyone), send again without the fields or
-schema form the host rejected, give the call up (a counted failure), or stop the run (`FatalLLMError`).
+schema form the host rejected, give the call up (a counted failure), or stop the command (`FatalLLMError`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from evaluator.core.errors import FatalLLMError
 from evaluator.core.redact import redact
 from evaluator.llm.accounting import ModelStats
-from evaluator.llm.budget import CONTEXT_EXCEEDED
 from evaluator.llm.decide import (
     CallState,
     Decision,
@@ -28,10 +28,10 @@ from evaluator.llm.decide import (
     StopRun,
     resume_time,
 )
-from evaluator.llm.errors import FatalLLMError
 from evaluator.llm.pacing import Pacing
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.reply import ChatResult
+from evaluator.llm.retry import CONTEXT_EXCEEDED
 from evaluator.llm.wire import WireShape
 
 log = logging.getLogger("evaluator.llm")

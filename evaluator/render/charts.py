@@ -4,7 +4,7 @@ Per model: the crossover (recall/precision per subset and architecture, Figure 2
 counts (Figure 2b), recall against k, and the five trajectory panels of Figure 4; with three
 architectures or more, the architectures side by side. A retrieval-only output gets the RtP
 recall-against-k figure only. Where they are written, and when they are not drawn again, is
-`app.figures`'s business: this module draws.
+`app.figure_store`'s business: this module draws.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 COLORS = {"rtp": "#1f77b4", "ptr": "#d62728", "both": "#555555"}
 LABELS = {"rtp": "RtP", "ptr": "PtR", "both": "both"}
-# Further architectures, in the order the run holds them (tab10 without RtP's blue and PtR's red).
+# Further architectures, in the order the study holds them (tab10 without RtP's blue and PtR's red).
 MORE_COLORS = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 DPI = 100
 

@@ -1,11 +1,11 @@
-"""`view.html`: one self-contained page to browse a run's queries, or several runs side by side.
+"""`view.html`: one self-contained page to browse a study's queries, or several studies side by side.
 
 `page()` is handed the runs' saved values and the viewer's assets and returns the HTML text: the data as one
 inline JSON (API ids and repeated top lists stored once in tables, records pointing into them), the viewer's
-plain JS and CSS (`view_assets/`, read by `app.view`) inline, the figures as base64 PNG. No network reference:
+plain JS and CSS (`view_assets/`, read by `app.viewer`) inline, the figures as base64 PNG. No network reference:
 it opens from disk. Per-query numbers come from `analysis.metrics.record_obs` (the report's own definitions);
 the comparison of runs and of architectures from `analysis.compare`. Reading the folder, writing the page and
-serving it are `app.view`'s and `cli.view_server`'s: this module computes nothing of its own and reads no file.
+serving it are `app.viewer`'s and `cli.view_server`'s: this module computes nothing of its own and reads no file.
 
 Raw LLM replies are not in `queries.jsonl`; they live in the LLM response cache, keyed by the whole request.
 The viewer does not read that cache: rebuilding each request's key needs the registry and the prompts, and a
@@ -31,6 +31,7 @@ import orjson
 from evaluator.analysis import compare
 from evaluator.analysis.metrics import RANK_METRICS, Obs, record_obs
 from evaluator.analysis.stats import Row, Summary, Test
+from evaluator.core.errors import OutputError
 from evaluator.render.fmt import DASH, fnum, format_p, mean_pm
 from evaluator.results.cost import usd
 from evaluator.results.schema import (
@@ -38,7 +39,6 @@ from evaluator.results.schema import (
     SUMMARY_FILE,
     ArchBlock,
     Meta,
-    OutputError,
     PtrBlock,
     Record,
     plain,
@@ -270,7 +270,7 @@ def _tables(src: Source) -> list[dict[str, Any]]:
     out = []
     for model in models:
         for gold in GOLDS:
-            # RtP (its retrieval: one deterministic row, model null), PtR, then any other architecture of the run
+            # RtP (its retrieval: one deterministic row, model null), PtR, then any other architecture of the study
             archs = [("rtp", None, "RtP")] + ([("ptr", model, "PtR")] + [(a, model, a) for a in more] if model else [])
             head = ["k"] + [f"{s} {name}" for s in subsets for _, _, name in archs]
             body = [[str(kk)] + [_ms(summary.row(m_, s, a, "recall", kk, gold)) for s in subsets for a, m_, _ in archs]
@@ -517,7 +517,7 @@ def paged(sources: Sequence[Source], html_name: str, emit: Callable[[str, str], 
     """The page's data; its side files go to `emit(name under the parts folder, text)` one by one, so only one
     part's page data is in memory at a time. Everything inline when the records fit one part, else the
     overview, the comparison's metrics and a list of parts inline and each part's records in `part-NNNN.js`.
-    `split`: how the parts' records are gathered (`app.view` gathers a stream's on disk)."""
+    `split`: how the parts' records are gathered (`app.viewer` gathers a stream's on disk)."""
     total = sum(s.facts.records for s in sources)
     if total <= part_records:
         return shape(sources, runs)

@@ -2,7 +2,7 @@
 
 A provider's batch API takes one call per batch, so the check is per batch: the worst case of every
 request in it (prompt tokens by the token rule, plus all of `max_tokens`) at the batch price
-(`core.money`: online price x (1 - `batch_discount`); the online price when no discount is given). A batch that could pass the budget is not submitted; the run
+(`core.money`: online price x (1 - `batch_discount`); the online price when no discount is given). A batch that could pass the budget is not submitted; the study
 stops with `BudgetExhausted` (batches already submitted are recorded and polled by the rerun). When a
 batch's results are fetched its reservation is settled with the tokens the provider reports.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from evaluator.batch.files import Request, Result
 from evaluator.batch.providers import BatchAPI
+from evaluator.batch.request_format import Request, Result
+from evaluator.core.errors import BudgetExhausted
 from evaluator.core.money import capped_usd
 from evaluator.llm.budget import Budget, worst_case_usd
-from evaluator.llm.errors import BudgetExhausted
 from evaluator.llm.profiles import ModelProfile
 
 

@@ -1,7 +1,9 @@
-"""Client-side pacing for one model: RPM throttle, optional TPM budget, the shared 429 gate, and the
-concurrency limit (fixed, or adaptive AIMD when the server's capacity is unknown, capped at the slots
-a llama.cpp server announces: `read_server_facts`, asked through the transport by `ask_server_facts`). `SharedPacer`
-paces RPM or TPM for every process that shares one folder (one API key, several terminals)."""
+"""The limiters, each a building block with no knowledge of a model: the RPM pacer (`RequestPacer`), the TPM
+budget (`TokenBucket`), the 429 gate (`SlowDownGate`), the same pacers shared by every process that uses one folder
+(`SharedPacer`, `SharedRates`: one API key, several terminals), the concurrency limit (`ConcurrencyLimit`: fixed,
+or adaptive AIMD when the server's capacity is unknown, capped at the slots a llama.cpp server announces), and
+what a self-hosted server says of itself (`read_server_facts`, asked through the transport by
+`ask_server_facts`). One model's use of them, its pace, is `pacing.Pacing`."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any
 import orjson
 
 from evaluator.core.cache_layout import CacheLayout
-from evaluator.llm.errors import ConfigError
+from evaluator.core.errors import ConfigError
 from evaluator.llm.profiles import ModelProfile, resolve_api_key
 from evaluator.llm.transport import NoReply, Request, Transport
 
@@ -35,10 +37,10 @@ _BURST_S = 1.0
 # vary (this event loop's lag, a new connection, the server's own scheduling on shared cores), and a schedule
 # that spends the whole burst at the start is only as early as its first request was late: when the run's first
 # request reaches the server 10 ms later than the ones after it, the bucket is empty 10 ms before each paced
-# request for the rest of the run, and every wobble is a 429. That is where bench/fanout's 17-66 self-inflicted
+# request for the rest of the study, and every wobble is a 429. That is where bench/fanout's 17-66 self-inflicted
 # 429s came from (all in the run's first seconds, in bunches; load 2-6 on 2 cores). A quarter second of margin
 # absorbs the spread seen there and costs a quarter second once per run (of 36 s at the bench's 10x compressed
-# time, 0.7%); the 1% under the limit (`RPM_SAFETY`) widens the margin further as the run goes on.
+# time, 0.7%); the 1% under the limit (`RPM_SAFETY`) widens the margin further as the study goes on.
 JITTER_S = 0.25
 # What the pacers let go at once after a lull (and at the start), in seconds of rate (the dry run's floor too).
 PACED_BURST_S = _BURST_S - JITTER_S

@@ -1,6 +1,6 @@
 """Scaling study (paper Table 10, Figure 3): RtP and PtR recall on sub-registries of growing size.
 
-Computes from the run's records and embeddings and makes no LLM call: PtR reuses the stubs the run
+Computes from the study's records and embeddings and makes no LLM call: PtR reuses the stubs the study
 saved (stub generation does not depend on the registry). A sub-registry is an index over some rows of
 the full embedding matrix, so nothing is re-embedded. Imports nothing from `render`.
 
@@ -43,15 +43,17 @@ from evaluator.results.schema import (
     plain,
     qid_key,
 )
-from evaluator.retrieval import search as retrieve
+from evaluator.retrieval import ranking
 from evaluator.retrieval.index import SubsetSearch, digest
 from evaluator.retrieval.lexical import NO_HIT, BM25Index
 from evaluator.retrieval.retrievers import FUSION_DEPTH, HybridSubsets, LexicalSubsets, SubSearch
+from evaluator.settings.sections import AnalysisSettings
 
 Encode = Callable[[list[str]], np.ndarray]
 
-DEFAULT_SIZES = (1000, 2000, 5000, 10000, 20000)
-DEFAULT_SEEDS = 5
+# The sub-registry sizes and draws of a caller that names none: the [analysis] section's defaults.
+DEFAULT_SIZES: tuple[int, ...] = AnalysisSettings().scaling_sizes
+DEFAULT_SEEDS = AnalysisSettings().scaling_seeds
 NO_CATEGORY = "(no category)"
 FULL = "full"
 
@@ -223,7 +225,7 @@ def build_inputs(
             texts = p.texts
             owner = u * n + qi
             if not texts and p.fallback:
-                stub_plan.append((owner, None))  # the run searched with the raw query
+                stub_plan.append((owner, None))  # the study searched with the raw query
                 continue
             for t in texts:
                 stub_plan.append((owner, len(stub_texts)))
@@ -279,14 +281,14 @@ def searcher(api_vecs: np.ndarray, si: SubsetInput, k: int, smallest: int,
 
 def search(found: SubSearch, si: SubsetInput, rows: np.ndarray, k: int) -> Searched:
     """Top-k on the sub-registry `rows`, as `VectorIndex(api_vecs, rows).exact_search` gives it: every
-    query, then every stub of every (model, run), re-ranked per (run, query) as the run did."""
+    query, then every stub of every (model, run), re-ranked per (run, query) as the study did."""
     n = len(si.query_ids)
     scores, hits = found.search(rows, k)
     rtp = [[x for x in r[:k] if x != NO_HIT] for r in hits[:n].tolist()]  # BM25 found nothing: no row
     ptr: list[list[int]] = []
     if si.units:
         n_units = len(si.units) * n
-        ptr = retrieve.ptr_rows(scores[n:], hits[n:], si.owners, n_units, k)
+        ptr = ranking.ptr_rows(scores[n:], hits[n:], si.owners, n_units, k)
     return Searched(rtp, ptr)
 
 
@@ -438,7 +440,7 @@ class ScalingMeta(About):
                      "numpy.random.default_rng([seed, size])")
     timing_s: float = 0.0
     # The embedding cache's work when the `scaling` command re-embedded (embed.EmbedStats's counters and
-    # seconds); absent after a run.
+    # seconds); absent after a study.
     embed: dict[str, int | float] | None = pydantic.Field(default=None, exclude_if=lambda v: v is None)
 
 

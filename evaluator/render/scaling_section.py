@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from evaluator.analysis.scaling import FULL, Key, Point, ScalingResult
+from evaluator.analysis.scaling_study import FULL, Key, Point, ScalingResult
 from evaluator.analysis.stats import mean_std
-from evaluator.render.figures import png, pyplot
+from evaluator.render.charts import png, pyplot
 from evaluator.render.fmt import DASH, fpct, mean_pm, models_or_none, simulated_note, table, text
 from evaluator.results.schema import GOLDS
 

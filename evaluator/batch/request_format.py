@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
+from evaluator.core.errors import ConfigError
 from evaluator.core.redact import redact, redact_keys
-from evaluator.llm.errors import ConfigError
 from evaluator.results.schema import atomic_write
 
 CHAT_URL = "/v1/chat/completions"
@@ -31,7 +31,7 @@ class RequestFileError(ConfigError):
 
 
 @dataclass(frozen=True)
-class BatchError:
+class BatchFailure:
     """Why a result line, or a whole batch, is not a reply: one shape whatever the provider wrote."""
 
     code: str | int | None  # OpenAI's string code, vLLM's HTTP code, a gRPC status name; None if none given
@@ -59,7 +59,7 @@ class Result:
     # A deliberate extension point: the provider's reply body as it came (a chat.completion on 200, the
     # provider's error body otherwise), handed to the engine's reply parser unchanged.
     body: dict[str, Any] | None
-    error: BatchError | None = None  # why it is not a reply (see `error_dict`)
+    error: BatchFailure | None = None  # why it is not a reply (see `error_dict`)
 
     @property
     def ok(self) -> bool:
@@ -93,23 +93,23 @@ class Result:
         return redact(f"HTTP {self.status_code}" + (f": {msg}" if msg else ""))
 
 
-def error_dict(error: object) -> BatchError | None:
-    """A result line's `error` as a `BatchError`: OpenAI's {"code", "message"}; vLLM's plain string or its
+def error_dict(error: object) -> BatchFailure | None:
+    """A result line's `error` as a `BatchFailure`: OpenAI's {"code", "message"}; vLLM's plain string or its
     `ErrorResponse` (flat, or nested under "error") unwrapped; None when the line carries none. Other
     fields of the provider's object (type, param, line) are not kept."""
     if error is None or error == "" or error == {}:
         return None
     if isinstance(error, str):
-        return BatchError(None, error)
+        return BatchFailure(None, error)
     if not isinstance(error, dict):
-        return BatchError(None, str(error))
+        return BatchFailure(None, str(error))
     inner = error.get("error")
     if isinstance(inner, dict):  # vLLM >= 0.10: ErrorResponse(error=ErrorInfo(message, type, param, code))
         error = inner
     code = error.get("code")
     if code in (None, ""):
         code = error.get("type")
-    return BatchError(code if isinstance(code, str | int) and not isinstance(code, bool) else None,
+    return BatchFailure(code if isinstance(code, str | int) and not isinstance(code, bool) else None,
                       str(error.get("message") or ""))
 
 

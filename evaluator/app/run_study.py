@@ -19,24 +19,24 @@ from pathlib import Path
 from pydantic import TypeAdapter
 
 from evaluator import __version__
-from evaluator.analysis import routing as routing_analysis
-from evaluator.analysis import scaling as scaling_analysis
+from evaluator.analysis import routing_study, scaling_study
 from evaluator.app.dry_run import PLAN_FILE, plan_study, write_plan
 from evaluator.app.memo import Memo
-from evaluator.app.report import about, render_outputs, routing_options
-from evaluator.batch import collect as batch_study
-from evaluator.batch.requests import offline_profile
+from evaluator.app.outputs import about, render_outputs, routing_options
+from evaluator.batch import collect
+from evaluator.batch.request_files import offline_profile
 from evaluator.core import aio
 from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.errors import BudgetExhausted, ConfigError, DataError, OutputError
+from evaluator.core.paths import resolve_path
 from evaluator.core.progress import SILENT, Progress, Reporter
-from evaluator.data import DataError, Registry
-from evaluator.llamacpp import harness as llamacpp
+from evaluator.data import Registry
+from evaluator.llamacpp import llama_server
 from evaluator.llm import LLMEngine, ModelProfile, load_profile
 from evaluator.llm.accounting import CallStats
 from evaluator.llm.budget import Budget, check_priced
-from evaluator.llm.errors import BudgetExhausted
-from evaluator.llm.limits import SharedRates, rate_folder
-from evaluator.render.view import VIEW_FILE, parts_folder
+from evaluator.llm.limiters import SharedRates, rate_folder
+from evaluator.render.view_page import VIEW_FILE, parts_folder
 from evaluator.results.cost import BatchStats, accounting
 from evaluator.results.schema import (
     FAILURE_KINDS,
@@ -48,7 +48,6 @@ from evaluator.results.schema import (
     Meta,
     ModelInfo,
     OutputDir,
-    OutputError,
     PeakMemory,
     Record,
     RegistryInfo,
@@ -64,12 +63,10 @@ from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import BM25Index
 from evaluator.retrieval.retrievers import Hybrid, Lexical
 from evaluator.settings.invocation import Invocation
-from evaluator.settings.load import ConfigError
-from evaluator.settings.paths import resolve_path
 from evaluator.settings.sections import Fitted, RetrievalSettings, Settings
 from evaluator.settings.subsets import analysis_subsets
-from evaluator.study import archs as arch_units
-from evaluator.study.prepare import Inputs, Study, load_inputs, prepare
+from evaluator.study import archs
+from evaluator.study.prepare import Inputs, PreparedStudy, load_inputs, prepare
 from evaluator.study.runner import (
     Sink,
     StudyRunner,
@@ -125,9 +122,15 @@ def load_profiles(s: Settings, inv: Invocation, *, offline: bool = False) -> dic
         if p.name in profiles:
             raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
         if p.local_model and not p.base_url and not offline:
-            llamacpp.check(p, resolve_path(s.run.cache_dir))  # server and weights installed: one line now
+            llama_server.check(p, resolve_path(s.run.cache_dir))  # server and weights installed: one line now
         profiles[p.name] = p
     return profiles
+
+
+def check_archs(s: Settings) -> None:
+    """Every --archs name a built-in's and every plugin imported and checked (`study.archs.resolve`): one line
+    before any work."""
+    archs.resolve(s.run.archs, 0.0, resolve_path)
 
 
 def check_inputs(s: Settings, inv: Invocation, inputs: Inputs) -> None:
@@ -168,7 +171,7 @@ def checked_inputs(s: Settings, inv: Invocation, reporter: Reporter, *, analyses
     return Checked(dataclasses.replace(s, retrieval=retrieval), inputs, fitted)
 
 
-def prepare_study(s: Settings, inputs: Inputs, cache_root: Path, reporter: Reporter = SILENT) -> Study:
+def prepare_study(s: Settings, inputs: Inputs, cache_root: Path, reporter: Reporter = SILENT) -> PreparedStudy:
     """`study.prepare` handed the sections it needs: the checked inputs embedded and RtP retrieved."""
     return prepare(inputs, embed=s.embed, retrieval=s.retrieval, run=s.run, cache_root=cache_root,
                    progress=reporter.progress, reporter=reporter)
@@ -197,7 +200,7 @@ def fit_ks_to_registry(retrieval: RetrievalSettings, cli_keys: frozenset[str], r
     return dataclasses.replace(retrieval, ks=used), {"retrieval.ks": Fitted(asked=ks, used=used, why=why)}
 
 
-# ---------------------------------------------------------------- the run
+# ---------------------------------------------------------------- the study
 
 
 def run(s: Settings, inv: Invocation, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> RunOutcome:
@@ -206,17 +209,17 @@ def run(s: Settings, inv: Invocation, *, reporter: Reporter = SILENT, retrieval_
     check_writable(cache_root, "--cache-dir")
     check_writable(out, "--out")
     profiles = {} if retrieval_only else load_profiles(s, inv, offline=inv.dry_run)
-    if not retrieval_only:  # every --archs plugin imported and checked: one line before any work
-        arch_units.resolve(s.run.archs, 0.0, resolve_path)
+    if not retrieval_only:
+        check_archs(s)
     if inv.budget_usd is not None and profiles and not inv.dry_run:
         check_priced(profiles)  # a budget needs prices and max_tokens: one line, before any work
     if inv.batch and profiles:
-        batch_study.check(profiles)  # a profile without a batch API: one line, before any work
+        collect.check(profiles)  # a profile without a batch API: one line, before any work
         if inv.batch == "cancel":
             if inv.dry_run:  # a dry run sends nothing, and cancelling is a request
                 raise ConfigError("--dry-run and --batch-cancel do not go together: drop one of them.")
-            stats = batch_study.cancel(profiles, cache_root, reporter.info)
-            return RunOutcome(out, message=batch_study.cancel_message(stats))
+            stats = collect.cancel(profiles, cache_root, reporter.info)
+            return RunOutcome(out, message=collect.cancel_message(stats))
     with contextlib.ExitStack() as stack:
         od = OutputDir(out)
         stack.enter_context(od.writing("a study", reporter.info))  # one writer per --out, before any work
@@ -288,7 +291,7 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
         claim = same_data(OutputDir(out), claim, checked.inputs, inv, reporter)
     study = prepare_study(s, checked.inputs, cache_root, reporter)
     if profiles:  # each plugin once on one query, nothing sent: what it returns is checked before any call
-        aio.run(probe_archs(study, arch_units.resolve(s.run.archs, 0.0, resolve_path)))
+        aio.run(probe_archs(study, archs.resolve(s.run.archs, 0.0, resolve_path)))
     if inv.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
         return RunOutcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
     od = OutputDir(out)
@@ -334,14 +337,14 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
     meta.runtime.peak_rss_mib = peak_rss_mib()  # before the report, which states it
     meta.runtime.peak_gpu_mib = gpu_peak_mib(study.embedder.device)
     t = time.perf_counter()
-    render_outputs(od, figure_store=CacheLayout(cache_root).figures, meta=meta, records=records, kept=kept)
+    render_outputs(od, store_dir=CacheLayout(cache_root).figures, meta=meta, records=records, kept=kept)
     study.timings["render_s"] = time.perf_counter() - t
     meta.runtime.timings = study.timings  # every stage's seconds (bench/warm_run.py reads them)
     od.write_meta(meta)
     failed: Counter[str] = Counter()
     cut: Counter[str] = Counter()
     blocks: dict[tuple[str, str], FailedBlocks] = {}
-    specs = {name: spec for name, (spec, _) in arch_units.resolve(s.run.archs, 0.0, resolve_path).items()} \
+    specs = {name: spec for name, (spec, _) in archs.resolve(s.run.archs, 0.0, resolve_path).items()} \
         if not retrieval_only else {}
     for r in records:  # one pass: the records may be a stream over queries.jsonl
         failed.update(r.failed_calls)
@@ -370,7 +373,7 @@ def peak_rss_mib() -> PeakMemory:
                       largest_child=round(child, 1))
 
 
-Server = SimHandle | llamacpp.LlamaHandle  # a server this process started for a profile: base_url, stats(), stop()
+Server = SimHandle | llama_server.LlamaHandle  # a server this process started for a profile: base_url, stats(), stop()
 
 
 def start_servers(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile], cache_root: Path) -> dict[str, Server]:
@@ -382,54 +385,54 @@ def start_servers(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]
         if p.simulated and not p.base_url:
             out[name] = stack.enter_context(start_simulator(wait=False))
         elif p.local_model and not p.base_url:
-            out[name] = stack.enter_context(llamacpp.start_llamacpp(p, cache_root))
+            out[name] = stack.enter_context(llama_server.start_llamacpp(p, cache_root))
     return out
 
 
 def use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> None:
     """Each profile pointed at the server started for it (`profiles` updated in place), once it listens."""
     for name, sim in sims.items():
-        if isinstance(sim, llamacpp.LlamaHandle):
-            profiles[name] = llamacpp.use(profiles[name], sim)
+        if isinstance(sim, llama_server.LlamaHandle):
+            profiles[name] = llama_server.use(profiles[name], sim)
         else:
             profiles[name] = dataclasses.replace(profiles[name], base_url=sim.base_url)
 
 
-def run_models(study: Study, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
+def run_models(study: PreparedStudy, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
                budget: Budget | None = None, sims: dict[str, Server] | None = None, inv: Invocation,
                sink: Sink,
                ) -> tuple[dict[str, CallStats], dict[str, SimulatorStats | LocalServer],
                           dict[str, BatchStats], dict[str, dict[str, int]]]:
     """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
     bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
-    when the stage ends. With `--batch`, the calls first go through the batch APIs; the run then answers
+    when the stage ends. With `--batch`, the calls first go through the batch APIs; the study then answers
     them from the cache."""
     with contextlib.ExitStack() as stack:
         sims = sims if sims is not None else start_servers(stack, profiles, cache_root)
         use_servers(profiles, sims)
         batch_stats: dict[str, BatchStats] = {}
         if inv.batch == "submit":
-            batch_stats = batch_study.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget,
+            batch_stats = collect.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget,
                                                 warn=reporter.warn, fallback=inv.batch_fallback)
         per_unit = calls_per_unit(study) * study.run.runs
         bar = reporter.calls({n: per_unit for n in profiles})
         t = time.perf_counter()
         # a bundled server restarted after a crash listens on another port: its engine asks where, each request
-        locators = {n: sim.locate for n, sim in sims.items() if isinstance(sim, llamacpp.LlamaHandle)}
+        locators = {n: sim.locate for n, sim in sims.items() if isinstance(sim, llama_server.LlamaHandle)}
         with bar:
             llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv, sink, locators))
         study.timings["llm_s"] = time.perf_counter() - t
         # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
         # llama.cpp server's file, hash, sizing and token counters.
         sim_stats: dict[str, SimulatorStats | LocalServer] = {
-            n: LocalServer(**sim.stats()) if isinstance(sim, llamacpp.LlamaHandle) else SimulatorStats.from_dict(sim.stats())
+            n: LocalServer(**sim.stats()) if isinstance(sim, llama_server.LlamaHandle) else SimulatorStats.from_dict(sim.stats())
             for n, sim in sims.items()}
         for sim in sims.values():
             sim.stop()  # idle from here on: the analyses and the render need none
     return llm_stats, sim_stats, batch_stats, arch_calls
 
 
-async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root: Path,
+async def _run_async(study: PreparedStudy, profiles: dict[str, ModelProfile], cache_root: Path,
                      bar: Progress, budget: Budget | None, inv: Invocation, sink: Sink,
                      locators: dict[str, Callable[[], str]],
                      ) -> tuple[dict[str, CallStats], dict[str, dict[str, int]]]:
@@ -459,7 +462,7 @@ async def _run_async(study: Study, profiles: dict[str, ModelProfile], cache_root
 _PROFILE = TypeAdapter(ModelProfile)
 
 
-def build_meta(study: Study, profiles: dict[str, ModelProfile], s: Settings,
+def build_meta(study: PreparedStudy, profiles: dict[str, ModelProfile], s: Settings,
                fitted: dict[str, Fitted] | None = None) -> Meta:
     """`s`: the settings the study ran with (its sections, frozen: meta.json saves them as they are)."""
     return Meta(
@@ -481,7 +484,7 @@ def build_meta(study: Study, profiles: dict[str, ModelProfile], s: Settings,
 # ---------------------------------------------------------------- analyses beside the main study
 
 
-def run_extras(s: Settings, inv: Invocation, study: Study, records: Sequence[Record], meta: Meta, od: OutputDir,
+def run_extras(s: Settings, inv: Invocation, study: PreparedStudy, records: Sequence[Record], meta: Meta, od: OutputDir,
                reporter: Reporter = SILENT, kept: Memo | None = None) -> dict[str, str]:
     """Scaling and routing, reusing this run's embeddings and records; returns why any did not run. `kept`: their
     results read back when these records and this study were analysed before (app.memo)."""
@@ -500,7 +503,7 @@ def run_extras(s: Settings, inv: Invocation, study: Study, records: Sequence[Rec
     if subs.scaling:
         scaling_about = about(meta, a, "scaling_subsets")
         res, was_kept = kept.kept("scaling", {"study": view, "about": plain(scaling_about), "subsets": subs.scaling,
-                                              "divergence": subs.divergence}, lambda: scaling_analysis.scaling_study(
+                                              "divergence": subs.divergence}, lambda: scaling_study.scaling_study(
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
             subsets=subs.scaling, divergence_subset=subs.divergence, k=s.retrieval.k, sizes=list(a.scaling_sizes),
             seeds=a.scaling_seeds, about=scaling_about, log=quiet,
@@ -516,7 +519,7 @@ def run_extras(s: Settings, inv: Invocation, study: Study, records: Sequence[Rec
     opt = routing_options(s.retrieval.k, a, subs)
     routing_about = about(meta, a, "routing_test")
     result, was_kept = kept.kept("routing", {"study": view, "about": plain(routing_about), "options": repr(opt)},
-                                 lambda: routing_analysis.routing_study(records, opt, routing_about))
+                                 lambda: routing_study.routing_study(records, opt, routing_about))
     if was_kept:
         result.meta.timing_s = round(time.perf_counter() - t, 2)
     od.write_json(ROUTING_FILE, result.to_dict())

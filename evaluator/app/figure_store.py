@@ -1,4 +1,4 @@
-"""Figures drawn once per change of their data: `render.figures` (and the scaling and routing sections) draw
+"""Figures drawn once per change of their data: `render.charts` (and the scaling and routing sections) draw
 PNG bytes from values; this module decides whether to draw at all, and writes what was drawn.
 
 A group of figures (the main study's, scaling's, routing's) is drawn only when its inputs (the JSON-able
@@ -17,27 +17,26 @@ import hashlib
 import importlib.metadata
 import json
 from collections.abc import Callable, Mapping
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from evaluator.core.files import atomic_folder, atomic_write
+from evaluator.render import charts, routing_section, scaling_section
 
 STAMPS = ".drawn.json"  # in the figures folder: per group, the digest of its inputs and of each PNG
-_DRAWING_MODULES = ("figures.py", "scaling.py", "routing.py")  # of evaluator/render/
+_DRAWING_MODULES = (charts, scaling_section, routing_section)  # the code that draws every figure
 _MANIFEST = "files.json"
 _VOLATILE = ("timing_s", "embed", "created")  # meta entries of an analysis that no figure shows
 
 
 @functools.cache
 def _code_digest() -> str:
-    """The drawing code (render's figures, scaling and routing modules) and matplotlib's version: a change to
-    either redraws every figure."""
+    """The drawing code (render's charts and the scaling and routing sections) and matplotlib's version: a change
+    to either redraws every figure."""
     h = hashlib.blake2b(digest_size=16)
-    render = resources.files("evaluator.render")
-    for name in _DRAWING_MODULES:
-        f = render.joinpath(name)
-        h.update(name.encode() + (f.read_bytes() if f.is_file() else b""))
+    for module in _DRAWING_MODULES:
+        f = Path(module.__file__ or "")
+        h.update(f.name.encode() + f.read_bytes())
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         h.update(importlib.metadata.version("matplotlib").encode())
     return h.hexdigest()

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from evaluator.batch.files import Request, Result, dedupe, split
 from evaluator.batch.providers import BatchAPI, BatchAPIError, BatchState, batch_limits, is_loopback
+from evaluator.batch.request_format import Request, Result, dedupe, split
 from evaluator.batch.store import Job, JobStore
 from evaluator.core.progress import format_eta
 from evaluator.core.redact import redact

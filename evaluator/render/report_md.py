@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from evaluator.analysis.main import MainResult
+from evaluator.analysis.main_study import MainResult
 from evaluator.data import CORPUS_TEXT_RULE, EMBED_TEXT_RULE
 from evaluator.render import tables
-from evaluator.render.batch import cost_section_md
+from evaluator.render.cost_section import cost_section_md
 from evaluator.render.fmt import models_or_none, table, text
 from evaluator.results.schema import CallStats, Meta, Runtime, WarningCount, plain, repeats_note
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from evaluator.analysis.routing import (
+from evaluator.analysis.routing_study import (
     ARCH_LABEL,
     MAX_TAUS,
     SIGNALS,
@@ -13,7 +13,7 @@ from evaluator.analysis.routing import (
     RoutingResult,
     Scored,
 )
-from evaluator.render.figures import png, pyplot
+from evaluator.render.charts import png, pyplot
 from evaluator.render.fmt import DASH, fint, mean_pm, simulated_note, table, text
 from evaluator.results.schema import GOLDS
 

@@ -9,7 +9,7 @@ watchdog thread, up to `MAX_RESTARTS` times, on a free port the system picks (it
 by another listener meanwhile: binding it again failed, and calls sent there reached that listener). The engine
 asks `locate()` for the URL at every request: the new server's once it answers `/health`, and no URL at all while
 the server is down or starting (`NoReply`, retried as a refused connection), so no request reaches another
-process on the old port. Past the restarts, the calls fail to connect and the run stops with the engine's one
+process on the old port. Past the restarts, the calls fail to connect and the command stops with the engine's one
 line saying to rerun the same command to resume (every reply received is cached).
 """
 
@@ -33,13 +33,13 @@ from typing import IO, Any
 import orjson
 
 from evaluator.core.cache_layout import CacheLayout
+from evaluator.core.errors import ConfigError
+from evaluator.core.paths import REPO_ROOT
 from evaluator.llamacpp.weights import Weights, chunks, joined, weights
-from evaluator.llm.errors import ConfigError
 from evaluator.llm.profiles import ModelProfile
 from evaluator.llm.transport import NoReply
 
 log = logging.getLogger("evaluator.llamacpp")
-_REPO = Path(__file__).resolve().parents[2]
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
 MAX_RESTARTS = 3
 SERVER_HINT = "pip install -e '.[local-model]' (or: pip install xllamacpp)"
@@ -162,7 +162,7 @@ class LlamaHandle:
     def _spawn(self) -> subprocess.Popen[bytes]:
         cmd = self.command()
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         with self.log_path.open("wb") as err:  # llama.cpp's own log: where to look when it will not start
             return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, env=env)
 

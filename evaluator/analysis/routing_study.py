@@ -42,6 +42,7 @@ from evaluator.results.schema import (
     plain,
     qid_key,
 )
+from evaluator.settings.sections import AnalysisSettings
 
 # name -> (label, direction): "high" sends high values to RtP, "low" sends low values to RtP.
 SIGNALS: dict[str, tuple[str, str]] = {
@@ -50,7 +51,6 @@ SIGNALS: dict[str, tuple[str, str]] = {
     "clauses": ("clause count", "low"),
 }
 ARCH_LABEL = {"rtp": "RtP", "ptr": "PtR"}
-DEFAULT_FOLDS = 5
 METRICS = ("recall", "precision")
 
 _WORD_RE = re.compile(r"[\w'’-]+")
@@ -405,8 +405,8 @@ class Options:
     k: int
     train: list[str] = field(default_factory=list)  # full subset names; empty: no held-out split
     test: list[str] = field(default_factory=list)
-    folds: int = DEFAULT_FOLDS
-    seed: int = 0
+    folds: int = AnalysisSettings().routing_folds  # the [analysis] section's defaults
+    seed: int = AnalysisSettings().routing_seed
 
 
 def analyse_model(d: ModelData, opt: Options) -> ModelRouting:
@@ -455,7 +455,7 @@ class Split:
 
 @pydantic.dataclasses.dataclass
 class RoutingMeta(About):
-    """`routing.json`'s `meta`: signals, objective, split, and what the section states about the run."""
+    """`routing.json`'s `meta`: signals, objective, split, and what the section states about the study."""
 
     models: list[str] = field(default_factory=list)
     k: int = 5
