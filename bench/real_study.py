@@ -25,10 +25,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import REPO, Stamp, stamped  # noqa: E402
+from evaluator.analysis.metric_defs import NWAY_METRICS  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 MEASURES = ("evaluator", "bench/real_study.py")  # the code it measures (`python -m bench --check`)
-METRICS = ("recall", "precision", "ndcg", "mrr", "comp", "pass")
+METRICS = NWAY_METRICS  # the main table's rows it records: the metrics every architecture is compared on
 
 
 def _sample(data: Path, per_subset: int, seed: int) -> dict[str, list[dict[str, Any]]]:

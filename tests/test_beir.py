@@ -19,7 +19,8 @@ from test_app_run import run_cli  # the CLI in a child process, as a user runs i
 from test_view import CHROMIUM, DRIVER, console_errors, go, open_page
 
 from evaluator.analysis import stats as S
-from evaluator.analysis.metrics import RANK_METRICS, rank_metrics, record_obs
+from evaluator.analysis.metric_defs import RANK_METRICS
+from evaluator.analysis.metrics import rank_metrics, record_obs
 from evaluator.core.errors import DataError
 from evaluator.data import CORPUS_TEXT_RULE, Warnings, load_query_files, load_registry
 from evaluator.data.model import corpus_text

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluator.analysis.metrics import RANK_METRICS
+from evaluator.analysis.metric_defs import RANK_METRICS
 from evaluator.analysis.routing_study import RoutingResult
 from evaluator.analysis.scaling_study import ScalingResult
 from evaluator.cli.main import main

@@ -514,3 +514,79 @@ def test_stages_take_their_settings_section_not_the_whole() -> None:
            "def f(s: 'x') -> None:\n    invocation.Invocation()\n")
     assert sorted(whole_settings_uses(src)) == [(2, "Settings"), (5, "Invocation"), (7, "Invocation")]
     assert whole_settings_uses(src, {"Settings", "Invocation"}) == []
+
+
+# A metric is named by its `Metric` member (analysis/metric_defs.py, one definition each); its saved name is
+# written there and nowhere else. A string elsewhere that spells a metric's name means something else, each
+# listed here with what it is. Families are built by their definitions too: `tokens_metric(call, kind)`,
+# `Metric.failed(kind)`, routing's `policy_metric(metric, gold)` ("recall:api_list").
+METRIC_DEFS = "evaluator/analysis/metric_defs.py"
+METRIC_HOMONYMS: dict[tuple[str, str], str] = {
+    ("evaluator/cli/main.py", "precision"): "the --precision flag: the embedding's precision",
+    ("evaluator/results/migrate.py", "precision"): "the [embed] precision setting of an older meta.json",
+    ("evaluator/render/view_page.py", "miss"): "the viewer's outcome code of a query both architectures missed",
+    ("evaluator/render/view_page.py", "fallback"): "a PtR block's fallback field and the page's flag for it",
+    ("evaluator/render/view_page.py", "width"): "a PtR block's width field, as the page shows the block",
+    ("evaluator/render/view_page.py", "tokens"): "a block's tokens field, as the page shows the block",
+    ("evaluator/study/archs/rewrite.py", "fallback"): "rewrite's trace: the query it fell back to",
+    ("evaluator/llm/pacing.py", "tokens"): "a rate-limit header's resource (x-ratelimit-remaining-tokens)",
+    ("evaluator/llm/retry.py", "tokens"): "a rate-limit header's resource",
+    ("evaluator/retrieval/backends.py", "tokens"): "an ONNX export's dynamic axis",
+    ("bench/embed_first_run.py", "precision"): "meta.json's embedding precision",
+    ("bench/gpu_prepare.py", "precision"): "meta.json's embedding precision",
+    ("bench/gpu_run.py", "precision"): "meta.json's embedding precision",
+    ("bench/embed_backends.py", "recall"): "the bench's own recall of each backend (its result file's field)",
+    ("bench/verify_retrieval.py", "recall"): "summary.json read as a third party reads it (nothing of the evaluator)",
+    ("bench/batch.py", "tokens"): "a column of the bench's table: tokens sent",
+    ("bench/embed_first_run.py", "tokens"): "the embedded texts' token count",
+    ("bench/embed_runtime.py", "tokens"): "the embedded texts' token count",
+    ("bench/view.py", "tokens"): "a record's block's tokens field",
+}
+METRIC_FAMILIES = ("tokens_", "failed_")  # tokens_{call}_{kind}, failed_{kind}: made by their definitions only
+
+
+def bare_metric_names(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """Where a module's source spells a metric's saved name as a string (`"recall"`, a routing key `"recall:..."`),
+    or starts one of the metric families in an f-string (`f"tokens_{call}_..."`); docstrings are prose."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.JoinedStr):
+            head = node.values[0] if node.values else None
+            if isinstance(head, ast.Constant) and isinstance(head.value, str) and head.value.startswith(METRIC_FAMILIES):
+                found.append((node.lineno, f'f"{head.value}..."'))
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Constant) and isinstance(child.value, str) and (
+                    child.value in names or child.value.split(":")[0] in names and ":" in child.value):
+                found.append((child.lineno, child.value))
+    return sorted(found)
+
+
+def test_metric_names_are_written_only_where_they_are_defined() -> None:
+    from evaluator.analysis.metric_defs import Metric
+
+    names = {m.value for m in Metric}
+    files = [p for p in MODULES.values()] + sorted((REPO / "bench").rglob("*.py"))
+    bad, homonyms_used = [], set()
+    for path in files:
+        rel = str(path.relative_to(REPO))
+        if rel == METRIC_DEFS:
+            continue
+        for line, name in bare_metric_names(path.read_text(encoding="utf-8"), names):
+            if (rel, name) in METRIC_HOMONYMS:
+                homonyms_used.add((rel, name))
+            else:
+                bad.append(f"{rel}:{line}: {name!r}")
+    assert not bad, ("a metric named by a bare string: name it by its member (evaluator.analysis.metric_defs.Metric; "
+                     "tokens_metric, Metric.failed, routing_study.policy_metric), or list another meaning of the word "
+                     "in METRIC_HOMONYMS:\n" + "\n".join(bad))
+    assert not set(METRIC_HOMONYMS) - homonyms_used, f"homonyms no longer used: {set(METRIC_HOMONYMS) - homonyms_used}"
+
+
+def test_the_metric_name_check_finds_planted_offences() -> None:
+    planted = ('"""recall is prose here."""\nx = {"recall": 1}\ny = row("ptr", "pass", k)\nz = f"tokens_{c}_prompt"\n'
+               'w = mean("recall:api_list")\nv = f"failed_{kind}"\nu = "recalled"\nt = f"{m}@{k}"\n')
+    assert bare_metric_names(planted, {"recall", "pass"}) == [
+        (2, "recall"), (3, "pass"), (4, 'f"tokens_..."'), (5, "recall:api_list"), (6, 'f"failed_..."')]

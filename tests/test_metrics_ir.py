@@ -13,7 +13,8 @@ import pytest
 from study_fixtures import REPO, run_cli, study_args, workspace
 
 from evaluator.analysis import stats as S
-from evaluator.analysis.metrics import RANK_METRICS, rank_metrics, record_obs
+from evaluator.analysis.metric_defs import RANK_METRICS
+from evaluator.analysis.metrics import rank_metrics, record_obs
 from evaluator.cli import main as cli
 from evaluator.render import trec as TREC
 from evaluator.results.schema import GOLDS, OutputDir, Record

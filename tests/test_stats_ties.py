@@ -20,6 +20,7 @@ from scipy import stats as sps
 
 from evaluator.analysis import compare
 from evaluator.analysis import stats as S
+from evaluator.analysis.metric_defs import Metric
 from evaluator.results.schema import as_records
 
 K = 5
@@ -89,7 +90,7 @@ def _old_rule(x: list, y: list) -> tuple[float, float]:
 def test_pairwise_ndcg_tests_equal_scipy_on_truly_tied_values(seed: int) -> None:
     recs, truth = _study(seed)
     summary = S.summarize(recs, [K], K)
-    comparison = compare.architectures(summary, K, metrics=["ndcg"])
+    comparison = compare.architectures(summary, K, metrics=[Metric.NDCG])
     pairs = comparison.pairs_of("sim", "s", "ndcg", "api_list")
     assert {(p.a, p.b) for p in pairs} == {("rtp", "ptr"), ("rtp", "hyde"), ("ptr", "hyde")}
     old_differs = 0

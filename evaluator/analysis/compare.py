@@ -26,7 +26,8 @@ from fractions import Fraction
 from typing import Any, TypeVar
 
 from evaluator.analysis import stats
-from evaluator.analysis.metrics import NWAY_METRICS, RETRIEVAL_METRICS, Obs, record_obs
+from evaluator.analysis.metric_defs import NWAY_METRICS, RETRIEVAL_METRICS, Metric
+from evaluator.analysis.metrics import Obs, record_obs
 from evaluator.results.schema import GOLDS, Record, qid_key
 
 Q = TypeVar("Q", bound=Hashable)  # a query's key
@@ -38,7 +39,7 @@ class PairTest:
 
     model: str | None
     subset: str
-    metric: str
+    metric: str  # a `Metric` as saved
     k: int
     gold: str | None
     a: str
@@ -60,7 +61,7 @@ class FriedmanTest:
 
     model: str | None
     subset: str
-    metric: str
+    metric: str  # a `Metric` as saved
     k: int
     gold: str | None
     archs: list[str]
@@ -79,10 +80,10 @@ class Comparison:
     pairs: list[PairTest] = field(default_factory=list)
     friedman: list[FriedmanTest] = field(default_factory=list)
 
-    def pairs_of(self, model: str | None, subset: str, metric: str, gold: str | None) -> list[PairTest]:
+    def pairs_of(self, model: str | None, subset: str, metric: Metric, gold: str | None) -> list[PairTest]:
         return [p for p in self.pairs if (p.model, p.subset, p.metric, p.gold) == (model, subset, metric, gold)]
 
-    def friedman_of(self, model: str | None, subset: str, metric: str, gold: str | None) -> FriedmanTest | None:
+    def friedman_of(self, model: str | None, subset: str, metric: Metric, gold: str | None) -> FriedmanTest | None:
         return next((f for f in self.friedman if (f.model, f.subset, f.metric, f.gold) == (model, subset, metric, gold)),
                     None)
 
@@ -127,12 +128,12 @@ def _none(x: float) -> float | None:
     return None if math.isnan(x) else x
 
 
-def _group_model(arch: str, metric: str, model: str | None) -> str | None:
+def _group_model(arch: str, metric: Metric, model: str | None) -> str | None:
     # RtP retrieval is deterministic: one value per query, kept with model null (stats.summarize)
     return None if arch == "rtp" and metric in RETRIEVAL_METRICS else model
 
 
-def architectures(summary: stats.Summary, k: int, metrics: Iterable[str] = NWAY_METRICS) -> Comparison:
+def architectures(summary: stats.Summary, k: int, metrics: Iterable[Metric] = NWAY_METRICS) -> Comparison:
     """Every pair of the summary's architectures (Holm within each family) and Friedman across them, per model,
     subset, metric and gold at k."""
     archs = list(summary.archs)
@@ -141,7 +142,7 @@ def architectures(summary: stats.Summary, k: int, metrics: Iterable[str] = NWAY_
     for model in summary.models:
         for subset in summary.subsets:
             for metric in metrics:
-                for gold in ([None] if metric == "pass" else list(GOLDS)):
+                for gold in (list(GOLDS) if metric.spec.gold else [None]):
                     means = {a: stats.query_means(v) for a in archs
                              if (v := per_query.get((_group_model(a, metric, model), subset, a, metric, k, gold)))}
                     present = [a for a in archs if a in means]
@@ -169,12 +170,12 @@ def architectures(summary: stats.Summary, k: int, metrics: Iterable[str] = NWAY_
 
 # ---------------------------------------------------------------- sides (the viewer's comparison of runs)
 
+SideKey = tuple[str, Metric, str | None]  # arch, metric, gold
 # Metrics of the comparison of runs: (arch, metric, gold or None), all at each run's main k.
-COMPARED = (("ptr", "recall", "api_list"), ("ptr", "recall", "relevant"), ("rtp", "recall", "api_list"),
-            ("rtp", "recall", "relevant"), ("ptr", "precision", "api_list"), ("rtp", "precision", "api_list"),
-            ("ptr", "pass", None), ("rtp", "pass", None))
-
-SideKey = tuple[str, str, str | None]  # arch, metric, gold
+COMPARED: tuple[SideKey, ...] = (
+    ("ptr", Metric.RECALL, "api_list"), ("ptr", Metric.RECALL, "relevant"), ("rtp", Metric.RECALL, "api_list"),
+    ("rtp", Metric.RECALL, "relevant"), ("ptr", Metric.PRECISION, "api_list"), ("rtp", Metric.PRECISION, "api_list"),
+    ("ptr", Metric.PASS, None), ("rtp", Metric.PASS, None))
 QueryKey = tuple[str, tuple[int, int | str]]  # subset, the query id's sort key (schema.qid_key)
 
 
@@ -184,7 +185,7 @@ class MetricDelta:
 
     subset: str  # "all" or one subset
     arch: str
-    metric: str
+    metric: str  # a `Metric` as saved
     gold: str | None
     n: int
     a: float

@@ -29,7 +29,8 @@ import numpy as np
 import pydantic
 import pydantic.dataclasses
 
-from evaluator.analysis.metrics import retrieval_obs
+from evaluator.analysis.metric_defs import Metric
+from evaluator.analysis.metrics import Obs, retrieval_obs
 from evaluator.results import migrate
 from evaluator.results.schema import (
     FORMAT_VERSION,
@@ -51,7 +52,14 @@ SIGNALS: dict[str, tuple[str, str]] = {
     "clauses": ("clause count", "low"),
 }
 ARCH_LABEL = {"rtp": "RtP", "ptr": "PtR"}
-METRICS = ("recall", "precision")
+METRICS = (Metric.RECALL, Metric.PRECISION)
+TOKENS = Metric.TOKENS  # a policy's tokens per query, saved under this name
+
+
+def policy_metric(metric: Metric, gold: str) -> str:
+    """A policy's metric on one gold set as routing.json names it ("recall:api_list")."""
+    return f"{metric}:{gold}"
+
 
 _WORD_RE = re.compile(r"[\w'’-]+")
 # Sentence ends and the conjunctions that usually open a further sub-goal ("... and also tell me",
@@ -88,10 +96,10 @@ class ModelData:
 
 
 def _retrieval(block: ArchBlock, gold: Mapping[str, Sequence[str]], k: int) -> dict[str, float]:
-    obs: dict = {}
+    obs: Obs = {}
     # Deduplicated as in metrics.record_obs, so "always RtP/PtR" here match the main tables.
     retrieval_obs("x", block.unique_retrieved, gold, [k], obs)
-    return {f"{m}:{g}": obs[("x", m, k, g)][0] for m in METRICS for g in GOLDS if ("x", m, k, g) in obs}
+    return {policy_metric(m, g): obs[("x", m, k, g)][0] for m in METRICS for g in GOLDS if ("x", m, k, g) in obs}
 
 
 def model_data(records: Sequence[Record], model: str, k: int) -> ModelData:
@@ -109,7 +117,7 @@ def model_data(records: Sequence[Record], model: str, k: int) -> ModelData:
     pos = {key: i for i, key in enumerate(keys)}
     rpos = {run: j for j, run in enumerate(runs)}
     n, R = len(keys), len(runs)
-    names = [f"{m}:{g}" for m in METRICS for g in GOLDS] + ["tokens"]
+    names = [policy_metric(m, g) for m in METRICS for g in GOLDS] + [TOKENS]
     rtp = {name: np.zeros((R, n)) for name in names}
     ptr = {name: np.zeros((R, n)) for name in names}
     valid = np.zeros((R, n), dtype=bool)
@@ -127,7 +135,7 @@ def model_data(records: Sequence[Record], model: str, k: int) -> ModelData:
         for block, into in ((rb, rtp), (pb, ptr)):
             for name, v in _retrieval(block, gold, k).items():
                 into[name][j, i] = v
-            into["tokens"][j, i] = float(block.total_tokens)
+            into[TOKENS][j, i] = float(block.total_tokens)
         valid[j, i] = True
     signals = {
         "score": score,
@@ -333,7 +341,7 @@ def choose(points: Sequence[tuple[float, PolicyScore]], gold: str) -> tuple[floa
     """The objective: highest mean recall, then fewest tokens, then the lowest threshold."""
     def key(p: tuple[float, PolicyScore]) -> tuple[float, float, float]:
         # Rounded so that float noise in a mean never outranks a real token saving.
-        return (-round(p[1].mean(f"recall:{gold}"), 9), round(p[1].mean("tokens"), 6), p[0])
+        return (-round(p[1].mean(policy_metric(Metric.RECALL, gold)), 9), round(p[1].mean(TOKENS), 6), p[0])
 
     return min(points, key=key)
 
@@ -347,8 +355,8 @@ def oracle(d: ModelData, gold: str, sel: np.ndarray | None = None) -> tuple[np.n
         m = sel & (d.subsets == sub)
         r = score_policy(d, np.ones_like(m), m)
         p = score_policy(d, np.zeros_like(m), m)
-        key_r = (-round(r.mean(f"recall:{gold}"), 9), r.mean("tokens"))
-        key_p = (-round(p.mean(f"recall:{gold}"), 9), p.mean("tokens"))
+        key_r = (-round(r.mean(policy_metric(Metric.RECALL, gold)), 9), r.mean(TOKENS))
+        key_p = (-round(p.mean(policy_metric(Metric.RECALL, gold)), 9), p.mean(TOKENS))
         choice[sub] = "rtp" if key_r <= key_p else "ptr"
         to_rtp[m] = choice[sub] == "rtp"
     return to_rtp, choice

@@ -27,6 +27,7 @@ import numpy as np
 import pydantic
 import pydantic.dataclasses
 
+from evaluator.analysis.metric_defs import Metric
 from evaluator.analysis.metrics import recall
 from evaluator.analysis.stats import mean_std
 from evaluator.data import Registry
@@ -249,7 +250,7 @@ def build_inputs(
 # ---------------------------------------------------------------- evaluation
 
 
-Key = tuple[str, str | None, str, str | None]  # (arch, model, metric, gold)
+Key = tuple[str, str | None, Metric, str | None]  # (arch, model, metric, gold)
 
 
 @dataclass
@@ -297,10 +298,10 @@ def score(si: SubsetInput, found: Searched) -> dict[Key, float]:
     n = len(si.query_ids)
     out: dict[Key, float] = {}
     for g in GOLDS:
-        out[("rtp", None, "recall", g)] = float(
+        out[("rtp", None, Metric.RECALL, g)] = float(
             np.nanmean([recall(found.rtp[q], si.gold[g][q], si.gold_len[g][q]) for q in range(n)])
         )
-    per_model: dict[str, dict[tuple[str, str | None], list[float]]] = {}
+    per_model: dict[str, dict[tuple[Metric, str | None], list[float]]] = {}
     for u, (model, _run) in enumerate(si.units):
         assert si.ptr_valid is not None
         valid = np.flatnonzero(si.ptr_valid[u]).tolist()
@@ -310,13 +311,13 @@ def score(si: SubsetInput, found: Searched) -> dict[Key, float]:
         tops = {q: set(found.ptr[u * n + q]) for q in valid}
         for g in GOLDS:
             vals = [recall(list(tops[q]), si.gold[g][q], si.gold_len[g][q]) for q in valid]
-            acc.setdefault(("recall", g), []).append(float(np.nanmean(vals)))
+            acc.setdefault((Metric.RECALL, g), []).append(float(np.nanmean(vals)))
         # divergent: the top-k sets differ (STUDY.md); disjoint: they share nothing (the paper's 3.2 wording).
-        acc.setdefault(("divergent", None), []).append(float(np.mean([tops[q] != set(found.rtp[q]) for q in valid])))
-        acc.setdefault(("disjoint", None), []).append(float(np.mean([not tops[q] & set(found.rtp[q]) for q in valid])))
+        acc.setdefault((Metric.DIVERGENT, None), []).append(float(np.mean([tops[q] != set(found.rtp[q]) for q in valid])))
+        acc.setdefault((Metric.DISJOINT, None), []).append(float(np.mean([not tops[q] & set(found.rtp[q]) for q in valid])))
     for model, acc in per_model.items():
         for (metric, gold), vals in acc.items():
-            out[("ptr" if metric == "recall" else "both", model, metric, gold)] = statistics.fmean(vals)
+            out[("ptr" if metric is Metric.RECALL else "both", model, metric, gold)] = statistics.fmean(vals)
     return out
 
 
@@ -397,10 +398,17 @@ def run_points(
 # ---------------------------------------------------------------- outputs
 
 
+def _saved_order(key: Key) -> str:
+    """The rows' order in scaling.json: by the key's text as its names are saved (the metric's name, not the
+    member's repr)."""
+    arch, model, metric, gold = key
+    return str((arch, model, str(metric), gold))
+
+
 def tidy_rows(points: Sequence[Point]) -> list[dict[str, Any]]:
     rows = []
     for p in points:
-        for (arch, model, metric, gold), vals in sorted(p.values.items(), key=lambda kv: str(kv[0])):
+        for (arch, model, metric, gold), vals in sorted(p.values.items(), key=lambda kv: _saved_order(kv[0])):
             m, s = mean_std(vals)
             rows.append({"subset": p.subset, "size": p.size, "n_apis": p.n_apis, "gold_only": p.gold_only,
                          "arch": arch, "model": model, "metric": metric, "gold": gold,
@@ -473,7 +481,8 @@ class ScalingResult:
                                                list(p["seeds"]), {}, dict(p.get("distractors_per_stratum") or {}))
                for p in d.get("points") or []}
         for r in d.get("rows") or []:
-            pts[(r["subset"], r["size"])].values[(r["arch"], r["model"], r["metric"], r["gold"])] = list(r["values"])
+            key = (r["arch"], r["model"], Metric.named(r["metric"]), r["gold"])
+            pts[(r["subset"], r["size"])].values[key] = list(r["values"])
         return cls(_SCALING_META.validate_python(d["meta"]), list(pts.values()),
                    _CHECKS.validate_python(d.get("full_registry_check") or {}))
 

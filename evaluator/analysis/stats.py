@@ -31,6 +31,14 @@ import numpy as np
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from evaluator.analysis import metrics
+from evaluator.analysis.metric_defs import (
+    COUNT_METRICS,
+    NWAY_METRICS,
+    PAIRED_METRICS,
+    RETRIEVAL_METRICS,
+    Metric,
+    MetricName,
+)
 from evaluator.results.schema import FORMAT_VERSION, Record, qid_key
 from evaluator.results.stream import in_key_order
 
@@ -42,7 +50,7 @@ def _sps() -> Any:
 
     return stats
 
-GroupKey = tuple[str | None, str, str, str, int | None, str | None]  # model, subset, arch, metric, k, gold
+GroupKey = tuple[str | None, str, str, MetricName, int | None, str | None]  # model, subset, arch, metric, k, gold
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,7 @@ class Row:
     model: str | None
     subset: str
     arch: str
-    metric: str
+    metric: str  # a `MetricName` as saved (summary.json's rows, read back by the viewer)
     k: int | None
     gold: str | None
     mean: float | None
@@ -62,7 +70,7 @@ class Row:
 class Test:
     model: str | None
     subset: str
-    metric: str
+    metric: str  # a `Metric` as saved
     k: int | None
     gold: str | None
     test: str  # "ttest_1samp" | "ttest_ind" | "wilcoxon"
@@ -95,11 +103,11 @@ class Summary:
         self._rows = {(r.model, r.subset, r.arch, r.metric, r.k, r.gold): r for r in self.rows}
         self._tests = {(t.model, t.subset, t.metric, t.k, t.gold, t.test): t for t in self.tests}
 
-    def row(self, model: str | None, subset: str, arch: str, metric: str, k: int | None = None,
+    def row(self, model: str | None, subset: str, arch: str, metric: MetricName, k: int | None = None,
             gold: str | None = None) -> Row | None:
         return self._rows.get((model, subset, arch, metric, k, gold))
 
-    def test(self, model: str | None, subset: str, metric: str, k: int | None, gold: str | None,
+    def test(self, model: str | None, subset: str, metric: Metric, k: int | None, gold: str | None,
              test: str) -> Test | None:
         return self._tests.get((model, subset, metric, k, gold, test))
 
@@ -366,7 +374,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
         for (arch, metric, kk, gold), (num, den) in obs.items():
             m: str | None = model
             r = run
-            if arch == "rtp" and metric in metrics.RETRIEVAL_METRICS:
+            if arch == "rtp" and metric in RETRIEVAL_METRICS:
                 if not first_rtp:
                     continue  # deterministic: counted once per query
                 m, r = None, 0
@@ -377,7 +385,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
             sums[0].append(num)
             sums[1].append(den)
             # the N-way comparison's further metrics only where it is made: a record of three architectures or more
-            if metric in metrics.PAIRED_METRICS or (nway and kk == k and metric in metrics.NWAY_METRICS):
+            if metric in PAIRED_METRICS or (nway and kk == k and metric in NWAY_METRICS):
                 per_query.add(key, qid, num / den)
         if rec.ptr is not None:
             distinct, count = names[(model, subset, run)]
@@ -390,7 +398,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
         values: list[float] = []
         for r in sorted(by_run):
             nums, dens = by_run[r]
-            if metric in metrics.COUNT_METRICS:
+            if metric in COUNT_METRICS:
                 values.append(nums.value())
             elif (d := dens.value()) > 0:
                 values.append(nums.value() / d)
@@ -405,7 +413,7 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
             unique[(model, subset)].append(u)
     for (model, subset), values in unique.items():
         mean, std = mean_std(values)
-        rows.append(Row(model, subset, "ptr", "stub_unique", None, None, mean, std, values))
+        rows.append(Row(model, subset, "ptr", Metric.STUB_UNIQUE, None, None, mean, std, values))
 
     summary = Summary(rows=rows, tests=[])
     extra_rows, tests = _tests_and_wins(summary, per_query, ks, k)
@@ -449,7 +457,7 @@ def _tests_and_wins(s: Summary, per_query: Mapping[GroupKey, Mapping[Any, list[f
     rows: list[Row] = []
     tests: list[Test] = []
 
-    def add_test(model: str, subset: str, metric: str, kk: int | None, gold: str | None, name: str,
+    def add_test(model: str, subset: str, metric: Metric, kk: int | None, gold: str | None, name: str,
                  res: tuple[float, float], n: int) -> None:
         stat, p = res
         tests.append(Test(model, subset, metric, kk, gold, name, None if math.isnan(stat) else stat,
@@ -457,7 +465,7 @@ def _tests_and_wins(s: Summary, per_query: Mapping[GroupKey, Mapping[Any, list[f
 
     for model in s.models:
         for subset in s.subsets:
-            for metric in ("recall", "precision"):
+            for metric in (Metric.RECALL, Metric.PRECISION):
                 for kk in ks:
                     for gold in metrics.GOLDS:
                         rtp = s.row(None, subset, "rtp", metric, kk, gold)
@@ -469,23 +477,23 @@ def _tests_and_wins(s: Summary, per_query: Mapping[GroupKey, Mapping[Any, list[f
                         x, y = paired_values(per_query, (None, subset, "rtp", metric, kk, gold),
                                        (model, subset, "ptr", metric, kk, gold))
                         add_test(model, subset, metric, kk, gold, "wilcoxon", wilcoxon_paired(x, y), len(x))
-                        if metric == "recall":
+                        if metric is Metric.RECALL:
                             # Wins on run-averaged per-query recall: the same values the Wilcoxon test ranks.
                             wr, wp = (float(w) for w in wins(x, y))
                             rows += [
-                                Row(model, subset, "rtp", "wins", kk, gold, wr, None, [wr]),
-                                Row(model, subset, "ptr", "wins", kk, gold, wp, None, [wp]),
-                                Row(model, subset, "both", "ties", kk, gold, len(x) - wr - wp, None,
+                                Row(model, subset, "rtp", Metric.WINS, kk, gold, wr, None, [wr]),
+                                Row(model, subset, "ptr", Metric.WINS, kk, gold, wp, None, [wp]),
+                                Row(model, subset, "both", Metric.TIES, kk, gold, len(x) - wr - wp, None,
                                     [len(x) - wr - wp]),
                             ]
-            rtp = s.row(model, subset, "rtp", "pass", k)
-            ptr = s.row(model, subset, "ptr", "pass", k)
+            rtp = s.row(model, subset, "rtp", Metric.PASS, k)
+            ptr = s.row(model, subset, "ptr", Metric.PASS, k)
             if rtp is not None and ptr is not None:
-                add_test(model, subset, "pass", k, None, "ttest_ind", ttest_two_sample(rtp.values, ptr.values),
+                add_test(model, subset, Metric.PASS, k, None, "ttest_ind", ttest_two_sample(rtp.values, ptr.values),
                          len(ptr.values))
-                x, y = paired_values(per_query, (model, subset, "rtp", "pass", k, None),
-                               (model, subset, "ptr", "pass", k, None))
-                add_test(model, subset, "pass", k, None, "wilcoxon", wilcoxon_paired(x, y), len(x))
+                x, y = paired_values(per_query, (model, subset, "rtp", Metric.PASS, k, None),
+                               (model, subset, "ptr", Metric.PASS, k, None))
+                add_test(model, subset, Metric.PASS, k, None, "wilcoxon", wilcoxon_paired(x, y), len(x))
     return rows, tests
 
 

@@ -14,6 +14,7 @@ import re
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
+from evaluator.analysis.metric_defs import RETRIEVAL_METRICS, Metric
 from evaluator.analysis.stats import Row, Summary
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def crossover(s: Summary, model: str, k: int, title: str) -> bytes:
     for ax, gold in zip(axes, ("api_list", "relevant"), strict=True):
         for arch in _archs(s, model):
             m = None if arch == "rtp" else model
-            for metric, ls, mk in (("recall", "-", "o"), ("precision", "--", "s")):
+            for metric, ls, mk in ((Metric.RECALL, "-", "o"), (Metric.PRECISION, "--", "s")):
                 vals = [_ms(s.row(m, sub, arch, metric, k, gold)) for sub in subs]
                 ax.errorbar(x, [v[0] for v in vals], yerr=[v[1] for v in vals], ls=ls, marker=mk, capsize=3,
                             color=color(s, arch), label=f"{label(arch)} {metric}")
@@ -111,7 +112,7 @@ def winloss(s: Summary, model: str, k: int, title: str) -> bytes:
     w = 0.38
     for ax, gold in zip(axes, ("api_list", "relevant"), strict=True):
         for i, arch in enumerate(("rtp", "ptr")):
-            vals = [_ms(s.row(model, sub, arch, "wins", k, gold))[0] for sub in subs]
+            vals = [_ms(s.row(model, sub, arch, Metric.WINS, k, gold))[0] for sub in subs]
             bars = ax.bar([j + (i - 0.5) * w for j in range(len(subs))], vals, w, color=COLORS[arch],
                           label=f"{LABELS[arch]} wins")
             ax.bar_label(bars, fmt="%.0f", fontsize=8)
@@ -131,7 +132,7 @@ def recall_vs_k(s: Summary, model: str | None, ks: Sequence[int], title: str) ->
         for gold, ls in (("api_list", "-"), ("relevant", ":")):
             for arch in _archs(s, model):
                 m = None if arch == "rtp" else model
-                vals = [_ms(s.row(m, sub, arch, "recall", kk, gold)) for kk in ks]
+                vals = [_ms(s.row(m, sub, arch, Metric.RECALL, kk, gold)) for kk in ks]
                 ax.errorbar(list(ks), [v[0] for v in vals], yerr=[v[1] for v in vals], ls=ls, marker="o",
                             ms=3, capsize=2, color=color(s, arch), label=f"{label(arch)} [{gold}]")
         ax.set_xscale("log")
@@ -145,20 +146,24 @@ def recall_vs_k(s: Summary, model: str | None, ks: Sequence[int], title: str) ->
     return png(fig)
 
 
-def _bars(ax: Axes, s: Summary, model: str, k: int, series: Sequence[tuple[str, str, str | None, str]],
-          pct: bool = False) -> None:
-    """Grouped bars over subsets; `series` = (arch, metric, gold, label)."""
+# Bars of these metrics are hatched: they sit beside another metric's bars of the same architecture's colour.
+HATCHED = frozenset({Metric.MISS_REFUSED, Metric.APIS_NAMED})
+
+
+def _bars(ax: Axes, s: Summary, model: str, k: int, series: Sequence[tuple[str, Metric, str | None, str]]) -> None:
+    """Grouped bars over subsets; `series` = (arch, metric, gold, label), each in percent where its metric is
+    shown so (`Spec.pct`)."""
     subs = s.subsets
     w = 0.8 / max(1, len(series))
     for i, (arch, metric, gold, label) in enumerate(series):
-        m = None if arch == "rtp" and metric == "miss" else model
+        m = None if arch == "rtp" and metric in RETRIEVAL_METRICS else model
         vals = [_ms(s.row(m, sub, arch, metric, k, gold)) for sub in subs]
-        scale = 100.0 if pct else 1.0
+        scale = 100.0 if metric.spec.pct else 1.0
         color = COLORS[arch]
         alpha = 1.0 if i % 2 == 0 or len(series) <= 2 else 0.55
         ax.bar([j + (i - (len(series) - 1) / 2) * w for j in range(len(subs))], [v[0] * scale for v in vals], w,
                yerr=[v[1] * scale for v in vals], capsize=2, color=color, alpha=alpha, label=label,
-               hatch="//" if "refused" in metric or "apis" in metric else None)
+               hatch="//" if metric in HATCHED else None)
     ax.set_xticks(range(len(subs)), subs, fontsize=8)
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
@@ -167,20 +172,22 @@ def _bars(ax: Axes, s: Summary, model: str, k: int, series: Sequence[tuple[str, 
 def trajectories(s: Summary, model: str, k: int, title: str) -> bytes:
     plt = pyplot()
     fig, axes = plt.subplots(1, 5, figsize=(22, 4))
-    _bars(axes[0], s, model, k, [("ptr", "selection_rate", None, "PtR"), ("rtp", "selection_rate", None, "RtP")],
-          pct=True)
+    _bars(axes[0], s, model, k, [("ptr", Metric.SELECTION_RATE, None, "PtR"),
+                                 ("rtp", Metric.SELECTION_RATE, None, "RtP")])
     axes[0].set_title("(a) selection rate (%)")
-    _bars(axes[1], s, model, k, [("ptr", "plan_steps", None, "PtR steps"), ("rtp", "plan_steps", None, "RtP steps"),
-                                 ("ptr", "apis_named", None, "PtR APIs"), ("rtp", "apis_named", None, "RtP APIs")])
+    _bars(axes[1], s, model, k, [("ptr", Metric.PLAN_STEPS, None, "PtR steps"),
+                                 ("rtp", Metric.PLAN_STEPS, None, "RtP steps"),
+                                 ("ptr", Metric.APIS_NAMED, None, "PtR APIs"),
+                                 ("rtp", Metric.APIS_NAMED, None, "RtP APIs")])
     axes[1].set_title("(b) plan complexity")
-    _bars(axes[2], s, model, k, [("both", "jaccard_selected", None, "Jaccard")])
+    _bars(axes[2], s, model, k, [("both", Metric.JACCARD_SELECTED, None, "Jaccard")])
     axes[2].set_title("(c) Jaccard of selected sets")
-    _bars(axes[3], s, model, k, [("ptr", "miss_wrong_tool", "api_list", "PtR wrong tool"),
-                                 ("rtp", "miss_wrong_tool", "api_list", "RtP wrong tool"),
-                                 ("ptr", "miss_refused", "api_list", "PtR refused"),
-                                 ("rtp", "miss_refused", "api_list", "RtP refused")], pct=True)
+    _bars(axes[3], s, model, k, [("ptr", Metric.MISS_WRONG_TOOL, "api_list", "PtR wrong tool"),
+                                 ("rtp", Metric.MISS_WRONG_TOOL, "api_list", "RtP wrong tool"),
+                                 ("ptr", Metric.MISS_REFUSED, "api_list", "PtR refused"),
+                                 ("rtp", Metric.MISS_REFUSED, "api_list", "RtP refused")])
     axes[3].set_title("(d) on complete miss, gold api_list (%)")
-    _bars(axes[4], s, model, k, [("ptr", "fidelity", None, "PtR"), ("rtp", "fidelity", None, "RtP")], pct=True)
+    _bars(axes[4], s, model, k, [("ptr", Metric.FIDELITY, None, "PtR"), ("rtp", Metric.FIDELITY, None, "RtP")])
     axes[4].set_title("(e) fidelity (%)")
     fig.suptitle(f"Trajectories (k={k}): {title}")
     return png(fig)
@@ -194,7 +201,7 @@ def summary_figures(s: Summary, *, k: int, ks: Sequence[int], simulated: Collect
         out["recall_vs_k.png"] = recall_vs_k(s, None, ks, _title(None, simulated))
     for m in models:
         title, slug = _title(m, simulated), _slug(m)
-        has_ptr = any(s.row(m, sub, "ptr", "n_queries") is not None for sub in s.subsets)
+        has_ptr = any(s.row(m, sub, "ptr", Metric.N_QUERIES) is not None for sub in s.subsets)
         if has_ptr:
             out[f"crossover_{slug}.png"] = crossover(s, m, k, title)
             out[f"winloss_{slug}.png"] = winloss(s, m, k, title)
@@ -210,12 +217,12 @@ def every_architecture(s: Summary, model: str, k: int, title: str) -> bytes:
     plt = pyplot()
     subs = s.subsets
     archs = _archs(s, model)
-    panels = (("recall", "api_list"), ("ndcg", "api_list"), ("comp", "api_list"), ("pass", None))
+    panels = ((Metric.RECALL, "api_list"), (Metric.NDCG, "api_list"), (Metric.COMP, "api_list"), (Metric.PASS, None))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4))
     w = 0.8 / len(archs)
     for ax, (metric, gold) in zip(axes, panels, strict=True):
         for i, arch in enumerate(archs):
-            m = None if arch == "rtp" and metric != "pass" else model
+            m = None if arch == "rtp" and metric in RETRIEVAL_METRICS else model
             vals = [_ms(s.row(m, sub, arch, metric, k, gold)) for sub in subs]
             ax.bar([j + (i - (len(archs) - 1) / 2) * w for j in range(len(subs))], [v[0] for v in vals], w,
                    yerr=[v[1] for v in vals], capsize=2, color=color(s, arch), label=label(arch))

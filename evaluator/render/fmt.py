@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from evaluator.analysis.metric_defs import MetricName, spec
 from evaluator.analysis.stats import Row, Test
 
 DASH = "–"
@@ -33,6 +34,12 @@ def mean_pm(mean: float | None, std: float | None, digits: int = 3, pct: bool = 
 
 def fms(row: Row | None, digits: int = 3, pct: bool = False) -> str:
     return DASH if row is None else mean_pm(row.mean, row.std, digits, pct)
+
+
+def fmetric(row: Row | None, metric: MetricName) -> str:
+    """A row of `metric` as its definition shows it (`Spec.digits`, `Spec.pct`): mean±std over runs."""
+    shown = spec(metric)
+    return fms(row, shown.digits, shown.pct)
 
 
 def format_p(p: float | None) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from evaluator.analysis.main_study import MainResult
+from evaluator.analysis.metric_defs import Metric
 from evaluator.data import CORPUS_TEXT_RULE, EMBED_TEXT_RULE
 from evaluator.render import tables
 from evaluator.render.cost_section import cost_section_md
@@ -219,7 +220,7 @@ def compose(meta: Meta, result: MainResult, *, sections: Sequence[str] = (), fig
         for gold in result.golds:
             out.append(tables.metric_at_k(c, model, gold))
             if model is None:
-                out.append(tables.metric_at_k(c, model, gold, "precision"))
+                out.append(tables.metric_at_k(c, model, gold, Metric.PRECISION))
             out.append(tables.rank_metrics_at_k(c, model, gold))
     for m in models:
         if not (tables.has(summary, m, "ptr") or tables.has(summary, m, "rtp")):

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import math
 
+from evaluator.analysis.metric_defs import Metric
 from evaluator.analysis.routing_study import (
     ARCH_LABEL,
     MAX_TAUS,
     SIGNALS,
+    TOKENS,
     Policy,
     RoutingMeta,
     RoutingResult,
     Scored,
+    policy_metric,
 )
 from evaluator.render.charts import png, pyplot
 from evaluator.render.fmt import DASH, fint, mean_pm, simulated_note, table, text
@@ -34,7 +37,7 @@ def _tau(signal: str, tau: float) -> str:
 
 
 def _saving(o: Policy, ptr: Policy, rtp: Policy) -> str:
-    t, tp, tr = o.mean("tokens"), ptr.mean("tokens"), rtp.mean("tokens")
+    t, tp, tr = o.mean(TOKENS), ptr.mean(TOKENS), rtp.mean(TOKENS)
     if not tp or t is None or tr is None:
         return DASH
     s = f"{100 * (tp - t) / tp:.1f}%"
@@ -78,23 +81,24 @@ def section_md(result: RoutingResult) -> str:
             out.append(f"`{model}`: {res.excluded_run_queries} (run, query) pairs left out (PtR discovery "
                        "failed for good, or a record is missing).\n")
         for gold in GOLDS:
+            rec, prec = policy_metric(Metric.RECALL, gold), policy_metric(Metric.PRECISION, gold)
             b = res.baselines[gold]
             subs = sorted(b.oracle.choice)
             header = ["policy", "threshold", "to RtP", f"R@{k}", f"P@{k}", "tokens/query", "saving vs PtR",
                       "to RtP by subset"]
             body = []
             for name, o in (("always RtP", b.always_rtp), ("always PtR", b.always_ptr)):
-                body.append([name, "–", f"{100 * o.to_rtp:.0f}%", _f(o, f"recall:{gold}"),
-                             _f(o, f"precision:{gold}"), _f(o, "tokens", 0), _saving(o, b.always_ptr, b.always_rtp), "–"])
+                body.append([name, "–", f"{100 * o.to_rtp:.0f}%", _f(o, rec),
+                             _f(o, prec), _f(o, TOKENS, 0), _saving(o, b.always_ptr, b.always_rtp), "–"])
             oracle = b.oracle
             body.append(["per-subset oracle", text(", ".join(f"{s}→{ARCH_LABEL[c]}" for s, c in oracle.choice.items())),
-                         f"{100 * oracle.to_rtp:.0f}%", _f(oracle, f"recall:{gold}"), _f(oracle, f"precision:{gold}"),
-                         _f(oracle, "tokens", 0), _saving(oracle, b.always_ptr, b.always_rtp), "–"])
+                         f"{100 * oracle.to_rtp:.0f}%", _f(oracle, rec), _f(oracle, prec),
+                         _f(oracle, TOKENS, 0), _saving(oracle, b.always_ptr, b.always_rtp), "–"])
             for signal, (label, _d) in SIGNALS.items():
                 best = res.best_in_sample[signal][gold]
                 by = text(", ".join(f"{s} {100 * best.to_rtp_by_subset[s]:.0f}%" for s in subs))
                 body.append([f"{label}, best τ (in-sample)", _tau(signal, best.tau), f"{100 * best.to_rtp:.0f}%",
-                             _f(best, f"recall:{gold}"), _f(best, f"precision:{gold}"), _f(best, "tokens", 0),
+                             _f(best, rec), _f(best, prec), _f(best, TOKENS, 0),
                              _saving(best, b.always_ptr, b.always_rtp), by])
             out.append(f"### In-sample — model `{model}`{sim}, gold `{gold}`\n\n" + table(header, body) + "\n")
 
@@ -109,9 +113,9 @@ def section_md(result: RoutingResult) -> str:
                       for signal, r in h.cv.items()]
             for label, signal, tau, t, tb in evals:
                 body.append([label, SIGNALS[signal][0], tau, str(t.n_queries), f"{100 * t.to_rtp:.0f}%",
-                             _f(t, f"recall:{gold}"), _f(t, f"precision:{gold}"), _f(t, "tokens", 0),
-                             _f(tb.always_rtp, f"recall:{gold}"), _f(tb.always_ptr, f"recall:{gold}"),
-                             _f(tb.oracle, f"recall:{gold}"), _saving(t, tb.always_ptr, tb.always_rtp)])
+                             _f(t, rec), _f(t, prec), _f(t, TOKENS, 0),
+                             _f(tb.always_rtp, rec), _f(tb.always_ptr, rec),
+                             _f(tb.oracle, rec), _saving(t, tb.always_ptr, tb.always_rtp)])
             if body:
                 out.append(f"### Held-out — model `{model}`{sim}, gold `{gold}`\n\n" + table(header, body) + "\n")
             else:
@@ -134,20 +138,21 @@ def figure(result: RoutingResult) -> bytes:
         res = result.models[model]
         for gi, gold in enumerate(GOLDS):
             ax = axes[mi][gi]
+            rec = policy_metric(Metric.RECALL, gold)
             for signal, (color, marker, ls) in styles.items():
-                pts = sorted(res.sweeps[signal], key=lambda p: _mean(p, "tokens"))
-                ax.plot([_mean(p, "tokens") for p in pts], [_mean(p, f"recall:{gold}") for p in pts],
+                pts = sorted(res.sweeps[signal], key=lambda p: _mean(p, TOKENS))
+                ax.plot([_mean(p, TOKENS) for p in pts], [_mean(p, rec) for p in pts],
                         color=color, marker=marker, ls=ls, ms=3, lw=1, alpha=0.8,
                         label=f"{SIGNALS[signal][0]} (one point per τ)")
                 best = res.best_in_sample[signal][gold]
-                ax.scatter([_mean(best, "tokens")], [_mean(best, f"recall:{gold}")], s=90, facecolors="none",
+                ax.scatter([_mean(best, TOKENS)], [_mean(best, rec)], s=90, facecolors="none",
                            edgecolors=color, linewidths=1.5, zorder=5)
             ax.scatter([], [], s=90, facecolors="none", edgecolors="#555555", label="best τ (in-sample), circled")
             b = res.baselines[gold]
             for name, policy, mk, color in (("always RtP", b.always_rtp, "s", "#1f77b4"),
                                             ("always PtR", b.always_ptr, "^", "#d62728"),
                                             ("per-subset oracle", b.oracle, "*", "#000000")):
-                ax.scatter([_mean(policy, "tokens")], [_mean(policy, f"recall:{gold}")], marker=mk, s=110,
+                ax.scatter([_mean(policy, TOKENS)], [_mean(policy, rec)], marker=mk, s=110,
                            color=color, label=name, zorder=6)
             ax.set_xlabel("tokens per query (mean)")
             ax.set_ylabel(f"recall@{meta.k} (gold {gold})")

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from evaluator.analysis.metric_defs import Metric
 from evaluator.analysis.scaling_study import FULL, Key, Point, ScalingResult
 from evaluator.analysis.stats import mean_std
 from evaluator.render.charts import png, pyplot
@@ -14,12 +15,14 @@ from evaluator.render.fmt import DASH, fpct, mean_pm, models_or_none, simulated_
 from evaluator.results.schema import GOLDS
 
 
-def _fmt(p: Point | None, key: Key, pct: bool = False) -> tuple[str, float]:
+def _fmt(p: Point | None, key: Key) -> tuple[str, float]:
+    """The key's mean±std over seeds as its metric is shown (`Spec.digits`, `Spec.pct`), † on a gold-only point."""
     if p is None or key not in p.values:
         return DASH, float("nan")
     m, s = mean_std(p.values[key])
     assert m is not None
-    text = mean_pm(m, (s or 0.0) if p.seeds else None, 1 if pct else 3, pct)
+    shown = key[2].spec
+    text = mean_pm(m, (s or 0.0) if p.seeds else None, shown.digits, shown.pct)
     return text + ("†" if p.gold_only else ""), m
 
 
@@ -79,9 +82,9 @@ def section_md(result: ScalingResult) -> str:
                 line = [_size_label(size, [at[(s, size)] for s in subsets if (s, size) in at])]
                 for s in subsets:
                     p = at.get((s, size))
-                    r, rv = _fmt(p, ("rtp", None, "recall", gold))
+                    r, rv = _fmt(p, ("rtp", None, Metric.RECALL, gold))
                     if model:
-                        q, qv = _fmt(p, ("ptr", model, "recall", gold))
+                        q, qv = _fmt(p, ("ptr", model, Metric.RECALL, gold))
                         best = max(rv, qv)
                         line += [f"**{r}**" if rv == best and rv != qv else r,
                                  f"**{q}**" if qv == best and rv != qv else q]
@@ -89,8 +92,8 @@ def section_md(result: ScalingResult) -> str:
                         line.append(r)
                 if model and div_subset in subsets:
                     p = at.get((div_subset, size))
-                    line += [_fmt(p, ("both", model, "divergent", None), pct=True)[0],
-                             _fmt(p, ("both", model, "disjoint", None), pct=True)[0]]
+                    line += [_fmt(p, ("both", model, Metric.DIVERGENT, None))[0],
+                             _fmt(p, ("both", model, Metric.DISJOINT, None))[0]]
                 body.append(line)
             out.append(title + "\n\n" + table(header, body) + "\n")
     checks = result.full_registry_check
@@ -140,9 +143,9 @@ def figure(result: ScalingResult) -> bytes:
     for gi, gold in enumerate(GOLDS):
         for si, subset in enumerate(subsets):
             ax = axes[gi][si]
-            draw(ax, *series(subset, ("rtp", None, "recall", gold)), "#1f77b4", "RtP")
+            draw(ax, *series(subset, ("rtp", None, Metric.RECALL, gold)), "#1f77b4", "RtP")
             for mi, model in enumerate(models):
-                draw(ax, *series(subset, ("ptr", model, "recall", gold)), colors[mi % len(colors)],
+                draw(ax, *series(subset, ("ptr", model, Metric.RECALL, gold)), colors[mi % len(colors)],
                      f"PtR ({model})" if len(models) > 1 else "PtR")
             for p in points:
                 if p.subset == subset and p.gold_only:
@@ -156,10 +159,10 @@ def figure(result: ScalingResult) -> bytes:
             ax = axes[gi][-1]
             if gi == 0:
                 for mi, model in enumerate(models):
-                    for metric, ls in (("divergent", "-"), ("disjoint", "--")):
+                    for metric, ls in ((Metric.DIVERGENT, "-"), (Metric.DISJOINT, "--")):
                         xs, ms, ss = series(div_subset, ("both", model, metric, None))
                         draw(ax, xs, [100 * m for m in ms], [100 * s for s in ss], colors[mi % len(colors)],
-                             f"{'Div%' if metric == 'divergent' else 'Disj%'}" + (f" ({model})" if len(models) > 1 else ""),
+                             f"{'Div%' if metric is Metric.DIVERGENT else 'Disj%'}" + (f" ({model})" if len(models) > 1 else ""),
                              ls)
                 ax.set_xscale("log")
                 ax.set_title(f"{div_subset} top-{k} divergence (%)", fontsize=10)

@@ -6,14 +6,21 @@ the paper's table number."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from evaluator.analysis import stats
 from evaluator.analysis.compare import Comparison
 from evaluator.analysis.examples import CONTRAST_RULE, TRAJECTORY_RULE, Contrasts, Trajectory
 from evaluator.analysis.main_study import MainResult
-from evaluator.analysis.metrics import RANK_METRICS, RETRIEVAL_METRICS
+from evaluator.analysis.metric_defs import (
+    NWAY_METRICS,
+    RANK_METRICS,
+    RETRIEVAL_METRICS,
+    Metric,
+    MetricName,
+    tokens_metric,
+)
 from evaluator.render.fmt import (
     DASH,
     arch_label,
@@ -21,7 +28,7 @@ from evaluator.render.fmt import (
     better,
     bold,
     code,
-    fms,
+    fmetric,
     fnum,
     format_p,
     fpct,
@@ -95,7 +102,7 @@ class Ctx:
     def n(self, subset: str) -> str:
         return f"{text(subset)} (n={self.s.checks.queries_per_subset.get(subset, '?')})"
 
-    def count(self, model: str | None, subset: str, arch: str, metric: str) -> str:
+    def count(self, model: str | None, subset: str, arch: str, metric: MetricName) -> str:
         r = self.s.row(model, subset, arch, metric)
         return DASH if r is None else str(int(math.fsum(r.values)))
 
@@ -111,16 +118,37 @@ def extra_archs(c: Ctx, model: str | None) -> list[str]:
     return [a for a in c.s.archs if a not in ("rtp", "ptr") and has(c.s, model, a)]
 
 
-def _at_k_cells(c: Ctx, model: str | None, sub: str, metric: str, k: int, gold: str, with_ptr: bool,
+def _rtp_model(metric: Metric, model: str | None) -> str | None:
+    """The model of RtP's row of `metric`: none for pure retrieval (one deterministic value per query)."""
+    return None if metric in RETRIEVAL_METRICS else model
+
+
+def _gold(metric: Metric, gold: str | None) -> str | None:
+    """The gold of a row of `metric`: none where it is not computed per gold set."""
+    return gold if metric.spec.gold else None
+
+
+def _best(metric: Metric, rows: Sequence[stats.Row | None]) -> list[bool]:
+    """Which rows to bold: the highest mean of a metric where higher is better, none of a descriptive one."""
+    return best(rows) if metric.spec.higher_is_better else [False] * len(rows)
+
+
+def _ttest(metric: Metric) -> str:
+    """The paper's t-test of PtR against RtP on `metric`: one-sample against RtP's deterministic retrieval value,
+    else two-sample over runs (`stats`)."""
+    return "ttest_1samp" if metric in RETRIEVAL_METRICS else "ttest_ind"
+
+
+def _at_k_cells(c: Ctx, model: str | None, sub: str, metric: Metric, k: int, gold: str, with_ptr: bool,
                 extra: Sequence[str] = ()) -> list[str]:
     """RtP's value (deterministic: the retrieval-only row) and, with PtR and any other architecture, theirs
     beside it, the best bold."""
     r = c.s.row(None, sub, "rtp", metric, k, gold)
     if not with_ptr and not extra:
-        return [fms(r)]
+        return [fmetric(r, metric)]
     rows = [r] + ([c.s.row(model, sub, "ptr", metric, k, gold)] if with_ptr else []) + [
         c.s.row(model, sub, a, metric, k, gold) for a in extra]
-    return [bold(fms(x), on) for x, on in zip(rows, best(rows), strict=True)]
+    return [bold(fmetric(x, metric), on) for x, on in zip(rows, _best(metric, rows), strict=True)]
 
 
 def _at_k_archs(with_ptr: bool, extra: Sequence[str]) -> list[str]:
@@ -131,7 +159,7 @@ def _more_archs_note(extra: Sequence[str]) -> str:
     return (f" {', '.join(f'`{a}`' for a in extra)}: mean±std over runs, as PtR." if extra else "")
 
 
-def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") -> str:
+def metric_at_k(c: Ctx, model: str | None, gold: str, metric: Metric = Metric.RECALL) -> str:
     subs = c.s.subsets
     with_ptr = model is not None and has(c.s, model, "ptr")
     extra = extra_archs(c, model)
@@ -142,15 +170,11 @@ def metric_at_k(c: Ctx, model: str | None, gold: str, metric: str = "recall") ->
         for sub in subs:
             line += _at_k_cells(c, model, sub, metric, k, gold, with_ptr, extra)
         body.append(line)
-    name = "Recall" if metric == "recall" else "Precision"
-    return section(f"Table 1{'' if metric == 'recall' else 'b'}: {name} at retrieval budget k",
+    return section(f"Table 1{'' if metric is Metric.RECALL else 'b'}: {metric.spec.label} at retrieval budget k",
                     f"{c.label(model, gold)}. RtP is deterministic (one value)"
                     + ("; PtR mean±std over runs. Bold: better architecture." if with_ptr else ".")
                     + _more_archs_note(extra),
                     table(header, body))
-
-
-RANK_NAMES = {"ndcg": "NDCG", "mrr": "MRR", "comp": "COMP"}
 
 
 def _relevance(c: Ctx) -> str:
@@ -165,7 +189,7 @@ def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
     """NDCG@k, MRR@k and COMP@k per subset and k (the k-ablation of the rank metrics)."""
     with_ptr = model is not None and has(c.s, model, "ptr")
     extra = extra_archs(c, model)
-    header = ["Subset", "k"] + [f"{RANK_NAMES[m]} {a}" for m in RANK_METRICS for a in _at_k_archs(with_ptr, extra)]
+    header = ["Subset", "k"] + [f"{m.spec.label} {a}" for m in RANK_METRICS for a in _at_k_archs(with_ptr, extra)]
     body = []
     for sub in c.s.subsets:
         for k in c.r.ks:
@@ -183,25 +207,21 @@ def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
                    table(header, body))
 
 
-# The N-way tables' metrics at the main k: (metric, its name, depends on the gold set)
-NWAY_COLUMNS = (("recall", "Recall", True), ("precision", "Precision", True), ("ndcg", "NDCG", True),
-                ("mrr", "MRR", True), ("comp", "COMP", True), ("pass", "Pass rate", False))
-
-
 def architectures_compared(c: Ctx, model: str, gold: str) -> str:
     """Every architecture of the study side by side at the main k: the retrieval metrics, pass rate and tokens."""
     k = c.r.k
     archs = [a for a in c.s.archs if has(c.s, model, a) or (a == "rtp" and has(c.s, None, a))]
-    header = ["Subset", "Architecture"] + [name for _, name, _ in NWAY_COLUMNS] + ["Tokens/query"]
+    header = ["Subset", "Architecture"] + [m.spec.label for m in NWAY_METRICS] + [Metric.TOKENS_TOTAL.spec.label]
     body = []
     for sub in c.s.subsets:
-        cols = [[c.s.row(None if a == "rtp" and m != "pass" else model, sub, a, m, k, gold if g else None)
-                 for a in archs] for m, _, g in NWAY_COLUMNS]
-        marks = [best(col) for col in cols]
+        cols = [[c.s.row(_rtp_model(m, model) if a == "rtp" else model, sub, a, m, k, _gold(m, gold)) for a in archs]
+                for m in NWAY_METRICS]
+        marks = [_best(m, col) for m, col in zip(NWAY_METRICS, cols, strict=True)]
         for i, a in enumerate(archs):
-            tokens = c.s.row(model, sub, a, "tokens_total", k)
-            body.append([c.n(sub), arch_label(a)] + [bold(fms(col[i]), mk[i]) for col, mk in zip(cols, marks, strict=True)]
-                        + [fnum(tokens.mean if tokens else None, 0)])
+            tokens = c.s.row(model, sub, a, Metric.TOKENS_TOTAL, k)
+            body.append([c.n(sub), arch_label(a)]
+                        + [bold(fmetric(col[i], m), mk[i]) for m, col, mk in zip(NWAY_METRICS, cols, marks, strict=True)]
+                        + [fnum(tokens.mean if tokens else None, Metric.TOKENS_TOTAL.spec.digits)])
     return section("Table N1: Architectures compared",
                    f"{c.label(model, gold)}. Every architecture of the run at k = {k}: mean±std over runs (RtP's "
                    "retrieval: one deterministic value). Bold: best architecture of the subset. Tokens: all calls "
@@ -213,10 +233,10 @@ def pairwise_tests(c: Ctx, cmp: Comparison, model: str, gold: str) -> str:
     header = ["Subset", "Metric", "A", "B", "n", "mean A", "mean B", "wins A / B", "p (Wilcoxon)", "p (Holm)"]
     body = []
     for sub in c.s.subsets:
-        for metric, name, g in NWAY_COLUMNS:
-            for p in cmp.pairs_of(model, sub, metric, gold if g else None):
-                body.append([c.n(sub), name, arch_label(p.a), arch_label(p.b), str(p.n), fnum(p.mean_a), fnum(p.mean_b),
-                             f"{p.wins_a} / {p.wins_b}", format_p(p.pvalue),
+        for metric in NWAY_METRICS:
+            for p in cmp.pairs_of(model, sub, metric, _gold(metric, gold)):
+                body.append([c.n(sub), metric.spec.label, arch_label(p.a), arch_label(p.b), str(p.n), fnum(p.mean_a),
+                             fnum(p.mean_b), f"{p.wins_a} / {p.wins_b}", format_p(p.pvalue),
                              f"{format_p(p.p_holm)} {p.stars}".strip() if p.p_holm is not None else DASH])
     return section("Table N2: Every pair of architectures",
                    f"{c.label(model, gold)}. Paired Wilcoxon signed-rank test on run-averaged per-query values at "
@@ -231,10 +251,10 @@ def friedman_tests(c: Ctx, cmp: Comparison, model: str, gold: str) -> str:
     header = ["Subset", "Metric", "Architectures", "n", "χ²", "p (Friedman)"]
     body = []
     for sub in c.s.subsets:
-        for metric, name, g in NWAY_COLUMNS:
-            f = cmp.friedman_of(model, sub, metric, gold if g else None)
+        for metric in NWAY_METRICS:
+            f = cmp.friedman_of(model, sub, metric, _gold(metric, gold))
             if f is not None:
-                body.append([c.n(sub), name, ", ".join(arch_label(a) for a in f.archs), str(f.n),
+                body.append([c.n(sub), metric.spec.label, ", ".join(arch_label(a) for a in f.archs), str(f.n),
                              fnum(f.statistic, 2), f"{format_p(f.pvalue)} {f.stars}".strip()
                              if f.pvalue is not None else DASH])
     return section("Table N3: All architectures at once",
@@ -249,22 +269,22 @@ def main_results(c: Ctx, model: str, gold: str) -> str:
               "wins RtP / PtR / ties"]
     body = []
     for sub in c.s.subsets:
-        for metric, name in (("pass", "Pass rate"), ("precision", "Precision"), ("recall", "Recall")):
-            is_pass = metric == "pass"
-            r = c.s.row(model if is_pass else None, sub, "rtp", metric, k, None if is_pass else gold)
-            p = c.s.row(model, sub, "ptr", metric, k, None if is_pass else gold)
+        for metric in (Metric.PASS, Metric.PRECISION, Metric.RECALL):
+            g = _gold(metric, gold)
+            r = c.s.row(_rtp_model(metric, model), sub, "rtp", metric, k, g)
+            p = c.s.row(model, sub, "ptr", metric, k, g)
             if r is None and p is None:
                 continue
             br, bp = better(r, p)
-            tt = c.s.test(model, sub, metric, k, None if is_pass else gold, "ttest_ind" if is_pass else "ttest_1samp")
-            wx = c.s.test(model, sub, metric, k, None if is_pass else gold, "wilcoxon")
+            tt = c.s.test(model, sub, metric, k, g, _ttest(metric))
+            wx = c.s.test(model, sub, metric, k, g, "wilcoxon")
             wins = DASH
-            if metric == "recall":
+            if metric is Metric.RECALL:
                 wr, wp, ti = (c.s.row(model, sub, a, m, k, gold) for a, m in
-                              (("rtp", "wins"), ("ptr", "wins"), ("both", "ties")))
+                              (("rtp", Metric.WINS), ("ptr", Metric.WINS), ("both", Metric.TIES)))
                 if wr and wp and ti:
                     wins = f"{wr.mean:.0f} / {wp.mean:.0f} / {ti.mean:.0f}"
-            body.append([c.n(sub), name, bold(fnum(r.mean if r else None), br), fnum(r.std if r else None),
+            body.append([c.n(sub), metric.spec.label, bold(fnum(r.mean if r else None), br), fnum(r.std if r else None),
                          bold(fnum(p.mean if p else None), bp), fnum(p.std if p else None), ptest(tt), ptest(wx),
                          wins])
     return section("Table 3: Main results", f"{c.label(model, gold)}. p: one-sample t-test for precision/recall "
@@ -279,28 +299,29 @@ def compact_results(c: Ctx, model: str, gold: str) -> str:
     body = []
     for sub in c.s.subsets:
         line = [c.n(sub)]
-        for metric in ("precision", "recall", "pass"):
-            is_pass = metric == "pass"
-            r = c.s.row(model if is_pass else None, sub, "rtp", metric, k, None if is_pass else gold)
-            p = c.s.row(model, sub, "ptr", metric, k, None if is_pass else gold)
-            t = c.s.test(model, sub, metric, k, None if is_pass else gold, "ttest_ind" if is_pass else "ttest_1samp")
+        for metric in (Metric.PRECISION, Metric.RECALL, Metric.PASS):
+            g = _gold(metric, gold)
+            r = c.s.row(_rtp_model(metric, model), sub, "rtp", metric, k, g)
+            p = c.s.row(model, sub, "ptr", metric, k, g)
+            t = c.s.test(model, sub, metric, k, g, _ttest(metric))
             br, bp = better(r, p)
             sup = f"<sup>{t.stars}</sup>" if t and t.stars else ""
-            line += [bold(fms(r), br), bold(fms(p), bp) + sup]
+            line += [bold(fmetric(r, metric), br), bold(fmetric(p, metric), bp) + sup]
         body.append(line)
     return section(f"Table 11: {model} (compact)", f"{c.label(model, gold)}. Superscripts on PtR: t-test of "
                     "the PtR–RtP difference (one-sample for P/R, two-sample for pass rate).", table(header, body))
 
 
+STUB_COLUMNS = (Metric.GEN, Metric.STUBS_PER_QUERY, Metric.STUB_UNIQUE, Metric.STUB_MATCH, Metric.STUB_COS_CORRECT,
+                Metric.STUB_COS_INCORRECT)
+
+
 def stub_generation(c: Ctx, model: str, gold: str) -> str:
-    header = ["Subset", "Gen.%", "Stubs/q", "Unique%", "Match%", "Cos (correct)", "Cos (incorrect)"]
+    header = ["Subset"] + [m.spec.label for m in STUB_COLUMNS]
     body = []
     for sub in c.s.subsets:
-        def g(metric: str, gd: str | None = None, sub: str = sub) -> stats.Row | None:
-            return c.s.row(model, sub, "ptr", metric, None, gd)
-        body.append([c.n(sub), fms(g("gen"), 1, True), fms(g("stubs_per_query"), 2), fms(g("stub_unique"), 1, True),
-                     fms(g("stub_match", gold), 1, True), fms(g("stub_cos_correct", gold)),
-                     fms(g("stub_cos_incorrect", gold))])
+        body.append([c.n(sub)] + [fmetric(c.s.row(model, sub, "ptr", m, None, _gold(m, gold)), m)
+                                  for m in STUB_COLUMNS])
     score = "cosine" if c.info.retriever == "dense" else f"{c.info.retriever} score"
     return section("Table 4: Stub generation", f"{c.label(model, gold)}. Match%: stubs whose top-1 API is gold "
                     f"(pooled over stubs); Cos: mean {score} of a stub to its top-1 API.", table(header, body))
@@ -318,47 +339,39 @@ def search_width(c: Ctx, model: str, gold: str) -> str:
               "RtP recall (budget-equiv.)", f"PtR recall (k={k})"] + [f"PtR width k={kk}" for kk in c.r.ks]
     body = []
     for sub in c.s.subsets:
-        w = c.s.row(model, sub, "ptr", "width", k)
+        w = c.s.row(model, sub, "ptr", Metric.WIDTH, k)
         beq = budget_equivalent_k(w.mean if w else None, c.r.ks)
-        rr = c.s.row(None, sub, "rtp", "recall", beq, gold) if beq else None
-        body.append([c.n(sub), fms(c.s.row(model, sub, "ptr", "stubs_per_query"), 2), fms(w, 1), str(k),
-                     str(beq) if beq else DASH, fms(rr), fms(c.s.row(model, sub, "ptr", "recall", k, gold))]
-                    + [fms(c.s.row(model, sub, "ptr", "width", kk), 1) for kk in c.r.ks])
+        rr = c.s.row(None, sub, "rtp", Metric.RECALL, beq, gold) if beq else None
+        body.append([c.n(sub), fmetric(c.s.row(model, sub, "ptr", Metric.STUBS_PER_QUERY), Metric.STUBS_PER_QUERY),
+                     fmetric(w, Metric.WIDTH), str(k), str(beq) if beq else DASH, fmetric(rr, Metric.RECALL),
+                     fmetric(c.s.row(model, sub, "ptr", Metric.RECALL, k, gold), Metric.RECALL)]
+                    + [fmetric(c.s.row(model, sub, "ptr", Metric.WIDTH, kk), Metric.WIDTH) for kk in c.r.ks])
     return section("Table 5: Effective search width", f"{c.label(model, gold)}. RtP searches exactly k candidates; "
                     "PtR's width is the size of the deduplicated union of per-stub top-k lists before the cut. "
                     "Budget-equivalent RtP recall from Table 1.", table(header, body))
 
 
+# Table 6's rows: each metric with the architectures it is shown for, then per gold set the complete-miss ones.
+TRAJECTORY_ROWS = ((Metric.SELECTION_RATE, ("ptr", "rtp")), (Metric.JACCARD_SELECTED, ("both",)),
+                   (Metric.BOTH_REFUSED, ("both",)), (Metric.PLAN_STEPS, ("ptr", "rtp")),
+                   (Metric.APIS_NAMED, ("ptr", "rtp")), (Metric.FIDELITY, ("ptr", "rtp")))
+ON_MISS_ROWS = (Metric.MISS, Metric.MISS_WRONG_TOOL, Metric.MISS_REFUSED)
+
+
 def trajectories(c: Ctx, model: str) -> str:
     k = c.r.k
-    spec: list[tuple[str, str, str, str | None, Callable[[stats.Row | None], str]]] = [
-        ("Selection rate", "ptr", "selection_rate", None, lambda r: fms(r, 1, True)),
-        ("Selection rate", "rtp", "selection_rate", None, lambda r: fms(r, 1, True)),
-        ("Jaccard (selected)", "both", "jaccard_selected", None, lambda r: fms(r, 2)),
-        ("Both refused", "both", "both_refused", None, lambda r: fms(r, 1, True)),
-        ("Plan steps", "ptr", "plan_steps", None, lambda r: fms(r, 2)),
-        ("Plan steps", "rtp", "plan_steps", None, lambda r: fms(r, 2)),
-        ("APIs named", "ptr", "apis_named", None, lambda r: fms(r, 2)),
-        ("APIs named", "rtp", "apis_named", None, lambda r: fms(r, 2)),
-        ("Fidelity", "ptr", "fidelity", None, lambda r: fms(r, 1, True)),
-        ("Fidelity", "rtp", "fidelity", None, lambda r: fms(r, 1, True)),
-    ]
+    # (the row's name, architecture, metric, gold)
+    rows: list[tuple[str, str, Metric, str | None]] = [
+        (m.spec.label, arch, m, None) for m, archs in TRAJECTORY_ROWS for arch in archs]
     for gold in c.r.golds:
-        spec += [
-            (f"Complete miss [{gold}]", arch, "miss", gold, lambda r: fms(r, 1, True)) for arch in ("ptr", "rtp")
-        ] + [
-            (f"On miss: wrong tool [{gold}]", arch, "miss_wrong_tool", gold, lambda r: fms(r, 1, True))
-            for arch in ("ptr", "rtp")
-        ] + [
-            (f"On miss: refused [{gold}]", arch, "miss_refused", gold, lambda r: fms(r, 1, True)) for arch in ("ptr", "rtp")
-        ]
+        rows += [(f"{m.spec.label} [{gold}]", arch, m, gold) for m in ON_MISS_ROWS for arch in ("ptr", "rtp")]
     header = ["Metric", "Arch."] + c.s.subsets
     body = []
-    for name, arch, metric, gold_of, f in spec:
+    for name, arch, metric, gold_of in rows:
         # RtP's complete-miss rate is pure retrieval: deterministic, stored under model = null.
-        m = None if arch == "rtp" and metric in RETRIEVAL_METRICS else model
+        m = _rtp_model(metric, model) if arch == "rtp" else model
         body.append([name, {"ptr": "PtR", "rtp": "RtP", "both": "both"}[arch]]
-                    + [f(c.s.row(m, sub, arch, metric, k, gold_of)) for sub in c.s.subsets])
+                    + [fmetric(c.s.row(m, sub, arch, metric, k, gold_of), metric) for sub in c.s.subsets])
     return section("Table 6: Trajectories", f"{c.label(model)}. Selection rate = |selected∩R|/|R|; fidelity = "
                     "|selected∩R|/|selected| (queries with a selection); Jaccard of planner-selected sets "
                     "(both empty = 1.0).", table(header, body))
@@ -369,10 +382,10 @@ def selection_divergence(c: Ctx, model: str) -> str:
     header = ["Subset", "n", "Identical", "Divergent"] + [f"Divergent k={kk}" for kk in c.r.ks]
     body = []
     for sub in c.s.subsets:
-        d = c.s.row(model, sub, "both", "divergent", k)
+        d = c.s.row(model, sub, "both", Metric.DIVERGENT, k)
         n = c.s.checks.queries_per_subset.get(sub, "?")
-        body.append([sub, str(n), fpct(1 - d.mean if d and d.mean is not None else None), fms(d, 1, True)]
-                    + [fms(c.s.row(model, sub, "both", "divergent", kk), 1, True) for kk in c.r.ks])
+        body.append([sub, str(n), fpct(1 - d.mean if d and d.mean is not None else None), fmetric(d, Metric.DIVERGENT)]
+                    + [fmetric(c.s.row(model, sub, "both", Metric.DIVERGENT, kk), Metric.DIVERGENT) for kk in c.r.ks])
     return section("Table 7: Tool selection divergence", f"{c.label(model)}. Fraction of queries whose RtP and "
                     "PtR top-k sets differ (mean±std over runs).", table(header, body))
 
@@ -384,21 +397,21 @@ def inference_cost(c: Ctx, model: str) -> str:
         "PtR discovery prompt / completion", "PtR planner prompt / completion", "RtP planner prompt / completion"]
     body = []
     for sub in c.s.subsets:
-        rt = c.s.row(model, sub, "rtp", "tokens_total", k)
-        pt = c.s.row(model, sub, "ptr", "tokens_total", k)
+        rt = c.s.row(model, sub, "rtp", Metric.TOKENS_TOTAL, k)
+        pt = c.s.row(model, sub, "ptr", Metric.TOKENS_TOTAL, k)
         over = (pt.mean - rt.mean) / rt.mean if rt and pt and rt.mean and pt.mean is not None else None
         rc, pcomp = completion(c, model, sub, "rtp"), completion(c, model, sub, "ptr")
         cover = (pcomp - rc) / rc if rc and pcomp is not None else None
         deltas = []
         for gold in c.r.golds:
-            rr = c.s.row(None, sub, "rtp", "recall", k, gold)
-            pr = c.s.row(model, sub, "ptr", "recall", k, gold)
+            rr = c.s.row(None, sub, "rtp", Metric.RECALL, k, gold)
+            pr = c.s.row(model, sub, "ptr", Metric.RECALL, k, gold)
             deltas.append(f"{pr.mean - rr.mean:+.3f}" if rr and pr and rr.mean is not None and pr.mean is not None
                           else DASH)
 
         def pc(arch: str, call: str, sub: str = sub) -> str:
-            a = c.s.row(model, sub, arch, f"tokens_{call}_prompt", k)
-            b = c.s.row(model, sub, arch, f"tokens_{call}_completion", k)
+            a = c.s.row(model, sub, arch, tokens_metric(call, "prompt"), k)
+            b = c.s.row(model, sub, arch, tokens_metric(call, "completion"), k)
             return f"{fnum(a.mean if a else None, 0)} / {fnum(b.mean if b else None, 0)}"
         body.append([sub, fnum(rt.mean if rt else None, 0), fnum(pt.mean if pt else None, 0),
                      DASH if over is None else f"{100 * over:+.0f}%", fnum(rc, 0), fnum(pcomp, 0),
@@ -414,32 +427,35 @@ def inference_cost(c: Ctx, model: str) -> str:
 def completion(c: Ctx, model: str, sub: str, arch: str) -> float | None:
     """Mean completion tokens per query over every call of the architecture."""
     calls = ("planner",) if arch == "rtp" else ("discovery", "planner")
-    means = [r.mean for call in calls if (r := c.s.row(model, sub, arch, f"tokens_{call}_completion", c.r.k))
+    means = [r.mean for call in calls if (r := c.s.row(model, sub, arch, tokens_metric(call, "completion"), c.r.k))
              and r.mean is not None]
     return math.fsum(means) if means else None
 
 
+# The Errors table's counts: of every block, then of a block with a discovery call (PtR's shape).
+PLANNER_COUNTS = (Metric.N_QUERIES, Metric.PLANNER_PARSE_ERROR, Metric.PLANNER_LLM_ERROR)
+DISCOVERY_COUNTS = (Metric.DISCOVERY_PARSE_ERROR, Metric.DISCOVERY_LLM_ERROR, Metric.FALLBACK)
+
+
 def errors_table(c: Ctx, model: str | None) -> str:
-    header = ["Subset", "Arch.", "records", "planner parse errors", "planner LLM errors", "discovery parse errors",
-              "discovery LLM errors", "fallbacks (raw query)", "own-call LLM errors", "failed blocks"]
+    header = (["Subset", "Arch."] + [m.spec.label for m in (*PLANNER_COUNTS, *DISCOVERY_COUNTS, Metric.OWN_CALL_ERROR)]
+              + ["failed blocks"])
     body = []
     for sub in c.s.subsets:
         for arch in ("rtp", "ptr", *extra_archs(c, model)):
-            if c.s.row(model, sub, arch, "n_queries") is None:
+            if c.s.row(model, sub, arch, Metric.N_QUERIES) is None:
                 continue
-            cells = [c.count(model, sub, arch, m) for m in
-                     ("n_queries", "planner_parse_error", "planner_llm_error")]
+            cells = [c.count(model, sub, arch, m) for m in PLANNER_COUNTS]
             # PtR and any architecture with a discovery call (a block of PtR's shape) count its errors too
-            if arch == "ptr" or c.s.row(model, sub, arch, "discovery_llm_error") is not None:
-                cells += [c.count(model, sub, arch, m) for m in
-                          ("discovery_parse_error", "discovery_llm_error", "fallback")]
+            if arch == "ptr" or c.s.row(model, sub, arch, Metric.DISCOVERY_LLM_ERROR) is not None:
+                cells += [c.count(model, sub, arch, m) for m in DISCOVERY_COUNTS]
             else:
-                cells += [DASH, DASH, DASH]
-            own = c.s.row(model, sub, arch, "own_call_error")
+                cells += [DASH] * len(DISCOVERY_COUNTS)
+            own = c.s.row(model, sub, arch, Metric.OWN_CALL_ERROR)
             failed = [f"{kind} {n}" for kind in FAILURE_KINDS
-                      if (n := c.count(model, sub, arch, f"failed_{kind}")) != DASH]
+                      if (n := c.count(model, sub, arch, Metric.failed(kind))) != DASH]
             body.append([sub, arch_label(arch)] + cells + ["0" if own is None else c.count(model, sub, arch,
-                                                                                            "own_call_error"),
+                                                                                            Metric.OWN_CALL_ERROR),
                                                           ", ".join(failed) or "0"])
     return section("Errors", f"{c.label(model)}. Counts summed over runs. Own-call LLM errors: queries whose "
                    "architecture's own call (not the planner) failed for good; failed blocks: queries the architecture "

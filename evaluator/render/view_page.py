@@ -29,7 +29,8 @@ import numpy as np
 import orjson
 
 from evaluator.analysis import compare
-from evaluator.analysis.metrics import RANK_METRICS, Obs, record_obs
+from evaluator.analysis.metric_defs import RANK_METRICS, RETRIEVAL_METRICS, Metric
+from evaluator.analysis.metrics import Obs, record_obs
 from evaluator.analysis.stats import Row, Summary, Test
 from evaluator.core.errors import OutputError
 from evaluator.render.fmt import DASH, fnum, format_p, mean_pm
@@ -192,14 +193,15 @@ def _record_view(r: Record, obs: Obs, k: int, query: int, side: int, api: _Inter
                  lists: _Interner) -> dict[str, Any]:
     names = r.arch_names
     every = list(dict.fromkeys(["rtp", "ptr", *names]))  # RtP and PtR keys always (null when not run)
-    recall = {a: [obs[(a, "recall", k, g)][0] if (a, "recall", k, g) in obs else None for g in GOLDS]
+    recall = {a: [obs[(a, Metric.RECALL, k, g)][0] if (a, Metric.RECALL, k, g) in obs else None for g in GOLDS]
               for a in every}
-    # NDCG / MRR / COMP at the main k, per architecture and gold (the report's definitions, metrics.rank_metrics)
-    rank = {a: {m: [_f(obs[(a, m, k, g)][0]) if (a, m, k, g) in obs else None for g in GOLDS] for m in RANK_METRICS}
-            for a in every}
-    passed = {a: obs[(a, "pass", k, None)][0] if (a, "pass", k, None) in obs else None for a in names}
-    out: dict[str, Any] = {"q": query, "side": side, "run": r.run, "archs": names, "recall": recall, "rank": rank,
-                           "pass": passed,
+    # NDCG / MRR / COMP at the main k, per architecture and gold (the report's definitions, metrics.rank_metrics);
+    # the page's data names each metric by its saved name (a plain str: orjson takes no other key)
+    rank = {a: {m.value: [_f(obs[(a, m, k, g)][0]) if (a, m, k, g) in obs else None for g in GOLDS]
+                for m in RANK_METRICS} for a in every}
+    passed = {a: obs[(a, Metric.PASS, k, None)][0] if (a, Metric.PASS, k, None) in obs else None for a in names}
+    out: dict[str, Any] = {"q": query, "side": side, "run": r.run, "archs": names, Metric.RECALL.value: recall,
+                           "rank": rank, Metric.PASS.value: passed,
                            "outcome": [_outcome(recall["rtp"][i], recall["ptr"][i]) for i in range(len(GOLDS))]}
     blocks = [b for a in names if (b := r.arch(a)) is not None]
     plans = [b.plan for b in blocks if b.plan is not None]
@@ -273,11 +275,12 @@ def _tables(src: Source) -> list[dict[str, Any]]:
             # RtP (its retrieval: one deterministic row, model null), PtR, then any other architecture of the study
             archs = [("rtp", None, "RtP")] + ([("ptr", model, "PtR")] + [(a, model, a) for a in more] if model else [])
             head = ["k"] + [f"{s} {name}" for s in subsets for _, _, name in archs]
-            body = [[str(kk)] + [_ms(summary.row(m_, s, a, "recall", kk, gold)) for s in subsets for a, m_, _ in archs]
+            body = [[str(kk)] + [_ms(summary.row(m_, s, a, Metric.RECALL, kk, gold)) for s in subsets
+                                 for a, m_, _ in archs]
                     for kk in meta.ks]
             out.append({"title": f"Table 1: recall at retrieval budget k — model {model or 'none'}, gold {gold}",
                         "head": head, "rows": body})
-            head = ["Subset", "k"] + [f"{m.upper()} {name}" for m in RANK_METRICS for _, _, name in archs]
+            head = ["Subset", "k"] + [f"{m.spec.label} {name}" for m in RANK_METRICS for _, _, name in archs]
             body = [[s, str(kk)] + [_ms(summary.row(m_, s, a, metric, kk, gold)) for metric in RANK_METRICS
                                     for a, m_, _ in archs]
                     for s in subsets for kk in meta.ks]
@@ -290,14 +293,16 @@ def _tables(src: Source) -> list[dict[str, Any]]:
             body = []
             for s in subsets:
                 n = meta.subsets.get(s)
-                for metric, g, ttest in (("pass", None, "ttest_ind"), ("precision", gold, "ttest_1samp"),
-                                         ("recall", gold, "ttest_1samp")):
-                    rtp = summary.row(model if metric == "pass" else None, s, "rtp", metric, k, g)
+                for metric in (Metric.PASS, Metric.PRECISION, Metric.RECALL):
+                    g = gold if metric.spec.gold else None
+                    retrieval = metric in RETRIEVAL_METRICS  # RtP's value deterministic (model null), one-sample t-test
+                    ttest = "ttest_1samp" if retrieval else "ttest_ind"
+                    rtp = summary.row(None if retrieval else model, s, "rtp", metric, k, g)
                     ptr = summary.row(model, s, "ptr", metric, k, g)
                     wins = ""
-                    if metric == "recall":
+                    if metric is Metric.RECALL:
                         w = [summary.row(model, s, a, m_, k, gold) for a, m_ in
-                             (("rtp", "wins"), ("ptr", "wins"), ("both", "ties"))]
+                             (("rtp", Metric.WINS), ("ptr", Metric.WINS), ("both", Metric.TIES))]
                         wins = " / ".join(DASH if x is None else f"{x.mean or 0:.0f}" for x in w)
                     body.append([f"{s} (n={n})" if n else s, metric, _ms(rtp), _ms(ptr),
                                  _p(summary.test(model, s, metric, k, g, ttest)),
@@ -365,7 +370,7 @@ def _side_settings(src: Source, model: str | None) -> dict[str, str]:
 
 def _avg_outcome(pq: Mapping[compare.SideKey, Mapping[compare.QueryKey, Fraction]], qi: compare.QueryKey,
                  gold: str) -> str:
-    rtp, ptr = pq.get(("rtp", "recall", gold), {}).get(qi), pq.get(("ptr", "recall", gold), {}).get(qi)
+    rtp, ptr = pq.get(("rtp", Metric.RECALL, gold), {}).get(qi), pq.get(("ptr", Metric.RECALL, gold), {}).get(qi)
     return _outcome(None if rtp is None else float(rtp), None if ptr is None else float(ptr))
 
 
@@ -388,8 +393,8 @@ def _compare(sides: list[dict[str, Any]], runs: compare.RunsComparison | None, s
                 continue
             row: dict[str, Any] = {"q": q}
             for name, vals in (("a", runs.values[p.a]), ("b", runs.values[p.b])):
-                row[name] = {"rtp": [_f(vals.get(("rtp", "recall", g), {}).get(key)) for g in GOLDS],
-                             "ptr": [_f(vals.get(("ptr", "recall", g), {}).get(key)) for g in GOLDS],
+                row[name] = {"rtp": [_f(vals.get(("rtp", Metric.RECALL, g), {}).get(key)) for g in GOLDS],
+                             "ptr": [_f(vals.get(("ptr", Metric.RECALL, g), {}).get(key)) for g in GOLDS],
                              "outcome": [_avg_outcome(vals, key, g) for g in GOLDS]}
             per_query.append(row)
         pairs.append({"a": p.a, "b": p.b, "k": list(p.k), "shared": len(p.shared), "only_a": p.only_a,
