@@ -502,7 +502,7 @@ def constant_offences(line: Line) -> list[str]:
 # `bench/README.md, "Warm rerun"`, `see "Retrievers" below`: the section a text points to (a heading or a bold
 # paragraph title that starts so)
 TO_BENCH = re.compile(r"bench/README\.md`?,?\s*\(?\"([^\"]+)\"")
-IN_FILE = re.compile(r"\bsee \"([^\"]+)\"|\"([^\"]+)\"\)? (?:below|above)")
+IN_FILE = re.compile(r"\bsee \"([^\"]+)\"(?: in ((?:docs/)?[A-Z]+)\b)?|\"([^\"]+)\"\)? (?:below|above)")
 
 
 @cache
@@ -514,8 +514,8 @@ def section_titles(rel: str) -> tuple[str, ...]:
 def pointer_offences(line: Line) -> list[str]:
     here = line.where.rsplit(":", 1)[0]
     wanted = [("bench/README.md", t) for t in TO_BENCH.findall(line.text)]
-    if here.endswith(".md"):
-        wanted += [(here, a or b) for a, b in IN_FILE.findall(line.text)]
+    if here.endswith(".md"):  # `see "X"` in this file, or `see "X" in README`
+        wanted += [(f"{there}.md" if there else here, a or b) for a, there, b in IN_FILE.findall(line.text)]
     return [f"{line.where}: {rel} has no section \"{title}\"" for rel, title in wanted
             if not any(t.startswith(title.replace("`", "")) for t in section_titles(rel))]
 
@@ -620,14 +620,33 @@ def flag_offences(line: Line) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------------ tests
 
-CHECKS = (path_offences, module_offences, setting_offences, identifier_offences, constant_offences,
-          pointer_offences, flag_offences)
+CHECKS = (path_offences, module_offences, setting_offences, identifier_offences, constant_offences, flag_offences)
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 def test_every_name_in_the_docs_and_docstrings_exists(check) -> None:
     offences = [o for line in all_lines() for o in check(line)]
     assert not offences, f"{len(offences)} names that do not exist:\n" + "\n".join(offences)
+
+
+def paragraphs() -> Iterator[Line]:
+    """The docs' paragraphs and the code's docstrings and comment blocks, each as one line (a pointer may wrap)."""
+    for rel in DOCS:
+        block: list[Line] = []
+        for line in [*doc_lines(rel), Line("", "", False)]:
+            if line.text.strip():
+                block.append(line)
+            elif block:
+                yield Line(block[0].where, " ".join(b.text.strip() for b in block), False)
+                block = []
+    for rel, p in code_files():
+        for n, text in passages(p.read_text()):
+            yield Line(f"{rel}:{n}", " ".join(text.split()), False)
+
+
+def test_every_section_pointed_to_exists() -> None:
+    offences = [o for line in paragraphs() for o in pointer_offences(line)]
+    assert not offences, "\n".join(offences)
 
 
 PLANTED = [  # (check, text, a code block's line, where it is written, whether it is an offence)
@@ -652,6 +671,8 @@ PLANTED = [  # (check, text, a code block's line, where it is written, whether i
     (identifier_offences, "the cache (`cache_layout`, `http_503`)", False, "evaluator/core/files.py:5", False),
     (pointer_offences, 'its figures: bench/README.md, "No such section"', False, "evaluator/x.py:1", True),
     (pointer_offences, 'bench/README.md, "Warm rerun"; see "Retrievers" below', False, "README.md:1", False),
+    (pointer_offences, 'one run (see "Runs on a deterministic server" in README)', False, "bench/README.md:1", False),
+    (pointer_offences, 'one run (see "Runs on a deterministic server")', False, "bench/README.md:1", True),
     (flag_offences, "pass `--rpms 60`", False, "README.md:1", True),
     (flag_offences, "python -m evaluator report OUT --rpm 5", True, "README.md:1", True),
     (flag_offences, "`python -m evaluator view A --engine ray`", False, "README.md:1", True),

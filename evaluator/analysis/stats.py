@@ -338,7 +338,8 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
     per_query = PerQuery()
     # Per (model, subset, run): the distinct stub names and how many there were (Unique% needs no more)
     names: dict[tuple[str | None, str, int], tuple[set[str], list[int]]] = defaultdict(lambda: (set(), [0]))
-    # Each query's RtP list, as a hash of its first record's (not the list: bench/README.md, "analysis/stats.py")
+    # Each query's RtP list, as a hash of its first record's, not the list (bench/README.md,
+    # "analysis/stats.py")
     rtp_seen: dict[tuple[str, Any], int] = {}
     inconsistent = 0
     queries: dict[str, set[Any]] = defaultdict(set)

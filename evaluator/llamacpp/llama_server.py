@@ -89,9 +89,9 @@ def free_cores() -> int:
 
     llama.cpp's threads meet at a barrier after every layer and spin while they wait, so one thread the OS
     takes away stalls them all. The last minute's load average still holds work that has just ended
-    (bench/README.md, "llamacpp/llama_server.py"), so the busy time is sampled now, this process's own left out (the server is sized before the loading
-    and embedding start, so that is only its start-up). Where the cores cannot be sampled, the
-    load average is the estimate."""
+    (bench/README.md, "llamacpp/llama_server.py"), so the busy time is sampled now, this process's own left
+    out (the server is sized before the loading and embedding start, so that is only its start-up). Where the
+    cores cannot be sampled, the load average is the estimate."""
     cores = cpu_threads()
     # The least of several short samples: a burst (a process exiting as the server starts) is absent from
     # one of them, a neighbour's steady work is in all (one longer sample read a burst as a busy core:

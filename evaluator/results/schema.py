@@ -707,7 +707,8 @@ class OutputDir:
     def write_records(self, records: Iterable[Record]) -> int:
         recs = sorted(records, key=record_key)
 
-        def lines(fh: BinaryIO) -> None:  # line by line, not joined first (bench/README.md, "results/schema.py")
+        # line by line, not joined first (bench/README.md, "results/schema.py")
+        def lines(fh: BinaryIO) -> None:
             for r in recs:
                 fh.write(record_line(r).encode())
 

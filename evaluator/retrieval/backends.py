@@ -421,7 +421,8 @@ def openvino_runner(model_file: Path, precision: str, threads: int) -> tuple[Run
 
     `run(features)` splits one batch between the streams and waits for both. `run.stream(batches)` keeps
     every stream busy instead: each batch whole to the next free stream, the next batch padded while the
-    last ones run, the vectors handed back in order. (Both measured: bench/README.md, "retrieval/backends.py".)"""
+    last ones run, the vectors handed back in order. (Both measured: bench/README.md,
+    "retrieval/backends.py".)"""
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints

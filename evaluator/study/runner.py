@@ -706,8 +706,8 @@ class Admission:
 
     One window over the units in order (model by model) let the first model's queries fill it until they
     were nearly done, so the second model's rate limit sat idle for half the study (bench/README.md,
-    "study/runner.py"). Here each model with queries left to start is guaranteed `share` = window // models of the
-    window, refilled as its own queries finish, whatever the others do; a share a model no longer fills
+    "study/runner.py"). Here each model with queries left to start is guaranteed `share` = window // models
+    of the window, refilled as its own queries finish, whatever the others do; a share a model no longer fills
     (all its queries started) goes to the models still starting theirs, one query each in turn, but never a
     slot another model is still owed. So the second model's first request goes out with the first model's,
     and a model stalled by its provider never holds back another's.
