@@ -44,7 +44,7 @@ from evaluator.settings.load import INVOCATION_KEYS
 from evaluator.settings.sections import Settings
 from simulator.__main__ import _parser as simulator_parser
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())  # wherever tests/ nests
 DOCS = ("README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")), "bench/README.md")
 CODE = ("evaluator", "simulator")  # whose docstrings and comments are read
 GENERATED = ("<!-- results:start -->", "<!-- results:end -->")  # bench/README.md's block rendered from result files
