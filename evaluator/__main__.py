@@ -1,14 +1,13 @@
 """`python -m evaluator`: see `evaluator.cli.main`.
 
-The process, not the library, sets two things here (measured on a warm rerun of `--model sim --runs 4`, 4.5 CPU
-seconds before, bench/README.md "Warm rerun"):
+The process, not the library, sets two things here (what each saves: bench/README.md, "__main__.py"):
 - the cyclic garbage collector's first threshold at 20,000 allocations, not 700: the study allocates millions of
-  objects that live until it ends (records, parsed replies, the registry), and at the default every 70,000th
-  allocation set off a full collection walking all of them (0.8 CPU seconds, 18% of the study; 0.25 now). Objects
-  freed by their reference count (nearly all) are not affected; cyclic garbage waits at most 20,000 allocations.
+  objects that live until it ends (records, parsed replies, the registry), and at the default a full collection
+  walks all of them again and again. Objects freed by their reference count (nearly all) are not affected;
+  cyclic garbage waits at most 20,000 allocations.
 - no interpreter teardown after the command: every file is written and closed, every child process stopped and
-  every cache transaction committed by then, and freeing each object of the study one by one took 0.2-0.5 s.
-  Output and logging are flushed first; the exit code is the command's.
+  every cache transaction committed by then, and freeing each object of the study one by one is time spent for
+  nothing. Output and logging are flushed first; the exit code is the command's.
 """
 
 import gc

@@ -777,7 +777,7 @@ def register(app: web.Application, sim: ReplySource) -> BatchSim:
     b = BatchSim(sim)
     r = app.router
     r.add_post("/v1/files", b.upload)
-    r.add_get("/v1/files/{file_id:[^/:]+}", b.file_get)  # google-genai's files.get under v1 too
+    r.add_get("/v1/files/{file_id:[^/:]+}", b.file_get)  # google-genai's client.files.get under v1 too
     r.add_get("/v1/files/{file_id}/content", b.file_content)
     r.add_post("/v1/batches", b.create)
     r.add_get("/v1/batches", b.list)  # and google-genai's list under v1
@@ -788,7 +788,7 @@ def register(app: web.Application, sim: ReplySource) -> BatchSim:
     r.add_post(f"/upload/{v}/files/session/{{sid}}", b.g_upload_chunk)
     r.add_get("/v1beta/files/{file_id:[^/:]+}", b.g_file_get)
     r.add_get(f"/download/{v}/files/{{file_id:[^/:]+}}:download", b.g_download)
-    r.add_get(f"/{v}/files/{{file_id:[^/:]+}}:download", b.g_download)  # google-genai's files.download
+    r.add_get(f"/{v}/files/{{file_id:[^/:]+}}:download", b.g_download)  # google-genai's client.files.download
     r.add_post(f"/{v}/models/{{model:[^/:]+}}:batchGenerateContent", b.g_create)
     r.add_get("/v1beta/batches", b.g_list)
     r.add_get("/v1beta/batches/{batch_id:[^/:]+}", b.g_get)

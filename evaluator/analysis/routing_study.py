@@ -1,7 +1,7 @@
 """Complexity-adaptive routing (beyond the paper), from the saved records alone: no embedding, no LLM.
 
 A router sends each query to RtP or PtR. The score router sends it to RtP when RtP's own top-1 cosine
-(`rtp.scores[0]`, free: the pipeline already computed it) is at least τ, else to PtR; the cheap proxies
+(`Record.rtp.scores[0]`, free: the pipeline already computed it) is at least τ, else to PtR; the cheap proxies
 the paper names send it to RtP when the query's word count (or clause count) is at most θ. A query
 routed to RtP pays only its RtP planner call; one routed to PtR pays discovery + PtR planner.
 
@@ -284,8 +284,8 @@ def score_policy(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None
 
 def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = None) -> list[PolicyScore]:
     """`score_policy` of each row of `to_rtp` (policies x queries) at once: a threshold sweep scores
-    every candidate in one array operation per run and metric instead of one small mean each (4,733
-    calls and 112,720 means took 1.9 s of a warm study). Each row's mean is numpy's own reduction
+    every candidate in one array operation per run and metric instead of one small mean each
+    (bench/README.md, "analysis/routing_study.py"). Each row's mean is numpy's own reduction
     over that row's selected values, so every value equals the one-policy computation bit for bit."""
     sel = np.ones(len(d.keys), dtype=bool) if sel is None else sel
     m = len(to_rtp)
@@ -296,8 +296,8 @@ def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = No
             continue
         for name in d.rtp:
             a, b = d.rtp[name][j][use], d.ptr[name][j][use]
-            # In blocks of policies: one (policies x queries) array of floats was 0.8 GB at 1,024 thresholds
-            # and 100,000 queries; each row's mean is the same in a block as in the whole.
+            # In blocks of policies, so the (policies x queries) array stays small whatever the queries; each
+            # row's mean is the same in a block as in the whole.
             for lo in range(0, m, POLICY_BLOCK):
                 chosen = to_rtp[lo : lo + POLICY_BLOCK, use]
                 # C order: numpy then sums each row as it sums a 1-D array (an F-ordered array sums column
@@ -311,8 +311,9 @@ def score_policies(d: ModelData, to_rtp: np.ndarray, sel: np.ndarray | None = No
 
 
 # At most this many thresholds per sweep. Every midpoint of a continuous signal (the top-1 score) is one per
-# query: the sweep scored queries x queries values, 2 GB and 88 s of a 10,000-query study's routing, and its
-# routing.json kept a point per query. Below the cap (the paper's 500 queries: ~500) every midpoint is tried.
+# query: uncapped, the sweep grows with the square of the queries and routing.json keeps a point per query
+# (bench/README.md, "analysis/routing_study.py"). Below the cap (the paper's 500 queries: ~500) every midpoint
+# is tried.
 MAX_TAUS = 1024
 POLICY_BLOCK = 64  # policies scored at once (score_policies)
 

@@ -264,8 +264,8 @@ class ExactSum:
     """A sum of floats exact whatever their number and order, in bounded memory: up to `FOLD` values are kept
     (a C double each) and `value` is their `math.fsum`; past that they are folded into an integer in units
     of 2**-1074, every finite double being a whole number of those, and `value` divides it once, correctly
-    rounded as fsum is, so the result is the same float either way. (Every observation was kept, 8 bytes
-    each: 4.8 KiB of the memory per record a report held, bench/scale.py.)"""
+    rounded as fsum is, so the result is the same float either way. (Not every observation: that is memory
+    per record, bench/README.md, "analysis/stats.py".)"""
 
     FOLD = 1024
     SCALE = 1 << 1074
@@ -302,7 +302,7 @@ class ExactSum:
 class PerQuery(Mapping[GroupKey, Mapping[Any, list[float]]]):
     """Per group key, each query's per-run values, as `Mapping[key, {query id: [values]}]`: a C double and a
     query number per value, the per-query lists made when a key is read (one key at a time, by the tests).
-    (Lists in dicts held ~200 bytes per value: 12 KiB per record of a report, bench/scale.py.)"""
+    (Not lists in dicts: bench/README.md, "analysis/stats.py".)"""
 
     def __init__(self) -> None:
         self._qids: list[Any] = []
@@ -346,7 +346,8 @@ def summarize(records: Iterable[Record], ks: Sequence[int] = metrics.DEFAULT_KS,
     per_query = PerQuery()
     # Per (model, subset, run): the distinct stub names and how many there were (Unique% needs no more)
     names: dict[tuple[str | None, str, int], tuple[set[str], list[int]]] = defaultdict(lambda: (set(), [0]))
-    # Each query's RtP list, as a hash of its first record's (the list itself held ~1 KiB per query)
+    # Each query's RtP list, as a hash of its first record's, not the list (bench/README.md,
+    # "analysis/stats.py")
     rtp_seen: dict[tuple[str, Any], int] = {}
     inconsistent = 0
     queries: dict[str, set[Any]] = defaultdict(set)
@@ -439,8 +440,8 @@ def query_means(values: Mapping[Any, list[float]]) -> dict[Any, Fraction]:
 
 @functools.lru_cache(maxsize=65536)
 def _exact_mean(values: tuple[float, ...]) -> Fraction:
-    """Most queries repeat a few run patterns ((1.0, 1.0, 1.0, 1.0), ...): each is converted once
-    (the Fraction arithmetic was 1 s of a warm study's 1.5 s of summary statistics)."""
+    """Most queries repeat a few run patterns ((1.0, 1.0, 1.0, 1.0), ...): each is converted once (the
+    Fraction arithmetic is most of the summary statistics' time: bench/README.md, "analysis/stats.py")."""
     return sum((exact(x) for x in values), Fraction(0)) / len(values)
 
 

@@ -1,6 +1,6 @@
 """Dry run: what a study (or a request file) would send, and what it would cost and take, with nothing sent.
 
-The study's own request building runs in a collect pass (`batch.study.collect`: cached calls are
+The study's own request building runs in a collect pass (`batch.collect`: cached calls are
 answered from the cache, every other call is recorded instead of sent), so the plan counts exactly
 the requests the real run makes — except the planners behind a reply that is not cached yet (PtR's
 discovery, hyde's documents, rewrite's query, and fusion's and route's reuse of them): their prompt

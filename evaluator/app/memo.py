@@ -1,7 +1,7 @@
 """Analyses computed once per change of their inputs: a rerun whose records, settings and code are those of an
 earlier run reads the main study's summary and the scaling and routing results back from the cache folder
-(`cache/analyses/`) instead of computing them again. On a warm rerun of `--model sim --runs 4` they were 2.8
-of the 6.5 CPU seconds, half of that scipy.stats' import (bench/README.md, "Warm rerun").
+(`cache/analyses/`) instead of computing them again: they are most of a warm rerun's work, scipy.stats' import
+half of that (bench/README.md, "app/memo.py").
 
 An analysis is kept by the digest of its name, its inputs as its caller states them (the records as written in
 queries.jsonl, the study as summary.json states it, whatever else the analysis reads), the evaluator's source

@@ -52,8 +52,8 @@ def render_outputs(od: OutputDir, *, with_figures: bool = True, store_dir: Path 
                    meta: Meta | None = None, records: Sequence[Record] | None = None, kept: Memo | None = None) -> None:
     """`summary.json`, figures and `report.md` from the saved data alone (no LLM, no network).
     `store_dir`: a folder of figures already drawn, by their data (app.figure_store.drawn). `meta`,
-    `records`: what the study just wrote there, so it is not read back (0.5 s of a warm study). Records past
-    `stream.held()` are a stream over queries.jsonl (`SavedRecords`): every analysis passes over them. `kept`:
+    `records`: what the study just wrote there, so it is not read back (bench/README.md, "app/outputs.py").
+    Records past `stream.held()` are a stream over queries.jsonl (`SavedRecords`): every analysis passes over them. `kept`:
     the main study's result read back when these records and this study were analysed before (app.memo)."""
     saved = meta is None or records is None  # read back: another run's meta.json may sit beside the records
     meta = od.read_meta() if meta is None else meta

@@ -119,8 +119,8 @@ def split_streamed(sources: Sequence[Source], plan: dict[compare.QueryKey, int])
 def _kept_page(sources: Sequence[Source], page_name: str, part_records: int, kept: Memo,
                emit: Callable[[str, str], None]) -> dict[str, Any]:
     """`paged`'s data and parts for the records of `kept` (one folder's, held in memory), computed once per
-    change of them (the records' page data was 0.5 of the 4 CPU seconds of a warm rerun); every part is
-    emitted again and `datasets` made anew, in its place."""
+    change of them (bench/README.md, "app/viewer.py"); every part is emitted again and `datasets` made anew,
+    in its place."""
     def make() -> tuple[dict[str, Any], list[tuple[str, str]]]:
         parts: list[tuple[str, str]] = []
         data = paged(sources, page_name, lambda name, body: parts.append((name, body)), runs_compared(sources),

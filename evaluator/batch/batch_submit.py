@@ -3,7 +3,7 @@
 `BatchRunner.run(requests)`: first polls the batches an earlier (killed) run already submitted, then
 submits what is still not cached, split at the provider's limits; polls with backoff, showing
 requests done per batch and the time waited; stores every reply the moment its batch completes
-(`engine.store_reply`, exactly as the online path stores it); re-submits only what failed or expired,
+(`LLMEngine.store_reply`, exactly as the online path stores it); re-submits only what failed or expired,
 up to `max_attempts` times. A batch the provider rejects as too large is split in two and submitted
 again. A batch refused because the account's queue is full (OpenAI's `token_limit_exceeded`, "Enqueued
 token limit reached"; Gemini's 429 at create) is not split: it waits until a running batch finishes and is

@@ -61,7 +61,7 @@ DEFAULT_LIMITS: dict[str, tuple[int | None, int | None]] = {
     "anthropic": (100_000, 256_000_000),
 }
 # The JSONL MIME type of each upload: google-genai's documented call is
-# `files.upload(..., config=UploadFileConfig(mime_type="jsonl"))`, sent as X-Goog-Upload-Header-Content-Type.
+# `client.files.upload(..., config=UploadFileConfig(mime_type="jsonl"))`, sent as X-Goog-Upload-Header-Content-Type.
 GEMINI_JSONL_MIME = "jsonl"
 OPENAI_JSONL_MIME = "application/jsonl"
 TERMINAL = ("completed", "failed", "expired", "cancelled")

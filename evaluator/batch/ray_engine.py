@@ -34,8 +34,8 @@ from evaluator.llm.accounting import CallStats
 
 INSTALL = "pip install 'evaluator[ray]'"
 PROCESSORS = ("http", "vllm")
-# The embedded local Ray, sized for a 2-core machine shared with others (measured on it: ~1.3 GiB PSS
-# for the head's processes, one HTTP actor and Ray Data's helper actors; bench/README.md "Ray engine").
+# The embedded local Ray, sized for a 2-core machine shared with others (what it holds there: bench/README.md,
+# "batch/ray_engine.py").
 LOCAL_RAY = {"num_cpus": 2, "object_store_memory": 128 << 20, "include_dashboard": False,
              "_node_ip_address": "127.0.0.1"}  # a local Ray listens on loopback only
 
@@ -193,8 +193,8 @@ def run_requests_ray(requests: list[Request], profile: ModelProfile, cache_root:
                     ctx.enable_progress_bars = False  # the evaluator's own bar counts the rows
                     ctx.print_on_execution_start = False
                     # One block per batch: a Ray task hands back its output block when its input block is
-                    # done, so the block is the unit that reaches the cache (measured: a 400-row file in Ray's
-                    # default blocks had 120 replies at the server and none back at the driver).
+                    # done, so the block is the unit that reaches the cache (Ray's default blocks held paid
+                    # replies back: bench/README.md, "batch/ray_engine.py").
                     blocks = -(-len(todo) // info.batch_size)
                     ds = ray.data.from_items(todo, override_num_blocks=blocks)
                     out = _processor(ray_llm, profile, opts)(ds)

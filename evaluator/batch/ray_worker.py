@@ -6,9 +6,8 @@ Ray 2.60's `HttpRequestUDF` (ray/llm/_internal/batch/stages/http_request_stage.p
 the session it is handed (`HttpRequestProcessorConfig.session_factory`) changes four things:
 - **Concurrency.** The UDF creates every `session.post(...)` of a batch first (paced by `qps`), then
   awaits them one by one; an aiohttp request does not start until awaited, so a batch went out one
-  request at a time (measured: simulator `max_in_flight` 1 with 64 rows, 0.1 s latency: 6.4 s of
-  round trips). Here `post` starts the request at once: a batch is in flight together, as the UDF's
-  comments intend.
+  request at a time (bench/README.md, "batch/ray_worker.py"). Here `post` starts the request at once: a
+  batch is in flight together, as the UDF's comments intend.
 - **Errors per row.** After its last retry the UDF raises, which fails the whole block (every paid reply
   of the batch lost) and the Dataset. Here the last attempt always hands the UDF a 200 whose JSON says
   what happened (the real status and body, or the transport error), so the row comes back as an error.

@@ -286,10 +286,15 @@ def cmd_run(argv: list[str]) -> int:
     return EXIT_FAILED_CALLS if outcome.failed else 0
 
 
-def cmd_report(argv: list[str]) -> int:
+def report_parser() -> Parser:
     p = Parser(prog="python -m evaluator report",
                description="Re-render report.md, summary.json and figures from a finished output folder; no LLM call.")
     p.add_argument("out_dir", type=Path)
+    return p
+
+
+def cmd_report(argv: list[str]) -> int:
+    p = report_parser()
     args = p.parse_args(argv)
     _writing(args.out_dir)
     od = OutputDir(args.out_dir).require()
@@ -299,11 +304,16 @@ def cmd_report(argv: list[str]) -> int:
     return 0
 
 
-def cmd_cache(argv: list[str]) -> int:
+def cache_parser() -> Parser:
     p = Parser(prog="python -m evaluator cache", description="Inspect or clear the LLM response cache.")
     p.add_argument("action", choices=["stats", "clear"])
     p.add_argument("--model", help="clear only this model profile's replies")
     p.add_argument("--cache-dir", help="cache root (default: the config's)")
+    return p
+
+
+def cmd_cache(argv: list[str]) -> int:
+    p = cache_parser()
     args = p.parse_args(argv)
     s = load_settings()
     root = resolve_path(args.cache_dir or s.run.cache_dir)
@@ -333,14 +343,19 @@ def _analysis_settings(args: argparse.Namespace, od: OutputDir) -> Settings:
     return load(args.config, flags)[0]
 
 
-def _analysis_command(prog: str, description: str, argv: list[str], add: Callable[[Parser], None],
-                      run: Callable[[argparse.Namespace, OutputDir, Settings], ScalingMeta | RoutingMeta]) -> int:
+def _analysis_parser(prog: str, description: str, add: Callable[[Parser], None]) -> Parser:
     """`scaling` and `routing`: a finished output folder, the config's [analysis] section, this command's flags."""
     p = Parser(prog=f"python -m evaluator {prog}", description=description)
     p.add_argument("out_dir", type=Path)
     p.add_argument("--config", type=Path, help="settings file whose [analysis] section applies (default: configs/default.toml)")
     p.add_argument("--k", type=int, help="retrieval budget (default: the run's k)")
     add(p)
+    return p
+
+
+def _analysis_command(prog: str, p: Parser, argv: list[str],
+                      run: Callable[[argparse.Namespace, OutputDir, Settings], ScalingMeta | RoutingMeta]) -> int:
+    """Runs `scaling` or `routing` (`run`) on the output folder its parser `p` reads from `argv`."""
     args = p.parse_args(argv)
     od = OutputDir(args.out_dir).require()
     _writing(args.out_dir)
@@ -351,7 +366,7 @@ def _analysis_command(prog: str, description: str, argv: list[str], add: Callabl
     return 0
 
 
-def cmd_scaling(argv: list[str]) -> int:
+def scaling_parser() -> Parser:
     def add(p: Parser) -> None:
         p.add_argument("--sizes", dest="scaling_sizes", metavar="N,N,...", type=_ints, help="sub-registry sizes (default from the config); the full registry is always added")
         p.add_argument("--seeds", dest="scaling_seeds", metavar="N", type=int, help=f"distractor draws per size (default {DEFAULTS.analysis.scaling_seeds})")
@@ -362,23 +377,33 @@ def cmd_scaling(argv: list[str]) -> int:
         p.add_argument("--device", default="auto", help="device for cache misses (default auto)")
         p.add_argument("--no-progress", action="store_true")
 
-    return _analysis_command(
+    return _analysis_parser(
         "scaling", "Scaling study (paper Table 10): RtP and PtR recall on sub-registries of growing size, from a "
-        "finished output folder; no LLM call, embeddings from the run's cache.", argv, add,
+        "finished output folder; no LLM call, embeddings from the run's cache.", add)
+
+
+def cmd_scaling(argv: list[str]) -> int:
+    return _analysis_command(
+        "scaling", scaling_parser(), argv,
         lambda args, od, s: outputs.scaling_from_output(od, s, data_dir=args.data, device=args.device,
                                                     reporter=make_reporter(not args.no_progress)).meta)
 
 
-def cmd_routing(argv: list[str]) -> int:
+def routing_parser() -> Parser:
     def add(p: Parser) -> None:
         p.add_argument("--train", dest="routing_train", metavar="S,S,...", type=_csv, help="subsets tau is tuned on for the split evaluation (default: every subset but the last in sorted order)")
         p.add_argument("--test", dest="routing_test", metavar="S,S,...", type=_csv, help="subsets it is reported on (default: the last subset in sorted order)")
         p.add_argument("--folds", dest="routing_folds", metavar="N", type=int, help=f"cross-validation folds (default {DEFAULTS.analysis.routing_folds})")
         p.add_argument("--seed", dest="routing_seed", metavar="N", type=int, help=f"seed of the fold assignment (default {DEFAULTS.analysis.routing_seed})")
 
-    return _analysis_command(
+    return _analysis_parser(
         "routing", "Complexity-adaptive routing (RtP when RtP's top-1 score >= tau, else PtR; also query length "
-        "and clause count) from a finished output folder; no embedding, no LLM call.", argv, add,
+        "and clause count) from a finished output folder; no embedding, no LLM call.", add)
+
+
+def cmd_routing(argv: list[str]) -> int:
+    return _analysis_command(
+        "routing", routing_parser(), argv,
         lambda _args, od, s: outputs.routing_from_output(od, s, make_reporter()).meta)
 
 
@@ -426,7 +451,7 @@ def _requests_export(argv: list[str]) -> int:
     return 0
 
 
-def _requests_import(argv: list[str]) -> int:
+def requests_import_parser() -> Parser:
     ap = Parser(prog="python -m evaluator requests import",
                 description="Store a results file's successful replies in the response cache.")
     ap.add_argument("results", type=Path, nargs="+", help="results JSONL (OpenAI batch output/error file, vllm run-batch output)")
@@ -434,6 +459,11 @@ def _requests_import(argv: list[str]) -> int:
     ap.add_argument("--cache-dir", help="cache root (default: the config's)")
     ap.add_argument("--base-url", help="the endpoint the profile's cache keys use, if it was overridden at export")
     ap.add_argument("--config", type=Path, help="settings file (for the default cache dir)")
+    return ap
+
+
+def _requests_import(argv: list[str]) -> int:
+    ap = requests_import_parser()
     args = ap.parse_args(argv)
     root = _cache_root(args.cache_dir, args.config)
     _writing(root)
@@ -452,7 +482,7 @@ def _requests_import(argv: list[str]) -> int:
     return 0
 
 
-def _requests_run(argv: list[str]) -> int:
+def requests_run_parser() -> Parser:
     ap = Parser(
         prog="python -m evaluator requests run",
         description="Send a request file (OpenAI batch JSONL) through the online engine: limits, retries, "
@@ -477,6 +507,11 @@ def _requests_run(argv: list[str]) -> int:
     ray.add_argument("--batch-size", type=_bounded(1, 4096), help="rows per Ray batch = requests in flight per actor (default: the profile's concurrency, at most 64)")
     ray.add_argument("--qps", type=_bounded(1, 100_000), help="Ray's pace, requests per second per actor (default: the profile's rpm / 60 / actors)")
     ray.add_argument("--vllm-model", help="--processor vllm: the model to load (default: the profile's model id)")
+    return ap
+
+
+def _requests_run(argv: list[str]) -> int:
+    ap = requests_run_parser()
     args = ap.parse_args(argv)
     ray_flags = [f for f, v in (("--address", args.address), ("--processor", args.processor != "http"),
                                 ("--actors", args.actors != 1), ("--batch-size", args.batch_size), ("--qps", args.qps),
@@ -503,7 +538,7 @@ def _requests_run(argv: list[str]) -> int:
     return 0
 
 
-def cmd_view(argv: list[str]) -> int:
+def view_parser() -> Parser:
     p = Parser(prog="python -m evaluator view",
                description="Write one self-contained HTML page (no network) to browse a finished run's queries, "
                "or several runs compared side by side; prints its path.")
@@ -511,6 +546,11 @@ def cmd_view(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, help="page to write (default: OUT/view.html; needed to compare runs)")
     p.add_argument("--serve", action="store_true", help="also serve the page on 127.0.0.1 until Ctrl-C")
     p.add_argument("--port", type=_bounded(0, 65535), default=0, help="port for --serve (default: any free one)")
+    return p
+
+
+def cmd_view(argv: list[str]) -> int:
+    p = view_parser()
     args = p.parse_args(argv)
     if len(args.out_dirs) > 1 and args.out is None:
         p.error("comparing runs writes one page for all of them: pass --out F.html")
@@ -532,17 +572,22 @@ def cmd_view(argv: list[str]) -> int:
     return 0
 
 
-def cmd_models(argv: list[str]) -> int:
+def models_parser() -> Parser:
     p = Parser(prog="python -m evaluator models",
                description="List the providers --model PROVIDER/MODEL knows (endpoint, key variable and whether it is "
                "set, batch API, prompt caching) and the dated prices of their known models (configs/providers.toml).")
     p.add_argument("provider", nargs="?", help="only this provider")
+    return p
+
+
+def cmd_models(argv: list[str]) -> int:
+    p = models_parser()
     args = p.parse_args(argv)
     print(models.models_text(args.provider))
     return 0
 
 
-def cmd_export(argv: list[str]) -> int:
+def export_parser() -> Parser:
     p = Parser(prog="python -m evaluator export",
                description="Write a finished run's ranked lists as TREC run files (one per model, run, architecture "
                "and retriever) and its gold sets as qrels files (one per gold set), for trec_eval, pytrec_eval, "
@@ -552,6 +597,11 @@ def cmd_export(argv: list[str]) -> int:
     p.add_argument("--to", type=Path, required=True, metavar="DIR", help="folder to write the files into")
     p.add_argument("--bare-qids", action="store_true", help="qid = the query id alone (e.g. a BEIR folder's own, to "
                    "meet its qrels/<split>.tsv), not <subset>/<query_id>; refused when two subsets share an id")
+    return p
+
+
+def cmd_export(argv: list[str]) -> int:
+    p = export_parser()
     args = p.parse_args(argv)
     files = outputs.export_trec(OutputDir(args.out_dir).require(), args.to, args.bare_qids)
     runs = sum(f.suffix == ".trec" for f in files)
@@ -561,7 +611,7 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
-def cmd_arch(argv: list[str]) -> int:
+def arch_parser() -> Parser:
     p = Parser(prog="python -m evaluator arch",
                description="`arch check FILE.py:Class`: run an architecture plugin on a small registry (examples/mcp "
                "unless --data, --tools or --queries name another) against the simulator (schemas sent, so a "
@@ -584,6 +634,11 @@ def cmd_arch(argv: list[str]) -> int:
     p.add_argument("--arch-timeout", type=float, metavar="S", help=f"the plugin's own time per query (default {DEFAULTS.run.arch_timeout_s:g})")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first query it fails on")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def cmd_arch(argv: list[str]) -> int:
+    p = arch_parser()
     args = p.parse_args(argv)
     s, inv = load(args.config, _setting_flags(args), {
         "overrides": ProfileOverrides(base_url=args.base_url, structured=args.structured),
@@ -627,6 +682,16 @@ def cmd_arch(argv: list[str]) -> int:
 HANDLERS: dict[str, Callable[[list[str]], int]] = {
     "run": cmd_run, "report": cmd_report, "cache": cmd_cache, "scaling": cmd_scaling, "routing": cmd_routing,
     "requests": cmd_requests, "view": cmd_view, "export": cmd_export, "models": cmd_models, "arch": cmd_arch,
+}
+
+
+# Every command's parser, by the words that name it on the command line (`requests export` takes the study's
+# flags); tests/test_docs.py checks every flag the docs name against them.
+PARSERS: dict[str, Callable[[], Parser]] = {
+    "run": run_parser, "report": report_parser, "cache": cache_parser, "scaling": scaling_parser,
+    "routing": routing_parser, "requests export": run_parser, "requests import": requests_import_parser,
+    "requests run": requests_run_parser, "view": view_parser, "export": export_parser, "models": models_parser,
+    "arch": arch_parser,
 }
 
 

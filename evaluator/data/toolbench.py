@@ -21,7 +21,8 @@ def jsonl_api(where: str, rec: dict) -> Api:
     tool, name = rec.get("tool_name"), rec.get("api_name")
     desc, cat = rec.get("api_description"), rec.get("category")
     # ToolBench's record (four string-or-null fields, no alias, no parameters) in one check: the
-    # field-by-field path below costs ~2x the JSON parsing on 47k APIs and gives the same Api.
+    # field-by-field path below is the slow part of a load (bench/README.md, "data/toolbench.py") and gives
+    # the same Api.
     if (
         type(tool) is str and type(name) is str and tool.strip() and name.strip()
         and (type(desc) is str or (desc is None and "description" not in rec))

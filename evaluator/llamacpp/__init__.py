@@ -10,5 +10,5 @@ evaluator gives the calls on the wire a grace period to arrive and be cached: th
 keeps answering them until the parent stops it; (3) a server that crashes (llama.cpp aborts on some
 internal errors) or is killed takes none of the evaluator with it, and is started again on the same port;
 (4) its log (llama.cpp writes a lot to stderr) goes to a file in the cache instead of the terminal; (5) the
-1.1 GB model is mapped in another process, so the evaluator's own memory is what it was.
+1.1 GB model is mapped in another process, not in the evaluator's own memory.
 """

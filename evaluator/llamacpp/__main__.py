@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
            "threads": args.threads, "slots": args.slots, "ctx_per_slot": args.ctx})
     while not stop.is_set() and os.getppid() == parent:  # an orphan would hold a port and the CPU
         stop.wait(0.2)
-    # No state to save: the server's destructor would first cancel and wait out the decodes in flight (5 s
-    # under load was seen), so leave at once and let the kernel free the model and the port.
+    # No state to save: the server's destructor would first cancel and wait out the decodes in flight
+    # (seconds, under load), so leave at once and let the kernel free the model and the port.
     sys.stdout.flush()
     os._exit(0)
 

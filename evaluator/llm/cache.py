@@ -228,8 +228,8 @@ def _salvage(db_file: Path) -> tuple[list[tuple[str, bytes, str]], int]:
     """(key, value, tag) of every row of diskcache's `Cache` table that can be read and decodes; and how
     many rows were dropped. Rows are found by a table scan and by the key index (a damaged b-tree page
     hides its rows from one path, rarely from both), then read one by one. Dropped: the rows found that cannot
-    be read, or at least as many as diskcache's own row count (`Settings.count`, kept by its triggers) says are
-    missing from what was kept (a damaged page can hide its rows from every path)."""
+    be read, or at least as many as diskcache's own row count (the `count` of its `Settings` table, kept by its
+    triggers) says are missing from what was kept (a damaged page can hide its rows from every path)."""
     try:
         con = sqlite3.connect(f"file:{db_file}?mode=ro", uri=True)
         con.execute("SELECT name FROM sqlite_master").fetchall()

@@ -132,14 +132,14 @@ def providers(path: Path = PROVIDERS_FILE) -> dict[str, Provider]:
         models = table.pop("models", {})
         if not isinstance(models, dict):
             raise ConfigError(f"{path}: [{name}.models] must be a table of models")
-        unknown = set(table) - set(Provider.__pydantic_fields__)  # type: ignore[attr-defined]
+        unknown = set(table) - set(Provider.__pydantic_fields__)  # type: ignore[attr-defined]  # pydantic adds it
         if unknown:
             raise ConfigError(f"{path}: [{name}] has unknown key(s) {sorted(unknown)}")
         entries = {}
         for model, values in models.items():
             if not isinstance(values, dict):
                 raise ConfigError(f"{path}: [{name}.models.\"{model}\"] must be a table")
-            bad = set(values) - set(ModelEntry.__pydantic_fields__)  # type: ignore[attr-defined]
+            bad = set(values) - set(ModelEntry.__pydantic_fields__)  # type: ignore[attr-defined]  # pydantic adds it
             if bad:
                 raise ConfigError(f"{path}: [{name}.models.\"{model}\"] has unknown key(s) {sorted(bad)}")
             entries[model] = checked(ModelEntry, values, f"{path}: [{name}.models.\"{model}\"] ", toml_label)
@@ -149,7 +149,7 @@ def providers(path: Path = PROVIDERS_FILE) -> dict[str, Provider]:
 
 
 def _fields(p: Provider) -> dict[str, Any]:
-    return {k: getattr(p, k) for k in Provider.__pydantic_fields__}  # type: ignore[attr-defined]
+    return {k: getattr(p, k) for k in Provider.__pydantic_fields__}  # type: ignore[attr-defined]  # pydantic adds it
 
 
 def split_name(name: str) -> tuple[Provider, str] | None:

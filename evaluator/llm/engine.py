@@ -72,7 +72,7 @@ log = logging.getLogger("evaluator.llm")
 
 # A cancelled call whose request is on the wire gets this long to receive and store its reply (`--stop-grace`):
 # under the 10 s a container runtime (docker stop) waits between SIGTERM and SIGKILL; Slurm and Kubernetes
-# wait 30 s. The 3 s we had first dropped replies of 4-8 s that a CPU server takes (issue 31).
+# wait 30 s. Long enough for the 4-8 s a CPU server takes to reply (issue 31).
 STOP_GRACE_S = 8.0
 
 
@@ -113,7 +113,7 @@ class Prepared:
 
 
 class LLMEngine:
-    """One per model. Use as `async with LLMEngine(profile, cache_root=...) as llm: await llm.chat(...)`.
+    """One per model. Use as `async with LLMEngine(profile, cache_root=...) as client: await client.chat(...)`.
 
     Without `async with`, the engine is usable for what needs no HTTP: `prepare`, `prepare_body`,
     `lookup` and `store_reply` (batch import); call `close_cache()` afterwards. `transport`: how requests

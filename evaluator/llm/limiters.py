@@ -35,12 +35,11 @@ RPM_SAFETY = 0.99
 _BURST_S = 1.0
 # Seconds of rate the pacers leave unused in the provider's bucket. Requests reach that bucket with delays that
 # vary (this event loop's lag, a new connection, the server's own scheduling on shared cores), and a schedule
-# that spends the whole burst at the start is only as early as its first request was late: when the run's first
+# that spends the whole burst at the start is only as early as its first request is late: when the run's first
 # request reaches the server 10 ms later than the ones after it, the bucket is empty 10 ms before each paced
-# request for the rest of the study, and every wobble is a 429. That is where bench/fanout's 17-66 self-inflicted
-# 429s came from (all in the run's first seconds, in bunches; load 2-6 on 2 cores). A quarter second of margin
-# absorbs the spread seen there and costs a quarter second once per run (of 36 s at the bench's 10x compressed
-# time, 0.7%); the 1% under the limit (`RPM_SAFETY`) widens the margin further as the study goes on.
+# request for the rest of the study, and every wobble is a 429. A quarter second of margin absorbs the spread
+# bench/fanout.py met and costs a quarter second once per run (bench/README.md, "llm/limiters.py"). The 1% under
+# the limit (`RPM_SAFETY`) widens the margin further as the study goes on.
 JITTER_S = 0.25
 # What the pacers let go at once after a lull (and at the start), in seconds of rate (the dry run's floor too).
 PACED_BURST_S = _BURST_S - JITTER_S
@@ -49,7 +48,7 @@ PACED_BURST_S = _BURST_S - JITTER_S
 class _Moved:
     """How far a pacer's schedule was moved back by 429s (`defer`), for the slots already handed out: their
     holders sleep the difference when they wake, so the requests queued behind a 429 keep their spacing
-    instead of leaving together when the wait ends (one 429 drew a bunch of them so, bench/fanout)."""
+    instead of leaving together when the wait ends (one 429 drew a bunch of them so in bench/fanout.py)."""
 
     def __init__(self) -> None:
         self.total = 0.0
@@ -67,9 +66,9 @@ class RequestPacer:
     Request i is scheduled at T_i = max(T_{i-1} + 1/rate, now - burst): slots come from the schedule,
     not from when the previous request actually left, so event-loop lag never compounds, and after a
     lull (or at the start) at most `burst_s` worth may go at once (`PACED_BURST_S`: the provider's burst less
-    `JITTER_S`, at least one request). We first used asyncio-throttle here; its sliding log
-    stamps each start with the (late) time the poller saw it, and on this 2-core machine that lag
-    cost 2-4% of the allowed rate in bench/fanout, for a limit the study's run time is set by.
+    `JITTER_S`, at least one request). Not asyncio-throttle: its sliding log stamps each start with the
+    (late) time the poller saw it, and that lag costs part of the allowed rate (bench/README.md,
+    "llm/limiters.py"), for a limit the study's run time is set by.
     Reserving a slot is synchronous, so no lock is needed and waiting calls cost no CPU.
     """
 

@@ -48,8 +48,8 @@ def _archs(s: Summary, model: str | None) -> list[str]:
 
 
 def pyplot() -> Any:
-    """matplotlib.pyplot on the headless Agg backend. Loaded on the first figure actually drawn: it
-    costs ~0.5 s of start-up, and a rerun whose figures are unchanged draws none (`drawn`)."""
+    """matplotlib.pyplot on the headless Agg backend. Loaded on the first figure actually drawn: its import is
+    slow (bench/README.md, "render/charts.py"), and a rerun whose figures are unchanged draws none (`drawn`)."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless: no display on CI or the device machine

@@ -604,7 +604,8 @@ _ADAPTERS: dict[type, TypeAdapter[Any]] = {}
 
 
 def _adapter(tp: type) -> TypeAdapter[Any]:
-    """One TypeAdapter per type (building one costs ~1 ms; `plain` runs per record)."""
+    """One TypeAdapter per type (building one is slow: bench/README.md, "results/schema.py"; `plain` runs per
+    record)."""
     a = _ADAPTERS.get(tp)
     if a is None:
         a = _ADAPTERS[tp] = TypeAdapter(tp)
@@ -706,7 +707,8 @@ class OutputDir:
     def write_records(self, records: Iterable[Record]) -> int:
         recs = sorted(records, key=record_key)
 
-        def lines(fh: BinaryIO) -> None:  # line by line: the joined text of 20,000 records was 0.1 GB more
+        # line by line, not joined first (bench/README.md, "results/schema.py")
+        def lines(fh: BinaryIO) -> None:
             for r in recs:
                 fh.write(record_line(r).encode())
 

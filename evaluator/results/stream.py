@@ -1,12 +1,12 @@
 """Records beyond memory: a study's records spilled to disk as they finish (`RecordSpill`) and an output
 folder's queries.jsonl passed over again and again without being held (`SavedRecords`).
 
-A record in memory is ~19 KiB (10,000 records of a sim study held 188 MiB, bench/scale.py), its line in
-queries.jsonl ~5.7 KB: 100,000 queries x 4 runs x 2 models held as records would need 15 GiB. Up to `held()`
-records (8,000, ~150 MiB) stay in memory as a list, as before: the paper's study (500 queries x 4 runs x 2
-models, 4,000 records) passes over them many times, and parsing a line again costs ~0.19 ms. Beyond it, what is
-held per record is its sort key and where its line is (~0.2 KiB), and every analysis reads the records as a
-stream, one at a time.
+A record in memory is several times its line in queries.jsonl, and a study of 100,000 queries x 4 runs x 2
+models held as records would not fit in memory (the sizes: bench/README.md, "results/stream.py"). Up to
+`held()` records (8,000) stay in memory as a list, as before: the paper's study (500 queries x 4 runs x 2
+models, 4,000 records) passes over them many times, and parsing every line again at each pass is what holding
+them saves. Beyond it, what is held per record is its sort key and where its line is, and every analysis reads
+the records as a stream, one at a time.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ Tokenisation stays the model's own: the export keeps the model's fast tokenizer 
 runs it (`tokenizer.json`, configured as sentence-transformers calls it: truncation at the model's
 max_seq_length, no padding) once it gave exactly sentence-transformers' token ids on probe texts, so
 every backend sees the ids torch sees and a study whose export exists never imports torch (loading
-torch and sentence-transformers took ~12 s of a first run, and of every later run that embeds a
-new stub). A model whose tokenizer fails the probe keeps tokenising through sentence-transformers.
+torch and sentence-transformers is the slow start of every run that embeds a new stub: bench/README.md,
+"retrieval/backends.py"). A model whose tokenizer fails the probe keeps tokenising through
+sentence-transformers.
 """
 
 from __future__ import annotations
@@ -154,9 +155,8 @@ class ModelLoadError(EmbedderError):
 
 
 # Build exports in a child process (spawned: a fresh interpreter, so nothing of the parent's memory is
-# copied) whose memory ends with it. Measured on the 47k first run: exporting in the run's own process left
-# torch, sentence-transformers and the traced graph resident (1.3 GB before the first text was embedded);
-# the child peaks at ~0.9 GB and the study itself never imports torch.
+# copied) whose memory ends with it: exporting in the run's own process left torch, sentence-transformers and
+# the traced graph resident (bench/README.md, "retrieval/backends.py"); the study itself never imports torch.
 ISOLATED_BUILD = True
 
 
@@ -173,7 +173,8 @@ def export(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
     shared = os.environ.get(SHARED_EXPORTS_ENV)
     if not final.is_dir() and shared and Path(shared).resolve() != root.resolve():
         # Every cache folder on this machine links one export (the test suite's fresh caches, a user's
-        # per-project caches): exporting costs 10-20 s of CPU each time, linking nothing.
+        # per-project caches): exporting costs CPU each time (bench/README.md, "retrieval/backends.py"),
+        # linking nothing.
         source = export(load, load_path, cache_name, kind, Path(shared), timings)
         atomic_folder(final, lambda d: _link_tree(source, d))
     if not final.is_dir():
@@ -337,8 +338,9 @@ class TextTokenizer:
             return None  # missing, damaged or foreign: tokenise through sentence-transformers
 
     def ids(self, texts: list[str]) -> TokenIds:
-        """Every text's token ids, packed (4 bytes a token). Tokenised in chunks: the whole 47k registry's
-        `Encoding` objects and per-text lists of Python ints held 266 MiB at once, the packed ids 5 MiB."""
+        """Every text's token ids, packed (4 bytes a token). Tokenised in chunks: a whole registry's `Encoding`
+        objects and per-text lists of Python ints at once are many times the packed ids (bench/README.md,
+        "retrieval/backends.py")."""
         flat: list[np.ndarray] = []
         lengths = np.zeros(len(texts), np.int64)
         for lo in range(0, len(texts), _TOKENIZE_CHUNK):
@@ -414,22 +416,13 @@ STREAM_BATCH_TOKENS = 4096
 
 
 def openvino_runner(model_file: Path, precision: str, threads: int) -> tuple[Runner, str]:
-    """One single-threaded stream per CPU. Measured on the 2-core machine (AVX2), 5,120 token-sorted
-    registry texts in windows across the length range: one 2-thread stream (LATENCY) 92 texts/s at batch
-    128 and 93 at 64; two 1-thread streams (THROUGHPUT) 115/s at 64 and 100/s at 128; two later rounds 108
-    vs 96/s and 99 vs 95/s (vectors equal to 1e-7): one thread per product wastes less on synchronisation
-    than two sharing each.
+    """One single-threaded stream per CPU: one thread per product wastes less on synchronisation than two
+    sharing each.
 
     `run(features)` splits one batch between the streams and waits for both. `run.stream(batches)` keeps
     every stream busy instead: each batch whole to the next free stream, the next batch padded while the
-    last ones run, the vectors handed back in order. Measured on the AVX-512 host (AMD EPYC, avx512f/bw/vl/
-    vnni/bf16, no AMX), a stride sample of 2,500 registry texts (62,487 tokens), alternated in one process,
-    load 4-12 on 2 cores, so per CPU second (wall time is the neighbours'): 4,096-token batches streamed did
-    1.00-1.13x the work per CPU second of 8,192-token batches split (8 rounds), 0.89-1.77x in wall time;
-    bench/embed_runtime.py, 5,000 texts, 3 rounds, load 8.5-11.5: 1.025-1.050x per CPU second, 0.91-1.42x
-    wall. 2,048 tokens per request 1.04-1.21x, 8,192 0.99-1.54x (wall); 1 stream x 2 threads 0.99-1.07x;
-    more than 128 texts a batch no gain; CPU_DENORMALS_OPTIMIZATION none (0.90, 1.55 wall); ONNX Runtime
-    0.74-0.79x (bench/README.md, issue 29)."""
+    last ones run, the vectors handed back in order. (Both measured: bench/README.md,
+    "retrieval/backends.py".)"""
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
@@ -481,13 +474,14 @@ def openvino_runner(model_file: Path, precision: str, threads: int) -> tuple[Run
 
     def release() -> None:
         # The activations of the largest batch stay allocated for the next one; once a call's batches are
-        # done they are handed back (655 MiB after 8,192 tokens of 256-token texts: RSS 965 -> 304 MiB),
-        # so the rest of a study does not carry them.
+        # done they are handed back (bench/README.md, "retrieval/backends.py"), so the rest of a study does
+        # not carry them.
         with lock:
             queue.wait_all()  # a stream its caller left part-way (an error writing a shard) may still be running
             compiled.release_memory()
         trim_heap()
 
+    # a `Runner` is a plain callable to the type checker; the OpenVINO one carries these three as well
     run.release = release  # type: ignore[attr-defined]
     run.stream = stream  # type: ignore[attr-defined]
     run.batch_tokens = STREAM_BATCH_TOKENS  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ checksum of its content; a damaged one (unreadable, checksum, NaN/inf, wrong dim
 set aside and its texts re-embedded, with one warning that counts them.
 
 Runtime paths (`backend`, `precision`): torch fp32/bf16 (fp16 on CUDA), ONNX Runtime fp32/int8 and
-OpenVINO fp32/bf16 (see embed_backends.py). `auto` on a CPU takes the fastest path of `AUTO_CPU`
+OpenVINO fp32/bf16 (see backends.py). `auto` on a CPU takes the fastest path of `AUTO_CPU`
 that is installed; each of those passed bench/embed_backends.py's equivalence check against torch
 fp32 on the shared data (RtP recall@1..20 within 0.005, >= 98% identical top-5 lists). `auto` on a
 GPU is torch fp16 (bench/gpu_run.py measures its top-5 lists against the CPU's fp32 ones): texts are
@@ -54,9 +54,8 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 AUTO_CPU: tuple[tuple[str, str], ...] = (("openvino", "fp32"), ("onnx", "fp32"))
 _SHARD_ROWS = 4096  # vectors per write: bounds the work a crash can lose
 # Padded tokens per forward pass at most (see `Embedder._batches`) where the runtime does not set its own
-# (`backends.batch_tokens`: OpenVINO streams 4,096-token batches). Measured on 2,351 registry texts across the
-# length range (load ~15 on 2 cores, 2 alternating rounds): 1.02-1.25x the speed of 128-text batches in
-# ascending order; also bounding texts x tokens^2 (16 texts of 256 tokens) saved 0.3 GiB but cost ~9%.
+# (`backends.batch_tokens`: OpenVINO streams 4,096-token batches): faster than 128-text batches in ascending
+# order, and a bound on texts x tokens^2 as well was not worth its cost (bench/README.md, "retrieval/embed.py").
 _BATCH_TOKENS = backends.BATCH_TOKENS
 # On a GPU: padded tokens and texts per forward pass at most. A GPU wants large batches (128 texts leave most of
 # it idle); 131,072 tokens of MiniLM in fp16 hold well under 1 GiB of activations.
@@ -169,7 +168,7 @@ class _DamagedShard(ValueError):
 
 def _checksum(keys: np.ndarray, vecs: np.ndarray) -> str:
     # CRC-32, not a cryptographic hash: it catches damage (the zip's own CRC does not cover a shard rewritten
-    # by another tool) and costs ~0.05 s on the 47k registry's vectors where blake2b cost ~0.5 s a warm run.
+    # by another tool) at a tenth of blake2b's time (bench/README.md, "retrieval/embed.py").
     crc = zlib.crc32(f"{vecs.shape[1]}:{vecs.dtype.str}:".encode())
     crc = zlib.crc32(np.ascontiguousarray(keys).data.cast("B"), crc)
     return f"{zlib.crc32(np.ascontiguousarray(vecs).data.cast('B'), crc):08x}"
@@ -499,10 +498,10 @@ class Embedder:
     def _batches(self, order: list[int], lengths: np.ndarray):
         """Runs of `order` (longest first) of at most `batch_size` texts and the runtime's padded-token budget
         (`backends.batch_tokens`; `_BATCH_TOKENS` for torch).
-        The token bound keeps a batch of long texts from holding 64 x 256-token activations per stream
-        (OpenVINO kept 3.3 GiB for one such batch); longest first, the runtime's buffers are allocated once
-        at their largest and reused by every later, smaller batch (ascending, each wider batch allocated
-        anew and the heap grew to 6.2 GiB on the 47k registry)."""
+        The token bound keeps a batch of long texts from holding 64 x 256-token activations per stream;
+        longest first, the runtime's buffers are allocated once at their largest and reused by every later,
+        smaller batch (ascending, each wider batch is allocated anew and the heap grows: bench/README.md,
+        "retrieval/embed.py")."""
         budget = backends.batch_tokens(self._runner) if self._runner is not None and self.backend != "torch" else _BATCH_TOKENS
         most = self.batch_size
         if self.device != "cpu":
@@ -546,11 +545,11 @@ class Embedder:
 
     def _order(self, texts: list[str]) -> tuple[list[int], backends.TokenIds | None, np.ndarray]:
         """Texts by token count, longest first, across the whole call: every batch is padded to the
-        longest of texts of (nearly) the same token count. Sorting by characters, as `encode` does,
-        padded the registry's batches to 1.8x its real tokens (symbols and URLs make many tokens per
-        character). With the export's tokenizer the ids are kept (packed, 4 bytes a token) and batches
-        are padded from them: each text is tokenised once (a first run: 5.5 s instead of 11.3 s
-        tokenising twice). Returns (order, kept ids or None, token counts)."""
+        longest of texts of (nearly) the same token count. Sorting by characters, as `encode` does, pads
+        batches far past their real tokens (symbols and URLs make many tokens per character). With the
+        export's tokenizer the ids are kept (packed, 4 bytes a token) and batches are padded from them:
+        each text is tokenised once (bench/README.md, "retrieval/embed.py"). Returns (order, kept ids or
+        None, token counts)."""
         t0 = time.perf_counter()
         kept: backends.TokenIds | None = None
         if self._tokenizer is not None:

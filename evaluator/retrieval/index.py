@@ -208,7 +208,7 @@ class SubsetSearch:
     With `folder`, every result is also kept on disk under a digest of the matrix, the queries and
     the subset (`<folder>/subsets-<digest>.npz`, written by `save`), and the full pass is made only
     when a search is not there: a rerun of an unchanged scaling study reads its results instead of
-    computing them (the pass and the re-scoring were 5 s of a 15 s warm study).
+    computing them (bench/README.md, "retrieval/index.py").
     """
 
     def __init__(self, vectors: np.ndarray, queries: np.ndarray, k: int, smallest: int,
@@ -358,7 +358,7 @@ def _write_npz(path: Path, **arrays: np.ndarray) -> None:
 
 
 class SearchMemo:
-    """`index.exact_search(queries, k)`, each query vector searched once: results are kept by the
+    """`VectorIndex.exact_search(queries, k)`, each query vector searched once: results are kept by the
     vector's bytes, in memory and (with `folder`) on disk under a digest of the index's matrix, so
     a rerun's stubs, all seen before, are not searched again. `exact_search` does not depend on which
     queries share a call, so a remembered row is the row a new search would give.
@@ -392,7 +392,7 @@ class SearchMemo:
                 self.found[bytes(key).ljust(16, b"\0")] = (sc, r)
 
     def search(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(scores, registry rows), each (n, k), as `index.exact_search(queries, k)` returns them."""
+        """(scores, registry rows), each (n, k), as `VectorIndex.exact_search(queries, k)` returns them."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         keys = [hashlib.blake2b(q.tobytes(), digest_size=16).digest() for q in queries]
         todo = list(dict.fromkeys(key for key in keys if key not in self.found))

@@ -15,7 +15,7 @@ from evaluator.llm.engine import STOP_GRACE_S
 
 # --batch-fallback: requests the batch API did not answer stop the study, or go online at the online price
 BATCH_FALLBACKS = ("stop", "online")
-BatchFallback = Literal[BATCH_FALLBACKS]  # type: ignore[valid-type]
+BatchFallback = Literal[BATCH_FALLBACKS]  # type: ignore[valid-type]  # a Literal of a tuple: pydantic reads it
 
 
 @dataclass(frozen=True)

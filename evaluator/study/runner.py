@@ -80,8 +80,8 @@ class Sink(Protocol):
 
 # Queries in flight at once: far above what the engines let through (a profile's concurrency, 16 by default, 128
 # at most among the shipped profiles; a query holds one or two calls at a time), and wide enough for the stub
-# batcher's batches. Each query in flight holds its prompts and replies: 4,096 of them were ~0.25 GiB of a cold
-# 10,000-query study (bench/scale.py).
+# batcher's batches. Each query in flight holds its prompts and replies (what a window of them holds:
+# bench/README.md, "study/runner.py").
 WINDOW = 1024
 
 
@@ -136,7 +136,8 @@ class StubBatcher:
         while True:
             items = [await self.queue.get()]
             # Let replies that arrive together share one embedding call and one batched FAISS search
-            # (FAISS's one-query path costs ~10x more per query); negligible next to LLM latency.
+            # (FAISS's one-query path is far slower per query: bench/README.md, "study/runner.py");
+            # negligible next to LLM latency.
             await asyncio.sleep(_LINGER_S)
             while not self.queue.empty():
                 items.append(self.queue.get_nowait())
@@ -235,8 +236,8 @@ class _Query:
     An architecture's planned block runs in a task of its own started from the query's context (a collect
     pass's per-branch state never leaks across), and computes its own outcome in that task; an outcome asked
     for by another architecture first (fusion's PtR when ptr is not run) gets a task of its own. Two tasks per
-    query for RtP + PtR, as before architectures were units (a task per outcome too made the runner's own
-    cost 1.5x on a warm rerun)."""
+    query for RtP + PtR, as before architectures were units (a task per outcome too costs the runner more:
+    bench/README.md, "study/runner.py")."""
 
     def __init__(self, unit: Unit, qi: int) -> None:
         self.unit, self.qi = unit, qi
@@ -449,8 +450,8 @@ class StudyRunner:
                         dict(r.width))
 
     def _query_hits(self, qi: int) -> Hits:
-        """The raw query's list, as architectures see it: made for each (unit, query), not kept (kept per query,
-        these lists were ~1 KiB of the memory per query of a study)."""
+        """The raw query's list, as architectures see it: made for each (unit, query), not kept per query
+        (bench/README.md, "study/runner.py")."""
         r = self.study.rtp[qi]
         return Hits([self.reg.ids[i] for i in r.rows], list(r.scores))
 
@@ -653,8 +654,8 @@ class StudyRunner:
                 await server
 
     async def run(self, units: Sequence[Unit], window: int = WINDOW) -> Sink:
-        """Every query of every unit, at most `window` queries in flight (a task per query of a 100,000-query
-        study at once held ~25 KiB each until the last finished, bench/scale.py), admitted by `Admission`:
+        """Every query of every unit, at most `window` queries in flight (not a task per query of a large study
+        at once: bench/README.md, "study/runner.py"), admitted by `Admission`:
         each model keeps its own share of the window busy, so two models' rate limits are spent side by
         side, not one after the other."""
         server = asyncio.create_task(self.batcher.serve())
@@ -704,9 +705,9 @@ class Admission:
     """Which (unit, query) starts next: every model keeps its own share of the window in flight.
 
     One window over the units in order (model by model) let the first model's queries fill it until they
-    were nearly done, so the second model's rate limit sat idle for half the study (bench/fanout: 1.42x
-    the floor). Here each model with queries left to start is guaranteed `share` = window // models of the
-    window, refilled as its own queries finish, whatever the others do; a share a model no longer fills
+    were nearly done, so the second model's rate limit sat idle for half the study (bench/README.md,
+    "study/runner.py"). Here each model with queries left to start is guaranteed `share` = window // models
+    of the window, refilled as its own queries finish, whatever the others do; a share a model no longer fills
     (all its queries started) goes to the models still starting theirs, one query each in turn, but never a
     slot another model is still owed. So the second model's first request goes out with the first model's,
     and a model stalled by its provider never holds back another's.

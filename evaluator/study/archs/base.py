@@ -92,7 +92,7 @@ class Discovery:
     scores: list[float] | None = None
     calls: dict[str, ChatResult] = field(default_factory=dict)
     reused: dict[str, ChatResult] = field(default_factory=dict)
-    trace: dict[str, Any] | None = None
+    trace: dict[str, Any] | None = None  # any JSON object of the architecture's (see above)
     block: ArchBlock | None = None
     plan: bool = True
     side: str | None = None
