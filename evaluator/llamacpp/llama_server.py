@@ -3,8 +3,8 @@
     with start_llamacpp(profile, cache_root) as srv:   # returns at once; `base_url` waits for health
         profile = dataclasses.replace(profile, base_url=srv.base_url, concurrency=srv.slots)
 
-The handle has the simulator's shape (`SimHandle`: `base_url`, `stats()`, `stop()`, a context manager), so the
-app starts and stops both in one place. A server that dies mid-run (killed, crashed) is started again by a
+The app drives it and the simulator through one protocol (`app.local_servers.ModelServer`: ready, locate, stats,
+stop), so no use case tells them apart. A server that dies mid-run (killed, crashed) is started again by a
 watchdog thread, up to `MAX_RESTARTS` times, on a free port the system picks (its old port may have been taken
 by another listener meanwhile: binding it again failed, and calls sent there reached that listener). The engine
 asks `locate()` for the URL at every request: the new server's once it answers `/health`, and no URL at all while
