@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import orjson
 
@@ -57,12 +57,18 @@ def cpu_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+class _CpuSample(NamedTuple):
+    busy_ticks: int  # clock ticks all work kept this process's cores busy
+    own_s: float  # this process's CPU seconds
+    at: float  # time.monotonic()
+
+
 def busy_cores(window_s: float = 0.5) -> tuple[float, float] | None:
     """(all, own) cores busy over the next `window_s` on the cores this process may run on: all work, from
     `/proc/stat`'s lines of those cores, and this process's own share (`os.times`). None where there is no
     `/proc/stat` (not Linux)."""
 
-    def sample() -> tuple[int, float, float]:
+    def sample() -> _CpuSample:
         mine = {f"cpu{i}" for i in os.sched_getaffinity(0)}
         busy = 0
         with open("/proc/stat") as f:
@@ -72,7 +78,7 @@ def busy_cores(window_s: float = 0.5) -> tuple[float, float] | None:
                     v = [int(x) for x in fields[:8]]
                     busy += sum(v) - v[3] - v[4]  # all but idle and iowait
         t = os.times()
-        return busy, t.user + t.system, time.monotonic()
+        return _CpuSample(busy, t.user + t.system, time.monotonic())
 
     try:
         b0, o0, t0 = sample()
