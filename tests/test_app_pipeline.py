@@ -4,6 +4,7 @@ servers (simulator, llama.cpp) driven through one protocol (`app.local_servers.M
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import dataclasses
@@ -160,3 +161,51 @@ def test_a_simulated_profile_gets_a_server_behind_the_protocol(tmp_path: Path) -
         assert stats.llamacpp is None and stats.simulator is not None and stats.simulator.requests == 0
         proc = server.handle.proc
     assert proc.poll() is not None  # stopped with the stack
+
+
+# ---------------------------------------------------------------- Meta made in one place
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def meta_offences(source: str, where: str = "") -> list[str]:
+    """`Meta(...)` made outside `build_meta`, and a field of a `meta` changed after it was made (`meta.x = ...`,
+    `meta.runtime.timings = ...`)."""
+    tree = ast.parse(source)
+    bad = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Meta" \
+                    and fn.name != "build_meta":
+                bad.append(f"{where}:{node.lineno}: Meta(...) in {fn.name}")
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+            for t in targets:
+                base = t
+                while isinstance(base, ast.Attribute | ast.Subscript):
+                    base = base.value
+                if base is not t and isinstance(base, ast.Name) and base.id == "meta":
+                    bad.append(f"{where}:{node.lineno}: {ast.unparse(t)} changed in {fn.name}")
+    return sorted(set(bad))
+
+
+def test_a_studys_meta_is_made_in_one_place_and_never_changed() -> None:
+    bad = [b for p in sorted((REPO / "evaluator" / "app").rglob("*.py"))
+           for b in meta_offences(p.read_text(encoding="utf-8"), str(p.relative_to(REPO)))]
+    assert not bad, "meta.json is built by app.run_study.build_meta from the stages' results:\n" + "\n".join(bad)
+    planted = ("def run(s):\n    meta = Meta(s)\n    meta.llm_stats = {}\n    meta.runtime.timings['x'] = 1\n"
+               "def build_meta(r):\n    return Meta(r)\n")
+    assert meta_offences(planted, "p") == ["p:2: Meta(...) in run", "p:3: meta.llm_stats changed in run",
+                                           "p:4: meta.runtime.timings['x'] changed in run"]
+
+
+def test_only_local_servers_knows_which_kind_of_server_it_started() -> None:
+    """The use cases drive a server through `ModelServer` alone: no other app module names a kind of handle."""
+    kinds = {"SimHandle", "LlamaHandle", "start_simulator", "start_llamacpp", "Simulator", "LlamaCpp"}
+    bad = [f"{p.relative_to(REPO)}:{node.lineno}: {name}" for p in sorted((REPO / "evaluator" / "app").rglob("*.py"))
+           if p.name != "local_servers.py" for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+           for name in ([node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute)
+                        else [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []) if name in kinds]
+    assert not bad, "app modules telling the servers apart (use app.local_servers.ModelServer):\n" + "\n".join(bad)
