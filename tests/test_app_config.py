@@ -15,7 +15,7 @@ from evaluator.cli.main import main
 from evaluator.core.errors import ConfigError
 from evaluator.settings.invocation import Invocation, ProfileOverrides
 from evaluator.settings.load import load, load_settings
-from evaluator.settings.sections import AnalysisSettings, RunSettings, Settings
+from evaluator.settings.sections import AnalysisSettings, RunSettings
 from evaluator.settings.subsets import analysis_subsets
 
 
@@ -140,8 +140,8 @@ def test_analysis_subsets_the_run_lacks_fail_before_any_work(tmp_path: Path, dat
 
 
 def test_profile_overrides_from_flags() -> None:
-    s = Settings(run=RunSettings(models=("sim",)))
-    p = load_profiles(s, Invocation(overrides=ProfileOverrides(max_tokens=77, timeout_s=9.5, concurrency=3)))["sim"]
+    run = RunSettings(models=("sim",))
+    p = load_profiles(run, Invocation(overrides=ProfileOverrides(max_tokens=77, timeout_s=9.5, concurrency=3)))["sim"]
     assert (p.max_tokens, p.timeout_s, p.concurrency) == (77, 9.5, 3)
 
 

@@ -384,6 +384,68 @@ def test_our_modules_and_names_are_imported_under_their_own_names() -> None:
                                             "p:3: import evaluator.core.errors as E", "p:4: from .sibling import f as g"]
 
 
+# ---------------------------------------------------------------- typed results
+
+def wide_tuples(source: str, where: str = "") -> list[str]:
+    """Functions that return a `tuple[...]` of more than two elements (a variadic `tuple[X, ...]` aside): the return
+    annotation is one, or one member of a union (`| None`), written out, quoted or through a module-level alias
+    (`Key = tuple[a, b, c]`). A tuple inside a container (`dict[Key, float]`, `Iterator[...]`) is a key or an
+    element, not the function's result. The reader of such a result has to know what each position means."""
+    tree = ast.parse(source)
+    aliases: dict[str, ast.expr] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            aliases[node.targets[0].id] = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            aliases[node.target.id] = node.value
+
+    def name(node: ast.expr) -> str:
+        return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+    def wide(node: ast.expr | None, seen: frozenset[str] = frozenset()) -> bool:
+        if node is None:
+            return False
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a quoted annotation
+            try:
+                return wide(ast.parse(node.value, mode="eval").body, seen)
+            except SyntaxError:
+                return False
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):  # a | b
+            return wide(node.left, seen) or wide(node.right, seen)
+        if isinstance(node, ast.Name) and node.id in aliases and node.id not in seen:
+            return wide(aliases[node.id], seen | {node.id})
+        if isinstance(node, ast.Subscript):
+            elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            if name(node.value) in ("Optional", "Union"):
+                return any(wide(e, seen) for e in elts)
+            if name(node.value) in ("tuple", "Tuple"):
+                return len(elts) > 2 and not any(isinstance(e, ast.Constant) and e.value is Ellipsis for e in elts)
+        return False
+
+    return [f"{where}:{node.lineno}: {node.name} -> {ast.unparse(node.returns)}" for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and wide(node.returns)]
+
+
+def test_no_function_returns_a_bare_tuple_of_more_than_two() -> None:
+    """A result of three or more values is a dataclass or a NamedTuple whose fields say what each is (`ModelsRun`,
+    `RecordKey`), not a bare tuple whose positions the caller must know."""
+    bad = [b for p in sorted((REPO / "evaluator").rglob("*.py"))
+           for b in wide_tuples(p.read_text(encoding="utf-8"), str(p.relative_to(REPO)))]
+    assert not bad, "functions returning a bare tuple of more than two (return a typed result):\n" + "\n".join(bad)
+    planted = ("Key = tuple[str, int, str]\n"
+               "def a() -> tuple[int, int, int]: ...\n"
+               "def b() -> tuple[int, int, str] | None: ...\n"
+               "async def c() -> Key: ...\n"
+               "def d() -> 'tuple[int, str, str]': ...\n"
+               "def e() -> Optional[typing.Tuple[int, str, str]]: ...\n"
+               "def f() -> tuple[int, str]: ...\n"
+               "def g() -> tuple[int, ...]: ...\n"
+               "def h(x: tuple[int, int, int]) -> dict[Key, tuple[int, int, int]]: ...\n"
+               "def i():\n    def inner() -> tuple[int, int, int]: ...\n")
+    assert [b.split(" ->")[0] for b in wide_tuples(planted, "p")] == ["p:2: a", "p:3: b", "p:4: c", "p:5: d",
+                                                                       "p:6: e", "p:11: inner"]
+
+
 # ---------------------------------------------------------------- every default and rule once
 
 def literal_places(value: object, where: dict[str, str]) -> list[str]:

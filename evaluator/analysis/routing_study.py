@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pydantic
@@ -338,11 +338,19 @@ def sweep(d: ModelData, signal: str, sel: np.ndarray | None = None,
     return [(float(t), o) for t, o in zip(taus, score_policies(d, policies, sel), strict=True)]
 
 
+class _Objective(NamedTuple):
+    """What `choose` minimises, in order."""
+
+    recall: float  # the mean recall, negated
+    tokens: float
+    tau: float
+
+
 def choose(points: Sequence[tuple[float, PolicyScore]], gold: str) -> tuple[float, PolicyScore]:
     """The objective: highest mean recall, then fewest tokens, then the lowest threshold."""
-    def key(p: tuple[float, PolicyScore]) -> tuple[float, float, float]:
+    def key(p: tuple[float, PolicyScore]) -> _Objective:
         # Rounded so that float noise in a mean never outranks a real token saving.
-        return (-round(p[1].mean(policy_metric(Metric.RECALL, gold)), 9), round(p[1].mean(TOKENS), 6), p[0])
+        return _Objective(-round(p[1].mean(policy_metric(Metric.RECALL, gold)), 9), round(p[1].mean(TOKENS), 6), p[0])
 
     return min(points, key=key)
 

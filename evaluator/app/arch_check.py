@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluator.app.run_study import checked_inputs, load_profiles, prepare_study, start_servers, use_servers
+from evaluator.app.local_servers import served, start_servers
+from evaluator.app.run_study import load_checked, load_profiles, prepare_study
 from evaluator.core import aio
 from evaluator.core.errors import ConfigError
 from evaluator.core.paths import EXAMPLES_DIR, resolve_path
@@ -102,27 +103,28 @@ def check(spec: str, s: Settings, inv: Invocation, reporter: Reporter = SILENT) 
     if not archs.is_plugin_spec(spec):
         raise ConfigError(f"arch check {spec}: name a plugin as path/to/file.py:ClassName or package.module:ClassName "
                           "(the built-ins are checked by the test suite).")
-    name = next(iter(archs.resolve([spec], 0.0, resolve_path)))  # loads and checks it: one line if broken
+    lineup = archs.resolve([spec], resolve_path)  # loads and checks it: one line if broken
+    name = next(iter(lineup.specs))
     if len(s.run.models) != 1:
         raise ConfigError("arch check tries a plugin against one model: pass one --model.")
     cache_root = resolve_path(s.run.cache_dir)
     check_writable(cache_root, "--cache-dir")
     overrides = inv.overrides
-    profiles = load_profiles(s, inv)
+    profiles = load_profiles(s.run, inv)
     model, profile = next(iter(profiles.items()))
     if profile.simulated and overrides.structured is None:  # the simulator answers a schema once it is sent
-        profiles = load_profiles(s, dataclasses.replace(inv, overrides=dataclasses.replace(overrides,
+        profiles = load_profiles(s.run, dataclasses.replace(inv, overrides=dataclasses.replace(overrides,
                                                                                          structured="json_schema")))
         profile = profiles[model]
     with contextlib.ExitStack() as stack:
         servers = start_servers(stack, profiles, cache_root)
-        checked = checked_inputs(s, inv, reporter)
-        study = prepare_study(checked.settings, checked.inputs, cache_root, reporter)
-        use_servers(profiles, servers)
-        queries = aio.run(_run(study, profiles[model], cache_root, name, inv.fail_fast))
+        loaded = load_checked(s, inv, reporter)
+        study = prepare_study(loaded.settings, loaded.inputs, cache_root, reporter, lineup)
+        serving = served(profiles, servers)
+        queries = aio.run(_run(study, serving[model], cache_root, name, inv.fail_fast))
     registry = s.data.tools or s.data.dir
-    return ArchChecked(spec, name, model, profile.simulated, profiles[model].structured, str(registry),
-                       len(study.registry), checked.settings.retrieval.retriever, queries)
+    return ArchChecked(spec, name, model, profile.simulated, serving[model].structured, str(registry),
+                       len(study.registry), loaded.settings.retrieval.retriever, queries)
 
 
 async def _run(study: Any, profile: Any, cache_root: Path, name: str, fail_fast: bool) -> list[QueryChecked]:

@@ -11,14 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluator.app.dry_run import plan_requests, write_plan
-from evaluator.app.run_study import (
-    check_archs,
-    checked_inputs,
-    load_profiles,
-    prepare_study,
-    start_servers,
-    use_servers,
-)
+from evaluator.app.local_servers import served, start_servers
+from evaluator.app.run_study import load_checked, load_profiles, prepare_study, resolve_archs
 from evaluator.batch import collect, ray_engine
 from evaluator.batch.ray_engine import RayOptions, RayRun, run_requests_ray
 from evaluator.batch.request_files import offline_profile, run_requests
@@ -56,10 +50,10 @@ def export_requests(s: Settings, inv: Invocation, out: Path, reporter: Reporter 
     check_writable(cache_root, "--cache-dir")
     if not s.run.models:
         raise ConfigError("requests export: name the model(s) with --model PROFILE")
-    profiles = load_profiles(s, inv, offline=True)
-    check_archs(s)
-    checked = checked_inputs(s, inv, reporter)
-    study = prepare_study(checked.settings, checked.inputs, cache_root, reporter)
+    profiles = load_profiles(s.run, inv, offline=True)
+    lineup = resolve_archs(s.run)
+    loaded = load_checked(s, inv, reporter)
+    study = prepare_study(loaded.settings, loaded.inputs, cache_root, reporter, lineup)
     todo = aio.run(collect.collect(study, profiles, cache_root))
     store = JobStore(cache_root)
     try:
@@ -100,16 +94,15 @@ def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, rep
         ray_engine.check(profile, ray)  # Ray missing, vLLM missing, a pace Ray cannot keep: one line, before any start
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        profiles = {profile.name: profile}
-        servers = start_servers(stack, profiles, cache_root)
-        use_servers(profiles, servers)
+        servers = start_servers(stack, {profile.name: profile}, cache_root)
+        serving = served({profile.name: profile}, servers)[profile.name]
         server = servers.get(profile.name)
         ran: RayRun | None = None
         if ray is not None:
-            results, stats, ran = run_requests_ray(requests, profiles[profile.name], cache_root, ray, reporter=reporter)
+            results, stats, ran = run_requests_ray(requests, serving, cache_root, ray, reporter=reporter)
         else:
-            results, stats = aio.run(run_requests(requests, profiles[profile.name], cache_root, reporter=reporter,
-                                                  grace_s=grace_s, locate=getattr(server, "locate", None)))
+            results, stats = aio.run(run_requests(requests, serving, cache_root, reporter=reporter,
+                                                  grace_s=grace_s, locate=server.locate if server else None))
     write_lines(out, results)
     return RanFile(results, stats, time.perf_counter() - t0, ran)
 

@@ -1,7 +1,14 @@
-"""The application: prepare → run models → write outputs → analyses → render.
+"""The study as a pipeline: checks → load and check the inputs → prepare → run the models (or RtP alone) → write
+the records → the analyses beside the main study (scaling, routing) → render.
 
-Knows the order of the stages and the output folder; knows nothing of argparse or exit codes (see
-`cli`). Every check that can fail on a user's input runs before embedding or any LLM call.
+Each stage is a function handed its inputs and the settings section it reads, returning a typed result
+(`Ready`, `Loaded`, `PreparedStudy`, `ModelsRun`, `StudyState`, `Extras`, `Memory`, `Rendered`); `run` calls them in order and
+holds nothing else. What meta.json says is built by one function, `build_meta`, from the results so far (`Results`),
+and every stage's seconds are gathered there from the results that carry them (`Results.timings`). meta.json is
+written twice: once with the records, before queries.jsonl, so a crash in the analyses or the render still leaves
+a folder `report` re-renders and a rerun resumes into; and once complete after the render (whose own seconds it
+states). Knows nothing of argparse or exit codes (see `cli`). Every check that can fail on a user's input runs
+before embedding or any LLM call.
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import TypeAdapter
 
 from evaluator import __version__
 from evaluator.analysis import routing_study, scaling_study
 from evaluator.app.dry_run import PLAN_FILE, plan_study, write_plan
+from evaluator.app.local_servers import ModelServer, ServerStats, served, start_servers
 from evaluator.app.memo import Memo
 from evaluator.app.outputs import about, render_outputs, routing_options
 from evaluator.batch import collect
@@ -44,7 +53,6 @@ from evaluator.results.schema import (
     QUERIES_FILE,
     ROUTING_FILE,
     SCALING_FILE,
-    LocalServer,
     Meta,
     ModelInfo,
     OutputDir,
@@ -52,7 +60,6 @@ from evaluator.results.schema import (
     Record,
     RegistryInfo,
     Runtime,
-    SimulatorStats,
     check_writable,
     other_study,
     plain,
@@ -63,8 +70,15 @@ from evaluator.retrieval.index import searches_folder
 from evaluator.retrieval.lexical import BM25Index
 from evaluator.retrieval.retrievers import Hybrid, Lexical
 from evaluator.settings.invocation import Invocation
-from evaluator.settings.sections import Fitted, RetrievalSettings, Settings
-from evaluator.settings.subsets import analysis_subsets
+from evaluator.settings.sections import (
+    AnalysisSettings,
+    DataSettings,
+    Fitted,
+    RetrievalSettings,
+    RunSettings,
+    Settings,
+)
+from evaluator.settings.subsets import AnalysisSubsets, analysis_subsets
 from evaluator.study import archs
 from evaluator.study.prepare import Inputs, PreparedStudy, load_inputs, prepare
 from evaluator.study.runner import (
@@ -75,7 +89,6 @@ from evaluator.study.runner import (
     probe_archs,
     retrieval_only_records,
 )
-from simulator.harness import SimHandle, start_simulator
 
 Log = Callable[[str], None]
 
@@ -105,32 +118,123 @@ class RunOutcome:
     message: str = ""  # set when the invocation did something else than a study (--batch-cancel)
 
 
+# ---------------------------------------------------------------- the study, stage by stage
+
+
+def run(s: Settings, inv: Invocation, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> RunOutcome:
+    """The study: each stage in turn, handed what the ones before returned."""
+    created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    ready = check_study(s.run, inv, retrieval_only)
+    if inv.batch == "cancel" and ready.profiles:
+        return cancel_batches(ready, inv, reporter)
+    with contextlib.ExitStack() as stack:
+        od = OutputDir(ready.out)
+        stack.enter_context(od.writing("a study", reporter.info))  # one writer per --out, before any work
+        claim = OutputClaim() if inv.dry_run else claim_output(od, s, inv, retrieval_only, reporter)
+        # Simulated and bundled models' servers start now and get ready beside the loading and embedding below.
+        servers = {} if inv.dry_run else start_servers(stack, ready.profiles, ready.cache_root)
+        loaded = load_checked(s, inv, reporter, analyses=not retrieval_only and inv.extras)
+        s = loaded.settings  # the k-ablation fitted to the registry
+        if not inv.dry_run:
+            claim = same_data(od, claim, loaded.inputs, inv, reporter)
+        study = prepare_study(s, loaded.inputs, ready.cache_root, reporter, ready.lineup)
+        if ready.lineup is not None and ready.profiles:  # each plugin once on one query, nothing sent: checked
+            aio.run(probe_archs(study, ready.lineup))  # before any call
+        if inv.dry_run and ready.profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
+            return RunOutcome(ready.out, message=write_plan(plan_study(study, ready.profiles, ready.cache_root),
+                                                            ready.out / PLAN_FILE))
+        extras = plan_extras(s.run, s.analysis, inv.extras, study) if ready.profiles else None
+        # Each finished record goes to the spill: past `stream.held()` of them, to disk, so memory does not grow
+        # with the study; `write_records` writes queries.jsonl and returns the records (a list, or a stream).
+        spill = RecordSpill(od)
+        models = record_study(study, ready, servers, inv, reporter, spill)
+        results = Results(s, loaded.fitted, created, ready.profiles, study_state(study, s.data), models, extras)
+        meta = build_meta(results)
+        records = write_records(od, claim, spill, meta)
+        # an unchanged rerun reads the analyses of these records back (app.memo)
+        kept = Memo(CacheLayout(ready.cache_root).analyses, od.path / QUERIES_FILE)
+        if extras is not None:
+            extras = run_extras(extras, s.analysis, s.retrieval, study, records, meta, od, reporter, kept)
+        # the peak memory before the report, which states it
+        results = dataclasses.replace(results, extras=extras, memory=measure_memory(study))
+        rendered = render_study(od, ready.cache_root, build_meta(results), records, kept)
+        od.write_meta(build_meta(dataclasses.replace(results, rendered=rendered)))
+        return outcome(ready, records, models)
+
+
 # ---------------------------------------------------------------- checks before any work
 
 
-def output_path(s: Settings) -> Path:
-    return Path(s.run.out) if s.run.out else Path("results") / time.strftime("%Y%m%d-%H%M%S")
+@dataclass(frozen=True)
+class Ready:
+    """What the checks before any work settled: where the study writes, its models' profiles as declared (none
+    for RtP alone) and its architectures, resolved once (None for RtP alone)."""
+
+    out: Path
+    cache_root: Path
+    profiles: dict[str, ModelProfile]
+    lineup: archs.Lineup | None
 
 
-def load_profiles(s: Settings, inv: Invocation, *, offline: bool = False) -> dict[str, ModelProfile]:
+def output_path(run: RunSettings) -> Path:
+    return Path(run.out) if run.out else Path("results") / time.strftime("%Y%m%d-%H%M%S")
+
+
+def check_study(run: RunSettings, inv: Invocation, retrieval_only: bool) -> Ready:
+    """Every check that needs no data, before any work: writable folders, profiles, architectures, prices for
+    a budget, batch APIs for --batch; each failure one line."""
+    out = output_path(run)
+    cache_root = resolve_path(run.cache_dir)
+    check_writable(cache_root, "--cache-dir")
+    check_writable(out, "--out")
+    profiles = {} if retrieval_only else load_profiles(run, inv, offline=inv.dry_run)
+    lineup = None if retrieval_only else resolve_archs(run)
+    if inv.budget_usd is not None and profiles and not inv.dry_run:
+        check_priced(profiles)  # a budget needs prices and max_tokens: one line, before any work
+    if inv.batch and profiles:
+        collect.check(profiles)  # a profile without a batch API: one line, before any work
+        if inv.batch == "cancel" and inv.dry_run:  # a dry run sends nothing, and cancelling is a request
+            raise ConfigError("--dry-run and --batch-cancel do not go together: drop one of them.")
+    return Ready(out, cache_root, profiles, lineup)
+
+
+def cancel_batches(ready: Ready, inv: Invocation, reporter: Reporter) -> RunOutcome:
+    """`--batch-cancel`: no study; every open batch of these models cancelled."""
+    stats = collect.cancel(ready.profiles, ready.cache_root, reporter.info)
+    return RunOutcome(ready.out, message=collect.cancel_message(stats))
+
+
+def load_profiles(run: RunSettings, inv: Invocation, *, offline: bool = False) -> dict[str, ModelProfile]:
     """Every profile resolved and checked (types, keys present) before any work starts.
 
     `offline`: for building cache keys only (request export): no key needed, no endpoint contacted."""
     profiles: dict[str, ModelProfile] = {}
-    for name in dict.fromkeys(s.run.models):
+    for name in dict.fromkeys(run.models):
         p = offline_profile(name, **inv.overrides.as_kwargs()) if offline else load_profile(name, **inv.overrides.as_kwargs())
         if p.name in profiles:
             raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
         if p.local_model and not p.base_url and not offline:
-            llama_server.check(p, resolve_path(s.run.cache_dir))  # server and weights installed: one line now
+            llama_server.check(p, resolve_path(run.cache_dir))  # server and weights installed: one line now
         profiles[p.name] = p
     return profiles
 
 
-def check_archs(s: Settings) -> None:
+def resolve_archs(run: RunSettings) -> archs.Lineup:
     """Every --archs name a built-in's and every plugin imported and checked (`study.archs.resolve`): one line
-    before any work."""
-    archs.resolve(s.run.archs, 0.0, resolve_path)
+    before any work. Route's τ is bound once RtP has run (`archs.Lineup.make`)."""
+    return archs.resolve(run.archs, resolve_path)
+
+
+# ---------------------------------------------------------------- the inputs, loaded and checked
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The data loaded and checked, and the settings the study runs with on it."""
+
+    settings: Settings  # as loaded, but the config's k-ablation budgets above the registry left out
+    inputs: Inputs
+    fitted: dict[str, Fitted]  # what was fitted to the data, and why (meta.json `fitted`)
 
 
 def check_inputs(s: Settings, inv: Invocation, inputs: Inputs) -> None:
@@ -149,16 +253,7 @@ def check_inputs(s: Settings, inv: Invocation, inputs: Inputs) -> None:
                         + (f" (--limit {data.limit})" if data.limit else "") + "; check --subsets and the data folder.")
 
 
-@dataclass(frozen=True)
-class Checked:
-    """The data loaded and checked, and the settings the study runs with on it."""
-
-    settings: Settings  # as loaded, but the config's k-ablation budgets above the registry left out
-    inputs: Inputs
-    fitted: dict[str, Fitted]  # what was fitted to the data, and why (meta.json `fitted`)
-
-
-def checked_inputs(s: Settings, inv: Invocation, reporter: Reporter, *, analyses: bool = False) -> Checked:
+def load_checked(s: Settings, inv: Invocation, reporter: Reporter, *, analyses: bool = False) -> Loaded:
     """The data loaded and every check on it passed (and the config's ablation budgets fitted), before
     anything is embedded. `analyses`: an [analysis] subset the data lacks is one line now, not after
     the LLM phase."""
@@ -168,13 +263,7 @@ def checked_inputs(s: Settings, inv: Invocation, reporter: Reporter, *, analyses
     if analyses:
         analysis_subsets(s.analysis, sorted({q.subset for q in inputs.queries}))
     retrieval, fitted = fit_ks_to_registry(s.retrieval, inv.cli_keys, inputs.registry, reporter.info)
-    return Checked(dataclasses.replace(s, retrieval=retrieval), inputs, fitted)
-
-
-def prepare_study(s: Settings, inputs: Inputs, cache_root: Path, reporter: Reporter = SILENT) -> PreparedStudy:
-    """`study.prepare` handed the sections it needs: the checked inputs embedded and RtP retrieved."""
-    return prepare(inputs, embed=s.embed, retrieval=s.retrieval, run=s.run, cache_root=cache_root,
-                   progress=reporter.progress, reporter=reporter)
+    return Loaded(dataclasses.replace(s, retrieval=retrieval), inputs, fitted)
 
 
 def warn_data(inputs: Inputs, reporter: Reporter) -> None:
@@ -200,33 +289,15 @@ def fit_ks_to_registry(retrieval: RetrievalSettings, cli_keys: frozenset[str], r
     return dataclasses.replace(retrieval, ks=used), {"retrieval.ks": Fitted(asked=ks, used=used, why=why)}
 
 
-# ---------------------------------------------------------------- the study
+def prepare_study(s: Settings, inputs: Inputs, cache_root: Path, reporter: Reporter = SILENT,
+                  lineup: archs.Lineup | None = None) -> PreparedStudy:
+    """`study.prepare` handed the sections it needs: the checked inputs embedded and RtP retrieved; `lineup`:
+    the architectures `check_study` resolved, which every runner of the study makes its own from."""
+    return prepare(inputs, embed=s.embed, retrieval=s.retrieval, run=s.run, cache_root=cache_root,
+                   progress=reporter.progress, reporter=reporter, lineup=lineup)
 
 
-def run(s: Settings, inv: Invocation, *, reporter: Reporter = SILENT, retrieval_only: bool = False) -> RunOutcome:
-    out = output_path(s)
-    cache_root = resolve_path(s.run.cache_dir)
-    check_writable(cache_root, "--cache-dir")
-    check_writable(out, "--out")
-    profiles = {} if retrieval_only else load_profiles(s, inv, offline=inv.dry_run)
-    if not retrieval_only:
-        check_archs(s)
-    if inv.budget_usd is not None and profiles and not inv.dry_run:
-        check_priced(profiles)  # a budget needs prices and max_tokens: one line, before any work
-    if inv.batch and profiles:
-        collect.check(profiles)  # a profile without a batch API: one line, before any work
-        if inv.batch == "cancel":
-            if inv.dry_run:  # a dry run sends nothing, and cancelling is a request
-                raise ConfigError("--dry-run and --batch-cancel do not go together: drop one of them.")
-            stats = collect.cancel(profiles, cache_root, reporter.info)
-            return RunOutcome(out, message=collect.cancel_message(stats))
-    with contextlib.ExitStack() as stack:
-        od = OutputDir(out)
-        stack.enter_context(od.writing("a study", reporter.info))  # one writer per --out, before any work
-        claim = OutputClaim() if inv.dry_run else claim_output(od, s, inv, retrieval_only, reporter)
-        # Simulated and bundled models' servers start now and get ready beside the loading and embedding below.
-        sims = start_servers(stack, profiles, cache_root) if profiles and not inv.dry_run else {}
-        return _run_study(s, inv, out, cache_root, profiles, sims, reporter, retrieval_only, claim)
+# ---------------------------------------------------------------- the output folder claimed
 
 
 @dataclass
@@ -283,159 +354,105 @@ def same_data(od: OutputDir, claim: OutputClaim, inputs: Inputs, inv: Invocation
     return _claimed(od, OutputClaim(None, why), inv, reporter) if why else claim
 
 
-def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profiles: dict[str, ModelProfile],
-               sims: dict[str, Server], reporter: Reporter, retrieval_only: bool, claim: OutputClaim) -> RunOutcome:
-    checked = checked_inputs(s, inv, reporter, analyses=not retrieval_only and inv.extras)
-    s = checked.settings  # the k-ablation fitted to the registry
-    if not inv.dry_run:
-        claim = same_data(OutputDir(out), claim, checked.inputs, inv, reporter)
-    study = prepare_study(s, checked.inputs, cache_root, reporter)
-    if profiles:  # each plugin once on one query, nothing sent: what it returns is checked before any call
-        aio.run(probe_archs(study, archs.resolve(s.run.archs, 0.0, resolve_path)))
-    if inv.dry_run and profiles:  # --dry-run: the plan of the LLM phase; nothing is sent
-        return RunOutcome(out, message=write_plan(plan_study(study, profiles, cache_root), out / PLAN_FILE))
-    od = OutputDir(out)
-    # Each finished record goes to the spill: past `stream.held()` of them, to disk, so memory does not grow
-    # with the study; `finish` writes queries.jsonl and returns the records (a list, or a stream over the file).
-    spill = RecordSpill(od)
-    if retrieval_only:
+# ---------------------------------------------------------------- the records: the models run, or RtP alone
+
+
+@dataclass(frozen=True)
+class ModelsRun:
+    """The LLM stage's accounting, per model: the engine's calls, what its local server counted (simulated and
+    bundled models), the batch APIs' work (--batch), and the chat calls each architecture's code made."""
+
+    llm_stats: dict[str, CallStats]
+    servers: dict[str, ServerStats]
+    batch: dict[str, BatchStats]
+    arch_calls: dict[str, dict[str, int]]
+    seconds: float
+
+
+def record_study(study: PreparedStudy, ready: Ready, servers: dict[str, ModelServer], inv: Invocation,
+                 reporter: Reporter, spill: RecordSpill) -> ModelsRun | None:
+    """The records into `spill`: every (model, run, query) through every architecture, or RtP's retrieval alone
+    when no model is named (None). A stage that stops discards the spill (a rerun makes them again from the
+    cache)."""
+    if not ready.profiles:
         retrieval_only_records(study, spill)
-        meta = build_meta(study, {}, s, checked.fitted)
-    else:
-        # meta states the profiles as declared: an auto-started simulator's port is an accident of this run
-        budget = Budget(inv.budget_usd) if inv.budget_usd is not None else None
-        try:
-            llm_stats, sim_stats, batch_stats, arch_calls = run_models(
-                study, dict(profiles), cache_root, reporter, budget=budget, sims=sims, inv=inv, sink=spill)
-        except BudgetExhausted:  # what remains, priced from the cache now holding every reply received
-            spill.discard()
-            assert budget is not None
-            rest = plan_study(study, profiles, cache_root)
-            raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
-        except BaseException:
-            spill.discard()
-            raise
-        meta = build_meta(study, profiles, s, checked.fitted)
-        meta.llm_stats = llm_stats
-        meta.runtime.arch_calls = arch_calls
-        meta.runtime.simulator_stats = {n: v for n, v in sim_stats.items() if isinstance(v, SimulatorStats)}
-        local = {n: v for n, v in sim_stats.items() if isinstance(v, LocalServer)}
-        if local:  # the bundled model's file, hash, server version, threads, slots and counters
-            meta.runtime.local_server = local
-        meta.batch = batch_stats
-        meta.cost = {n: accounting(p, meta.llm_stats.get(n), meta.batch.get(n)) for n, p in profiles.items()}
-    if claim.replace is not None:  # --overwrite: the other study's files go now, never mixed with this one's
-        od.clear(also=(PLAN_FILE, VIEW_FILE, parts_folder(VIEW_FILE)))
-    od.write_meta(meta)
-    records = spill.finish()
-    # an unchanged rerun reads the analyses of these records back (app.memo)
-    kept = Memo(CacheLayout(cache_root).analyses, od.path / QUERIES_FILE)
-    if not retrieval_only:
-        notes = run_extras(s, inv, study, records, meta, od, reporter, kept)
-        meta.analysis_notes = notes
-        od.write_meta(meta)
-    meta.runtime.peak_rss_mib = peak_rss_mib()  # before the report, which states it
-    meta.runtime.peak_gpu_mib = gpu_peak_mib(study.embedder.device)
-    t = time.perf_counter()
-    render_outputs(od, store_dir=CacheLayout(cache_root).figures, meta=meta, records=records, kept=kept)
-    study.timings["render_s"] = time.perf_counter() - t
-    meta.runtime.timings = study.timings  # every stage's seconds (bench/warm_run.py reads them)
-    od.write_meta(meta)
-    failed: Counter[str] = Counter()
-    cut: Counter[str] = Counter()
-    blocks: dict[tuple[str, str], FailedBlocks] = {}
-    specs = {name: spec for name, (spec, _) in archs.resolve(s.run.archs, 0.0, resolve_path).items()} \
-        if not retrieval_only else {}
-    for r in records:  # one pass: the records may be a stream over queries.jsonl
-        failed.update(r.failed_calls)
-        cut.update(c for b in r.archs.values() if not (b.side and b.side in r.archs) for c in b.cut_replies())
-        for name, f in r.failed_blocks:
-            got = blocks.get((name, f.kind))
-            if got is None:
-                blocks[(name, f.kind)] = FailedBlocks(specs.get(name, name), f.kind, 1, f"model {r.model} run {r.run} "
-                                                      f"{r.subset} query {r.query_id}", f.error)
-            else:
-                got.count += 1
-    order = list(specs)
-    ranked = [blocks[key] for key in sorted(blocks, key=lambda nk: (
-        order.index(nk[0]) if nk[0] in order else len(order), FAILURE_KINDS.index(nk[1])))]
-    estimated = sum(st.usage_estimated for st in meta.llm_stats.values())
-    return RunOutcome(out, failed, ranked, cut=cut, usage_estimated=estimated)
+        return None
+    budget = Budget(inv.budget_usd) if inv.budget_usd is not None else None
+    try:
+        return run_models(study, ready.profiles, ready.cache_root, reporter, budget=budget, servers=servers, inv=inv,
+                          sink=spill)
+    except BudgetExhausted:  # what remains, priced from the cache now holding every reply received
+        spill.discard()
+        assert budget is not None
+        rest = plan_study(study, ready.profiles, ready.cache_root)
+        raise BudgetExhausted(f"{budget.stop_message()} {rest.remaining()}") from None
+    except BaseException:
+        spill.discard()
+        raise
 
 
-def peak_rss_mib() -> PeakMemory:
-    """Peak resident memory so far (getrusage's ru_maxrss): of this process, of its largest finished
-    child (the model export runs in one) and the larger of the two."""
-    scale = 2**20 if sys.platform == "darwin" else 2**10  # bytes on macOS, KiB on Linux
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
-    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale / 2**20
-    return PeakMemory(largest_process=round(max(own, child), 1), this_process=round(own, 1),
-                      largest_child=round(child, 1))
+@dataclass(frozen=True)
+class StudyState:
+    """The prepared study as meta.json states it, taken once its records are made (the analyses that follow
+    embed and search too: meta.json counts the study's own work)."""
+
+    data_dir: str
+    embedder: str  # its cache name
+    precision: str
+    backend: str
+    registry: RegistryInfo
+    subsets: dict[str, int]  # queries per subset
+    warnings: dict[str, Any]  # `data.Warnings.as_dict()`: kind -> count and examples
+    timings: dict[str, float]  # prepare's seconds: load, embed, RtP search
+    embed: dict[str, int | float]  # the embedding cache's work (`embed.EmbedStats`)
+    embed_runtime: str
+    search: str
 
 
-Server = SimHandle | llama_server.LlamaHandle  # a server this process started for a profile: base_url, stats(), stop()
-
-
-def start_servers(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile], cache_root: Path) -> dict[str, Server]:
-    """A local simulator for each simulated profile without an endpoint, and the bundled llama.cpp server for
-    each profile with `local_model` and no endpoint, started without waiting for them (`use_servers`
-    waits); they stop with `stack` (an error, Ctrl-C, SIGTERM) or at the end of the LLM stage."""
-    out: dict[str, Server] = {}
-    for name, p in profiles.items():
-        if p.simulated and not p.base_url:
-            out[name] = stack.enter_context(start_simulator(wait=False))
-        elif p.local_model and not p.base_url:
-            out[name] = stack.enter_context(llama_server.start_llamacpp(p, cache_root))
-    return out
-
-
-def use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> None:
-    """Each profile pointed at the server started for it (`profiles` updated in place), once it listens."""
-    for name, sim in sims.items():
-        if isinstance(sim, llama_server.LlamaHandle):
-            profiles[name] = llama_server.use(profiles[name], sim)
-        else:
-            profiles[name] = dataclasses.replace(profiles[name], base_url=sim.base_url)
+def study_state(study: PreparedStudy, data: DataSettings) -> StudyState:
+    reg, embedder = study.registry, study.embedder
+    return StudyState(str(study.data_dir or ""), embedder.cache_name, embedder.precision, embedder.backend,
+                      RegistryInfo(data.registry, len(reg), reg.source, reg.format, reg.digest()), study.subsets,
+                      study.warnings.as_dict(), dict(study.timings), dataclasses.asdict(embedder.stats),
+                      embedder.description, study.index.description)
 
 
 def run_models(study: PreparedStudy, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
-               budget: Budget | None = None, sims: dict[str, Server] | None = None, inv: Invocation,
-               sink: Sink,
-               ) -> tuple[dict[str, CallStats], dict[str, SimulatorStats | LocalServer],
-                          dict[str, BatchStats], dict[str, dict[str, int]]]:
-    """Every (model, run) of the study; simulated profiles without an endpoint get a local simulator and
-    bundled models (`local_model`) their llama.cpp server (`sims`: ones already started for them), stopped
-    when the stage ends. With `--batch`, the calls first go through the batch APIs; the study then answers
-    them from the cache."""
-    with contextlib.ExitStack() as stack:
-        sims = sims if sims is not None else start_servers(stack, profiles, cache_root)
-        use_servers(profiles, sims)
-        batch_stats: dict[str, BatchStats] = {}
-        if inv.batch == "submit":
-            batch_stats = collect.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget,
-                                                warn=reporter.warn, fallback=inv.batch_fallback)
-        per_unit = calls_per_unit(study) * study.run.runs
-        bar = reporter.calls({n: per_unit for n in profiles})
-        t = time.perf_counter()
-        # a bundled server restarted after a crash listens on another port: its engine asks where, each request
-        locators = {n: sim.locate for n, sim in sims.items() if isinstance(sim, llama_server.LlamaHandle)}
-        with bar:
-            llm_stats, arch_calls = aio.run(_run_async(study, profiles, cache_root, bar, budget, inv, sink, locators))
-        study.timings["llm_s"] = time.perf_counter() - t
-        # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
-        # llama.cpp server's file, hash, sizing and token counters.
-        sim_stats: dict[str, SimulatorStats | LocalServer] = {
-            n: LocalServer(**sim.stats()) if isinstance(sim, llama_server.LlamaHandle) else SimulatorStats.from_dict(sim.stats())
-            for n, sim in sims.items()}
-        for sim in sims.values():
-            sim.stop()  # idle from here on: the analyses and the render need none
-    return llm_stats, sim_stats, batch_stats, arch_calls
+               budget: Budget | None, servers: dict[str, ModelServer], inv: Invocation, sink: Sink) -> ModelsRun:
+    """Every (model, run) of the study, each model on its server when it has one (`servers`, started by the
+    caller, who stops them on an error), stopped when the stage ends. With `--batch`, the calls first go through
+    the batch APIs; the study then answers them from the cache. `profiles` as declared: the engines get them
+    pointed at their servers."""
+    serving = served(profiles, servers)
+    batch_stats: dict[str, BatchStats] = {}
+    if inv.batch == "submit":
+        batch_stats = collect.run_batch(study, serving, cache_root, log=reporter.info, budget=budget,
+                                        warn=reporter.warn, fallback=inv.batch_fallback)
+    per_unit = calls_per_unit(study) * study.run.runs
+    bar = reporter.calls({n: per_unit for n in serving})
+    t = time.perf_counter()
+    # a bundled server restarted after a crash listens on another port: its engine asks where, each request
+    locators = {n: server.locate for n, server in servers.items()}
+    with bar:
+        calls = aio.run(_run_async(study, serving, cache_root, bar, budget, inv, sink, locators))
+    seconds = time.perf_counter() - t
+    # The simulator's own count of what it answered (a rerun from the cache shows zero requests); the
+    # llama.cpp server's file, hash, sizing and token counters.
+    server_stats = {n: server.stats() for n, server in servers.items()}
+    for server in servers.values():
+        server.stop()  # idle from here on: the analyses and the render need none
+    return ModelsRun(calls.llm_stats, server_stats, batch_stats, calls.arch_calls, seconds)
+
+
+@dataclass(frozen=True)
+class _Calls:
+    llm_stats: dict[str, CallStats]
+    arch_calls: dict[str, dict[str, int]]  # model -> architecture -> chat calls its code made
 
 
 async def _run_async(study: PreparedStudy, profiles: dict[str, ModelProfile], cache_root: Path,
                      bar: Progress, budget: Budget | None, inv: Invocation, sink: Sink,
-                     locators: dict[str, Callable[[], str]],
-                     ) -> tuple[dict[str, CallStats], dict[str, dict[str, int]]]:
+                     locators: dict[str, Callable[[], str]]) -> _Calls:
     # one RPM per key for every process on this folder (the cache's, or --rate-dir)
     rates = SharedRates(rate_folder(resolve_path(inv.rate_dir) if inv.rate_dir else None, cache_root))
     async with contextlib.AsyncExitStack() as stack:
@@ -454,48 +471,51 @@ async def _run_async(study: PreparedStudy, profiles: dict[str, ModelProfile], ca
     calls: dict[str, dict[str, int]] = {}
     for (model, arch), count in runner.arch_calls.items():
         calls.setdefault(model, {})[arch] = count
-    return stats, calls
+    return _Calls(stats, calls)
 
 
-# meta.json states each profile as saved (its JSON shape, secrets and per-invocation fields left out), read back
-# into its type
-_PROFILE = TypeAdapter(ModelProfile)
-
-
-def build_meta(study: PreparedStudy, profiles: dict[str, ModelProfile], s: Settings,
-               fitted: dict[str, Fitted] | None = None) -> Meta:
-    """`s`: the settings the study ran with (its sections, frozen: meta.json saves them as they are)."""
-    return Meta(
-        version=__version__, settings=s, fitted=dict(fitted or {}), data_dir=str(study.data_dir or ""),
-        embedder=study.embedder.cache_name, precision=study.embedder.precision, backend=study.embedder.backend,
-        registry=RegistryInfo(s.data.registry, len(study.registry), study.registry.source, study.registry.format,
-                              study.registry.digest()),
-        subsets=study.subsets, k=s.retrieval.k, ks=sorted(set(s.retrieval.ks)), runs=s.run.runs if profiles else 1,
-        models=[ModelInfo(n, p.model, p.simulated, _PROFILE.validate_python(p.request_settings()))
-                for n, p in profiles.items()],
-        retrieval_only=not profiles, warnings=study.warnings.as_dict(),
-        # Everything that changes from one invocation to the next lives here and stays out of summary.json.
-        runtime=Runtime(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), timings=study.timings,
-                        embed=dataclasses.asdict(study.embedder.stats), embed_runtime=study.embedder.description,
-                        search=study.index.description),
-    )
+def write_records(od: OutputDir, claim: OutputClaim, spill: RecordSpill, meta: Meta) -> Sequence[Record]:
+    """queries.jsonl from the spill, meta.json first (a crash from here on leaves a folder `report` re-renders and
+    a rerun resumes into); under --overwrite, the other study's files go first, never mixed with this one's."""
+    if claim.replace is not None:
+        od.clear(also=(PLAN_FILE, VIEW_FILE, parts_folder(VIEW_FILE)))
+    od.write_meta(meta)
+    return spill.finish()
 
 
 # ---------------------------------------------------------------- analyses beside the main study
 
 
-def run_extras(s: Settings, inv: Invocation, study: PreparedStudy, records: Sequence[Record], meta: Meta, od: OutputDir,
-               reporter: Reporter = SILENT, kept: Memo | None = None) -> dict[str, str]:
-    """Scaling and routing, reusing this run's embeddings and records; returns why any did not run. `kept`: their
-    results read back when these records and this study were analysed before (app.memo)."""
-    if not inv.extras:
-        return {"scaling": "not run (--no-extras)", "routing": "not run (--no-extras)"}
-    if not {"rtp", "ptr"} <= set(s.run.archs):
-        why = f"needs both RtP and PtR; this run had only {', '.join(s.run.archs)}"
-        return {"scaling": why, "routing": why}
-    notes: dict[str, str] = {}
-    a = s.analysis
+@dataclass(frozen=True)
+class Extras:
+    """The scaling and routing studies of this run: the subsets they use (None: neither runs), why any does not
+    run (meta.json `analysis_notes`, known before they start), and, once run, the seconds each took."""
+
+    subsets: AnalysisSubsets | None
+    notes: dict[str, str]
+    seconds: dict[str, float] = field(default_factory=dict)  # "scaling_s", "routing_s"
+
+
+def plan_extras(run: RunSettings, a: AnalysisSettings, wanted: bool, study: PreparedStudy) -> Extras:
+    """Which analyses follow the main study, on which subsets, and why any does not (`wanted`: not --no-extras)."""
+    if not wanted:
+        return Extras(None, {"scaling": "not run (--no-extras)", "routing": "not run (--no-extras)"})
+    if not {"rtp", "ptr"} <= set(run.archs):
+        why = f"needs both RtP and PtR; this run had only {', '.join(run.archs)}"
+        return Extras(None, {"scaling": why, "routing": why})
     subs = analysis_subsets(a, sorted(study.subsets))
+    return Extras(subs, {} if subs.scaling else {"scaling": "no subset to run it on"})
+
+
+def run_extras(extras: Extras, a: AnalysisSettings, retrieval: RetrievalSettings, study: PreparedStudy,
+               records: Sequence[Record], meta: Meta, od: OutputDir, reporter: Reporter = SILENT,
+               kept: Memo | None = None) -> Extras:
+    """Scaling and routing as `plan_extras` set them, reusing this run's embeddings and records; `extras` with
+    their seconds. `kept`: their results read back when these records and this study were analysed before
+    (app.memo)."""
+    subs = extras.subsets
+    if subs is None:
+        return extras
     quiet: Log = reporter.info if reporter.progress else (lambda _m: None)
     kept = kept or Memo(None, od.path / QUERIES_FILE)
     view = meta.study_view()  # every setting, the registry's digest, the embedder: what both analyses read
@@ -505,26 +525,23 @@ def run_extras(s: Settings, inv: Invocation, study: PreparedStudy, records: Sequ
         res, was_kept = kept.kept("scaling", {"study": view, "about": plain(scaling_about), "subsets": subs.scaling,
                                               "divergence": subs.divergence}, lambda: scaling_study.scaling_study(
             records, study.registry, study.api_vecs, lambda texts: study.embedder.encode(texts, progress=False),
-            subsets=subs.scaling, divergence_subset=subs.divergence, k=s.retrieval.k, sizes=list(a.scaling_sizes),
+            subsets=subs.scaling, divergence_subset=subs.divergence, k=retrieval.k, sizes=list(a.scaling_sizes),
             seeds=a.scaling_seeds, about=scaling_about, log=quiet,
-            memo=searches_folder(study.embedder.cache_dir), retriever=s.retrieval.retriever,
+            memo=searches_folder(study.embedder.cache_dir), retriever=retrieval.retriever,
             lexical=_lexical(study.retriever)))
         if was_kept:  # the seconds this run spent on it
             res.meta.timing_s = round(time.perf_counter() - t, 2)
         od.write_json(SCALING_FILE, res.to_dict())
-    else:
-        notes["scaling"] = "no subset to run it on"
-    study.timings["scaling_s"] = time.perf_counter() - t
+    scaling_s = time.perf_counter() - t
     t = time.perf_counter()
-    opt = routing_options(s.retrieval.k, a, subs)
+    opt = routing_options(retrieval.k, a, subs)
     routing_about = about(meta, a, "routing_test")
     result, was_kept = kept.kept("routing", {"study": view, "about": plain(routing_about), "options": repr(opt)},
                                  lambda: routing_study.routing_study(records, opt, routing_about))
     if was_kept:
         result.meta.timing_s = round(time.perf_counter() - t, 2)
     od.write_json(ROUTING_FILE, result.to_dict())
-    study.timings["routing_s"] = time.perf_counter() - t
-    return notes
+    return dataclasses.replace(extras, seconds={"scaling_s": scaling_s, "routing_s": time.perf_counter() - t})
 
 
 def _lexical(retriever: object) -> BM25Index | None:
@@ -532,3 +549,124 @@ def _lexical(retriever: object) -> BM25Index | None:
     if isinstance(retriever, Hybrid):
         retriever = retriever.lexical
     return retriever.index if isinstance(retriever, Lexical) else None
+
+
+# ---------------------------------------------------------------- render
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak memory up to the report, which states it."""
+
+    rss: PeakMemory
+    gpu_mib: float | None  # None on a CPU
+
+
+def measure_memory(study: PreparedStudy) -> Memory:
+    return Memory(peak_rss_mib(), gpu_peak_mib(study.embedder.device))
+
+
+def peak_rss_mib() -> PeakMemory:
+    """Peak resident memory so far (getrusage's ru_maxrss): of this process, of its largest finished
+    child (the model export runs in one) and the larger of the two."""
+    scale = 2**20 if sys.platform == "darwin" else 2**10  # bytes on macOS, KiB on Linux
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale / 2**20
+    return PeakMemory(largest_process=round(max(own, child), 1), this_process=round(own, 1),
+                      largest_child=round(child, 1))
+
+
+@dataclass(frozen=True)
+class Rendered:
+    seconds: float
+
+
+def render_study(od: OutputDir, cache_root: Path, meta: Meta, records: Sequence[Record], kept: Memo) -> Rendered:
+    """summary.json, report.md, the figures and the viewer from this study's meta and records (`render_outputs`)."""
+    t = time.perf_counter()
+    render_outputs(od, store_dir=CacheLayout(cache_root).figures, meta=meta, records=records, kept=kept)
+    return Rendered(time.perf_counter() - t)
+
+
+# ---------------------------------------------------------------- meta.json, from the stages' results
+
+
+@dataclass(frozen=True)
+class Results:
+    """What the stages returned so far, all meta.json is made of."""
+
+    settings: Settings  # the settings the study ran with (its sections, frozen: meta.json saves them as they are)
+    fitted: dict[str, Fitted]
+    created: str  # local time the study started
+    profiles: dict[str, ModelProfile]  # as declared: an auto-started simulator's port is an accident of this run
+    study: StudyState
+    models: ModelsRun | None  # None: RtP alone
+    extras: Extras | None = None  # None: RtP alone
+    memory: Memory | None = None
+    rendered: Rendered | None = None
+
+    def timings(self) -> dict[str, float]:
+        """Every stage's seconds so far, gathered from the results that carry them (bench/warm_run.py reads them)."""
+        models, extras, rendered = self.models, self.extras, self.rendered
+        return {**self.study.timings, **({"llm_s": models.seconds} if models else {}),
+                **(extras.seconds if extras else {}), **({"render_s": rendered.seconds} if rendered else {})}
+
+
+# meta.json states each profile as saved (its JSON shape, secrets and per-invocation fields left out), read back
+# into its type
+_PROFILE = TypeAdapter(ModelProfile)
+
+
+def build_meta(r: Results) -> Meta:
+    """meta.json from the stages' results so far: the one place a `Meta` is made for a study."""
+    s, study, models, memory = r.settings, r.study, r.models, r.memory
+    servers = models.servers if models else {}
+    local = {n: st.llamacpp for n, st in servers.items() if st.llamacpp is not None}
+    return Meta(
+        version=__version__, settings=s, fitted=dict(r.fitted), data_dir=str(study.data_dir or ""),
+        embedder=study.embedder, precision=study.precision, backend=study.backend, registry=study.registry,
+        subsets=study.subsets, k=s.retrieval.k, ks=sorted(set(s.retrieval.ks)), runs=s.run.runs if r.profiles else 1,
+        models=[ModelInfo(n, p.model, p.simulated, _PROFILE.validate_python(p.request_settings()))
+                for n, p in r.profiles.items()],
+        retrieval_only=not r.profiles, warnings=study.warnings,
+        llm_stats=models.llm_stats if models else {},
+        # Everything that changes from one invocation to the next lives here and stays out of summary.json.
+        runtime=Runtime(
+            created=r.created, timings=r.timings(), embed=study.embed, embed_runtime=study.embed_runtime,
+            search=study.search, peak_gpu_mib=memory.gpu_mib if memory else None,
+            simulator_stats={n: st.simulator for n, st in servers.items() if st.simulator is not None}
+            if models else None,
+            peak_rss_mib=memory.rss if memory else None, local_server=local or None,
+            arch_calls=models.arch_calls if models else None),
+        analysis_notes=dict(r.extras.notes) if r.extras else {},
+        batch=models.batch if models else {},
+        cost={n: accounting(p, models.llm_stats.get(n), models.batch.get(n)) for n, p in r.profiles.items()}
+        if models else {},
+    )
+
+
+# ---------------------------------------------------------------- what the command tells its user
+
+
+def outcome(ready: Ready, records: Sequence[Record], models: ModelsRun | None) -> RunOutcome:
+    """The calls that failed for good, the blocks that failed (per architecture and kind, in --archs order), the
+    replies cut short and those whose tokens were estimated: one pass over the records (maybe a stream)."""
+    failed: Counter[str] = Counter()
+    cut: Counter[str] = Counter()
+    blocks: dict[tuple[str, str], FailedBlocks] = {}
+    specs = ready.lineup.specs if ready.lineup is not None else {}
+    for r in records:
+        failed.update(r.failed_calls)
+        cut.update(c for b in r.archs.values() if not (b.side and b.side in r.archs) for c in b.cut_replies())
+        for name, f in r.failed_blocks:
+            got = blocks.get((name, f.kind))
+            if got is None:
+                blocks[(name, f.kind)] = FailedBlocks(specs.get(name, name), f.kind, 1, f"model {r.model} run {r.run} "
+                                                      f"{r.subset} query {r.query_id}", f.error)
+            else:
+                got.count += 1
+    order = list(specs)
+    ranked = [blocks[key] for key in sorted(blocks, key=lambda nk: (
+        order.index(nk[0]) if nk[0] in order else len(order), FAILURE_KINDS.index(nk[1])))]
+    estimated = sum(st.usage_estimated for st in models.llm_stats.values()) if models else 0
+    return RunOutcome(ready.out, failed, ranked, cut=cut, usage_estimated=estimated)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -158,8 +158,14 @@ def row_result(row: dict[str, Any], engine: LLMEngine) -> Result:
     return Result(cid, status, body)
 
 
+class RayResults(NamedTuple):
+    results: list[Result]  # in input order
+    stats: CallStats  # the engine's accounting
+    ray: RayRun  # where and how Ray ran
+
+
 def run_requests_ray(requests: list[Request], profile: ModelProfile, cache_root: Path, opts: RayOptions, *,
-                     reporter: Reporter = SILENT) -> tuple[list[Result], CallStats, RayRun]:
+                     reporter: Reporter = SILENT) -> RayResults:
     """Every request through Ray Data LLM, results in input order; cached ones are not sent."""
     check(profile, opts)
     ray, ray_llm = _ray()
@@ -215,4 +221,4 @@ def run_requests_ray(requests: list[Request], profile: ModelProfile, cache_root:
     if missing:  # Ray returned fewer rows than it was given: said, never written as if complete
         raise EvaluatorError(f"Ray returned no row for {len(missing)} of the requests (first: {missing[0]!r}); "
                              "the replies received are cached: rerun the same command")
-    return [results[r.custom_id] for r in requests], stats, info
+    return RayResults([results[r.custom_id] for r in requests], stats, info)

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -167,7 +167,13 @@ def read_results(path: Path | str) -> list[Result]:
     return _results(_lines(Path(path)), str(path))
 
 
-def read_results_salvaged(path: Path | str, keep: int = 5) -> tuple[list[Result], list[str], int]:
+class Salvaged(NamedTuple):
+    results: list[Result]
+    bad: list[str]  # the first bad lines, as "FILE:N: why"
+    n_bad: int  # how many lines were bad
+
+
+def read_results_salvaged(path: Path | str, keep: int = 5) -> Salvaged:
     """Every good line of a results file that may be damaged (cut mid-line by a copy or a full disk, a line written
     over): (the results, the first `keep` bad lines as "FILE:N: why", how many lines were bad). A file with no good
     line at all is no results file: its first bad line is the one-line error, as `read_results` says it."""
@@ -191,7 +197,7 @@ def read_results_salvaged(path: Path | str, keep: int = 5) -> tuple[list[Result]
                     bad.append(str(e) + ("" if raw.endswith(b"\n") else " (the file ends mid-line: cut short?)"))
     if bad and not out:
         raise RequestFileError(bad[0])
-    return out, bad, n_bad
+    return Salvaged(out, bad, n_bad)
 
 
 def parse_results(data: bytes, where: str) -> list[Result]:

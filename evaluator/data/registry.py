@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from evaluator.core.errors import DataError
 from evaluator.data import beir, mcp, openai, toolbench
@@ -161,16 +162,22 @@ def read_file(path: Path, fmt: str = "auto", warnings: Warnings | None = None) -
         return used, out
 
 
-def read_entries(path: Path, fmt: str = "auto", warnings: Warnings | None = None) -> tuple[str, Path, list[Entry]]:
-    """(formats used, the file or folder read, its APIs in file order)."""
+class Entries(NamedTuple):
+    formats: str  # the formats used, joined with + when mixed
+    found: Path  # the file or folder read
+    entries: list[Entry]  # its APIs in file order
+
+
+def read_entries(path: Path, fmt: str = "auto", warnings: Warnings | None = None) -> Entries:
+    """The APIs of a tools file or folder, where they were read and in which formats."""
     if fmt not in TOOLS_FORMATS:
         raise DataError(f"Unknown tools format {fmt!r}; use one of {', '.join(TOOLS_FORMATS)}.")
     kind, found = locate(path, fmt)
     if kind == "tree":
-        return "toolbench", found, toolbench.tree_apis(found)
+        return Entries("toolbench", found, toolbench.tree_apis(found))
     if kind == "file":
         used, read = read_file(found, fmt, warnings)
-        return used, found, read
+        return Entries(used, found, read)
     files = sorted(p for p in found.iterdir() if _is_tool_file(p))
     if not files:
         raise DataError(f"{found}: no tool definition files ({', '.join(TOOL_SUFFIXES)}) in this folder.")
@@ -180,7 +187,7 @@ def read_entries(path: Path, fmt: str = "auto", warnings: Warnings | None = None
         used, more = read_file(f, fmt, warnings)
         formats += [used] if used not in formats else []
         entries += more
-    return "+".join(sorted(formats)), found, entries
+    return Entries("+".join(sorted(formats)), found, entries)
 
 
 def load_registry(

@@ -3,8 +3,8 @@
     with start_llamacpp(profile, cache_root) as srv:   # returns at once; `base_url` waits for health
         profile = dataclasses.replace(profile, base_url=srv.base_url, concurrency=srv.slots)
 
-The handle has the simulator's shape (`SimHandle`: `base_url`, `stats()`, `stop()`, a context manager), so the
-app starts and stops both in one place. A server that dies mid-run (killed, crashed) is started again by a
+The app drives it and the simulator through one protocol (`app.local_servers.ModelServer`: ready, locate, stats,
+stop), so no use case tells them apart. A server that dies mid-run (killed, crashed) is started again by a
 watchdog thread, up to `MAX_RESTARTS` times, on a free port the system picks (its old port may have been taken
 by another listener meanwhile: binding it again failed, and calls sent there reached that listener). The engine
 asks `locate()` for the URL at every request: the new server's once it answers `/health`, and no URL at all while
@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import orjson
 
@@ -57,12 +57,18 @@ def cpu_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+class _CpuSample(NamedTuple):
+    busy_ticks: int  # clock ticks all work kept this process's cores busy
+    own_s: float  # this process's CPU seconds
+    at: float  # time.monotonic()
+
+
 def busy_cores(window_s: float = 0.5) -> tuple[float, float] | None:
     """(all, own) cores busy over the next `window_s` on the cores this process may run on: all work, from
     `/proc/stat`'s lines of those cores, and this process's own share (`os.times`). None where there is no
     `/proc/stat` (not Linux)."""
 
-    def sample() -> tuple[int, float, float]:
+    def sample() -> _CpuSample:
         mine = {f"cpu{i}" for i in os.sched_getaffinity(0)}
         busy = 0
         with open("/proc/stat") as f:
@@ -72,7 +78,7 @@ def busy_cores(window_s: float = 0.5) -> tuple[float, float] | None:
                     v = [int(x) for x in fields[:8]]
                     busy += sum(v) - v[3] - v[4]  # all but idle and iowait
         t = os.times()
-        return busy, t.user + t.system, time.monotonic()
+        return _CpuSample(busy, t.user + t.system, time.monotonic())
 
     try:
         b0, o0, t0 = sample()

@@ -12,7 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -174,7 +174,13 @@ def _profile_path(name: str, models_dir: Path) -> Path:
     return path
 
 
-def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str | None]:
+class _Raw(NamedTuple):
+    fields: dict[str, Any]  # as given: a file's, laid over its provider's
+    where: str  # where they come from, for messages
+    hint: str | None  # what to do about a missing endpoint
+
+
+def _raw_profile(name: str, models_dir: Path) -> _Raw:
     """The profile's fields as given (a file's, laid over its provider's), where they come from (for messages),
     and the hint for a missing endpoint. `PROVIDER/MODEL` is the provider table's profile (llm/catalog.py),
     unless a file of that path exists."""
@@ -182,7 +188,7 @@ def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str 
     split = None if as_path.suffix == ".toml" and as_path.is_file() else catalog.split_name(name)
     if split is not None:
         provider, model = split
-        return catalog.profile_fields(provider, model, name), f"--model {name}", catalog.base_url_hint(provider)
+        return _Raw(catalog.profile_fields(provider, model, name), f"--model {name}", catalog.base_url_hint(provider))
     path = _profile_path(name, models_dir)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -194,7 +200,7 @@ def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str 
     raw.setdefault("name", path.stem)
     named = raw.get("provider")
     if named is None:
-        return raw, str(path), None
+        return _Raw(raw, str(path), None)
     known = catalog.providers()
     if not isinstance(named, str) or named not in known:
         raise ConfigError(f"{path}: provider = {named!r} is not a provider of {PROVIDERS_FILE} "
@@ -202,8 +208,8 @@ def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str 
     if not isinstance(raw.get("model"), str):
         raise ConfigError(f"{path}: 'model' (the provider's model id) is required")
     # The file overrides anything of its provider's (prices included).
-    return catalog.profile_fields(known[named], raw["model"], raw["name"]) | raw, str(path), \
-        catalog.base_url_hint(known[named])
+    return _Raw(catalog.profile_fields(known[named], raw["model"], raw["name"]) | raw, str(path),
+                catalog.base_url_hint(known[named]))
 
 
 def load_profile(

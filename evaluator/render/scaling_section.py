@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -111,6 +111,14 @@ def section_md(result: ScalingResult) -> str:
     return "\n".join(out)
 
 
+class _Series(NamedTuple):
+    """One line of a scaling figure: mean registry sizes, the metric's means and their standard deviations."""
+
+    xs: list[float]
+    means: list[Any]  # float (None where a point has no value: drawn as a gap)
+    stds: list[float]
+
+
 def figure(result: ScalingResult) -> bytes:
     """`scaling.png`: recall against registry size per subset and gold, and the divergence."""
     plt = pyplot()
@@ -123,15 +131,17 @@ def figure(result: ScalingResult) -> bytes:
     fig, axes = plt.subplots(len(GOLDS), ncols, figsize=(4.2 * ncols, 3.4 * len(GOLDS)), squeeze=False)
     colors = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"]
 
-    def series(subset: str, key: Key) -> tuple[list, list, list]:
-        xs, ms, ss = [], [], []
+    def series(subset: str, key: Key) -> _Series:
+        xs: list[float] = []
+        ms: list[Any] = []
+        ss: list[float] = []
         for p in sorted((p for p in points if p.subset == subset and key in p.values),
                         key=lambda p: max(p.n_apis)):
             m, s = mean_std(p.values[key])
             xs.append(float(np.mean(p.n_apis)))
             ms.append(m)
             ss.append(s or 0.0)
-        return xs, ms, ss
+        return _Series(xs, ms, ss)
 
     def draw(ax: Any, xs: list, ms: list, ss: list, color: str, label: str, ls: str = "-") -> None:
         if not xs:

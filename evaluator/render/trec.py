@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from evaluator.results.schema import GOLDS, Record
 from evaluator.results.stream import in_key_order
@@ -39,13 +40,19 @@ def qid(subset: str, query_id: object, bare: bool = False) -> str:
     return encode(str(query_id) if bare else f"{subset}/{query_id}")
 
 
-def shared_qids(records: Iterable[Record]) -> tuple[str, str, str] | None:
-    """A query id two subsets share (id, one subset, the other), which bare qids could not tell apart; None if none."""
+class SharedQid(NamedTuple):
+    query_id: str
+    subset: str  # the first subset it is in
+    other: str  # another
+
+
+def shared_qids(records: Iterable[Record]) -> SharedQid | None:
+    """A query id two subsets share, which bare qids could not tell apart; None if none."""
     first: dict[str, str] = {}
     for r in records:
         q = str(r.query_id)
         if first.setdefault(q, r.subset) != r.subset:
-            return q, first[q], r.subset
+            return SharedQid(q, first[q], r.subset)
     return None
 
 

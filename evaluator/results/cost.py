@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter
 from pydantic.dataclasses import dataclass
@@ -106,16 +106,20 @@ def accounting(profile: ModelProfile, online: Any | None, batch: Any | None) -> 
 _COUNTS = ("prompt_tokens", "completion_tokens", "cached_prompt_tokens", "cache_write_tokens")
 
 
-def _tokens(stats: Any | None) -> tuple[int, int, int, int]:
-    """(prompt, completion, cached prompt, cache-write prompt) billed: from typed counters, or their `as_dict()`
-    form (bench scripts)."""
+class _Billed(NamedTuple):
+    prompt: int
+    completion: int
+    cached: int  # of prompt: read from the provider's prompt cache
+    cache_write: int  # of prompt: written into it
+
+
+def _tokens(stats: Any | None) -> _Billed:
+    """The tokens billed: from typed counters, or their `as_dict()` form (bench scripts)."""
     if stats is None:
-        return 0, 0, 0, 0
+        return _Billed(0, 0, 0, 0)
     if isinstance(stats, Mapping):
-        pt, ct, cr, cw = (int(stats.get(k, 0)) for k in _COUNTS)
-    else:
-        pt, ct, cr, cw = (int(getattr(stats, k, 0)) for k in _COUNTS)
-    return pt, ct, cr, cw
+        return _Billed(*(int(stats.get(k, 0)) for k in _COUNTS))
+    return _Billed(*(int(getattr(stats, k, 0)) for k in _COUNTS))
 
 
 def _r(x: float | None) -> float | None:

@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field, is_dataclass
 from pathlib import Path, PurePath
-from typing import Annotated, Any, BinaryIO
+from typing import Annotated, Any, BinaryIO, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -372,8 +372,17 @@ def record_line(r: Record) -> str:
     return scrub('{"archs": {' + blocks + "}" + (", " + rest[1:] if rest.strip() != "{}" else "}\n"))
 
 
-def record_key(r: Record) -> tuple[str, int, str, tuple[int, int | str]]:
-    return (r.model or "", r.run, r.subset, qid_key(r.query_id))
+class RecordKey(NamedTuple):
+    """Where a record sits in queries.jsonl: by model, run, subset, then query id (numbers before text)."""
+
+    model: str  # "" for RtP alone
+    run: int
+    subset: str
+    query: tuple[int, int | str]  # `qid_key`
+
+
+def record_key(r: Record) -> RecordKey:
+    return RecordKey(r.model or "", r.run, r.subset, qid_key(r.query_id))
 
 
 # ---------------------------------------------------------------- meta

@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from evaluator.core import threads
 from evaluator.core.cache_layout import CacheLayout
@@ -180,8 +180,14 @@ def _seal(keys: np.ndarray, vecs: np.ndarray) -> dict[str, np.ndarray]:
             "checksum": np.array(_checksum(keys, vecs))}
 
 
-def _read_shard(path: Path) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(keys, vecs, sealed) of a sound shard; `_DamagedShard` naming what is wrong otherwise.
+class _Shard(NamedTuple):
+    keys: np.ndarray  # the texts' keys, S16
+    vecs: np.ndarray  # float32, one row per key
+    sealed: bool  # written with its checksum, which held
+
+
+def _read_shard(path: Path) -> _Shard:
+    """A sound shard's keys and vectors; `_DamagedShard` naming what is wrong otherwise.
 
     Shards written before checksums existed (no `checksum`) read with the same content checks and `sealed`
     False: `refresh` embeds their texts again rather than trust vectors nothing can check."""
@@ -197,7 +203,15 @@ def _read_shard(path: Path) -> tuple[np.ndarray, np.ndarray, bool]:
         raise _DamagedShard(f"{vecs.dtype} vectors, not float32")
     if not np.isfinite(vecs.sum()):  # any NaN/inf makes the sum so; a shard's unit vectors cannot overflow it
         raise _DamagedShard("NaN/inf vectors")
-    return keys, vecs, sealed
+    return _Shard(keys, vecs, sealed)
+
+
+class _Order(NamedTuple):
+    """The order `Embedder._order` gives texts, longest first, and what it learnt of them."""
+
+    order: list[int]
+    ids: backends.TokenIds | None  # the token ids, kept when the model is fed them
+    lengths: np.ndarray  # token counts, in the texts' order
 
 
 def _store_dim(shards: list[tuple[Path, np.ndarray, np.ndarray, bool]]) -> int:
@@ -543,7 +557,7 @@ class Embedder:
                 self.stats.infer_s += time.perf_counter() - t0 - (self.stats.tokenize_s - tokenized)
             yield idx, _unit(vecs)
 
-    def _order(self, texts: list[str]) -> tuple[list[int], backends.TokenIds | None, np.ndarray]:
+    def _order(self, texts: list[str]) -> _Order:
         """Texts by token count, longest first, across the whole call: every batch is padded to the
         longest of texts of (nearly) the same token count. Sorting by characters, as `encode` does, pads
         batches far past their real tokens (symbols and URLs make many tokens per character). With the
@@ -572,7 +586,7 @@ class Embedder:
                 kept = backends.TokenIds(np.concatenate(flat) if flat else np.zeros(0, np.int32), lengths)
         self.stats.tokenize_s += time.perf_counter() - t0
         ascending = sorted(range(len(texts)), key=lambda i: (int(lengths[i]), len(texts[i])))
-        return ascending[::-1], kept, lengths
+        return _Order(ascending[::-1], kept, lengths)
 
     def _encode_raw(self, texts: list[str], ids: list[np.ndarray] | None = None) -> np.ndarray:
         """Vectors for `texts` in their order, in batches of `batch_size` as they come (`_batches`

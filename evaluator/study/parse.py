@@ -37,7 +37,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import json_repair
 
@@ -148,15 +148,21 @@ def _loads(s: str) -> tuple[Any, bool]:
     return value, True
 
 
-def _value_at(text: str, start: int) -> tuple[Any, str, int | None] | None:
-    """The JSON container starting at `text[start]`: (value, state, closing index or None if cut off)."""
+class _Value(NamedTuple):
+    value: Any  # a parsed JSON container (list or dict) of any shape: the parse rules read it
+    state: str  # json, repaired, truncated
+    end: int | None  # its closing bracket's index; None if cut off
+
+
+def _value_at(text: str, start: int) -> _Value | None:
+    """The JSON container starting at `text[start]`, if any."""
     end, cuts = _scan(text, start)
     if end is not None:
         try:
             value, repaired = _loads(text[start : end + 1])
         except ValueError:
             return None
-        return value, ("repaired" if repaired else "json"), end
+        return _Value(value, "repaired" if repaired else "json", end)
     # Unclosed (truncated) container: the longest prefix that ends after a complete element. Not left
     # to json-repair, which would close a half-written string ("Weather API/get hi") into a name.
     for cut, closers in reversed(cuts[-_MAX_CUTS:]):
@@ -164,7 +170,7 @@ def _value_at(text: str, start: int) -> tuple[Any, str, int | None] | None:
             value, _ = _loads(text[start:cut] + "".join(reversed(closers)))
         except ValueError:
             continue
-        return value, "truncated", None
+        return _Value(value, "truncated", None)
     return None
 
 
@@ -180,7 +186,7 @@ def _whole(text: str, where: str, lead: bool = False) -> _Found | None:
     try:
         # The common case, a reply that is exactly one JSON value: what the bracket scan below
         # would find (its closing bracket is the last character), without scanning character by character.
-        got: tuple[Any, str, int | None] | None = (json.loads(body, strict=False), "json", len(body) - 1)
+        got: _Value | None = _Value(json.loads(body, strict=False), "json", len(body) - 1)
     except ValueError:
         got = _value_at(body, 0)
     if got is None:

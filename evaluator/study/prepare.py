@@ -30,6 +30,7 @@ from evaluator.retrieval.index import VectorIndex, searches_folder
 from evaluator.retrieval.lexical import load_index
 from evaluator.retrieval.retrievers import Dense, Hybrid, Lexical, Retriever
 from evaluator.settings.sections import DataSettings, EmbedSettings, RetrievalSettings, RunSettings
+from evaluator.study.archs import Lineup
 
 
 @dataclass
@@ -53,6 +54,9 @@ class PreparedStudy:
     # A BM25 text that shares no token with the registry (it retrieves nothing): counted in `warnings`, told once.
     no_match: Callable[[str], None] = field(default=lambda _text: None, repr=False)
     warn: Callable[[str], None] = field(default=lambda _message: None, repr=False)  # a warning on stderr
+    # `--archs` resolved before any work (plugins imported and checked); every runner makes its architectures from
+    # it with route's τ (`runner.study_archs`). None: resolved from `run.archs` when a runner asks.
+    lineup: Lineup | None = None
 
     @property
     def subsets(self) -> dict[str, int]:
@@ -109,8 +113,10 @@ def load_inputs(data: DataSettings, *, data_from_cli: bool = False) -> Inputs:
 
 
 def prepare(inputs: Inputs, *, embed: EmbedSettings, retrieval: RetrievalSettings, run: RunSettings,
-            cache_root: Path, progress: bool = True, reporter: Reporter = SILENT) -> PreparedStudy:
-    """`inputs` embedded by the `embed` section's model (vectors cached under `cache_root`) and RtP retrieved."""
+            cache_root: Path, progress: bool = True, reporter: Reporter = SILENT,
+            lineup: Lineup | None = None) -> PreparedStudy:
+    """`inputs` embedded by the `embed` section's model (vectors cached under `cache_root`) and RtP retrieved;
+    `lineup`: the run's architectures, resolved (kept for the runners)."""
     registry, queries = inputs.registry, inputs.queries
     timings: dict[str, float] = {"load_s": inputs.load_s}
 
@@ -130,7 +136,7 @@ def prepare(inputs: Inputs, *, embed: EmbedSettings, retrieval: RetrievalSetting
         rtp = ranking.from_hits(retriever.search([q.text for q in queries], retrieval.k_max))
     timings["rtp_search_s"] = time.perf_counter() - t
     return PreparedStudy(retrieval, run, inputs.data_dir, registry, queries, embedder, api_vecs, query_vecs, index, rtp,
-                 inputs.warnings, timings, retriever, no_match, reporter.warn)
+                 inputs.warnings, timings, retriever, no_match, reporter.warn, lineup)
 
 
 class NoMatch:

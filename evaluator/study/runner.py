@@ -223,8 +223,10 @@ def route_tau(study: PreparedStudy) -> float:
 
 
 def study_archs(study: PreparedStudy) -> dict[str, tuple[str, Architecture]]:
-    """The run's architectures by name, in `--archs` order (plugins loaded and checked: `study.archs.plugins`)."""
-    return archs.resolve(study.run.archs, route_tau(study), resolve_path)
+    """The run's architectures by name, in `--archs` order, made with the study's τ: from its lineup (`--archs`
+    resolved once, before any work), else resolved from its run section (a study prepared by hand)."""
+    lineup = study.lineup or archs.resolve(study.run.archs, resolve_path)
+    return lineup.make(route_tau(study))
 
 
 # ---------------------------------------------------------------- the runner
@@ -770,15 +772,14 @@ class _Probe:
         return ChatResult(None, None, error="probe: not sent", error_kind="probe")
 
 
-async def probe_archs(study: PreparedStudy, resolved: Mapping[str, tuple[str, Architecture]],
-                      batcher: StubSearch | None = None) -> None:
+async def probe_archs(study: PreparedStudy, lineup: archs.Lineup, batcher: StubSearch | None = None) -> None:
     """Every plugin run once on the first query with a client that sends nothing (its calls fail) and the real
     search: a plugin that fails there (raises, breaks the contract, runs out of time, waits in a cycle) is
     broken on every query, so it is one line (`ArchError`) before any paid work. A plugin that fails only on
     some later query fails that query's block alone, in the study."""
-    plugins = {n: a for n, a in resolved.items() if n not in archs.BUILTIN}
-    if not plugins or not study.queries:
+    if all(n in archs.BUILTIN for n in lineup.specs) or not study.queries:
         return
+    plugins = {n: a for n, a in lineup.make(route_tau(study)).items() if n not in archs.BUILTIN}  # the probe's own
     runner = StudyRunner(study, {"probe": _Probe()}, batcher=batcher, resolved=plugins)
     rec = await runner.run_one(Unit("probe", 0), 0)
     for name, failure in rec.failed_blocks:

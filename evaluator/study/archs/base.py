@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from evaluator.core.errors import EXIT_FAILED_BLOCKS, ConfigError, EvaluatorError
 from evaluator.data import Api, Registry, api_id
@@ -140,6 +140,14 @@ class RegistryView(Sequence[Api]):
         return api_id(tool_name, api_name)
 
 
+class Described(NamedTuple):
+    """A registry API as `Context.describe` gives it."""
+
+    tool: str
+    api: str
+    description: str
+
+
 @dataclass
 class Context:
     """What an architecture is given for one (model, run, query). Only the query's text, subset and id: never
@@ -183,10 +191,10 @@ class Context:
         when that architecture failed on the query, or when waiting for it would wait for this one (a cycle)."""
         return self._outcome(arch)
 
-    def describe(self, api_id: str) -> tuple[str, str, str]:
+    def describe(self, api_id: str) -> Described:
         """(tool name, API name, description) of a registry API."""
         a = self.registry.api(api_id)
-        return a.tool_name, a.api_name, a.description or ""
+        return Described(a.tool_name, a.api_name, a.description or "")
 
 
 @runtime_checkable

@@ -64,8 +64,8 @@ def _module(target: str, resolve: Callable[[str], Path], spec: str) -> ModuleTyp
         raise ArchError(f"--archs {spec}: cannot import module {target}: {type(e).__name__}: {e}") from None
 
 
-def load_plugin(spec: str, resolve: Callable[[str], Path] = Path) -> Architecture:
-    """The architecture `spec` names, made and checked (`resolve`: how a relative file path is found)."""
+def plugin_class(spec: str, resolve: Callable[[str], Path] = Path) -> type:
+    """The class `spec` names, its module imported (`resolve`: how a relative file path is found)."""
     target, _, cls_name = spec.rpartition(":")
     if not target or not cls_name.isidentifier():
         raise ArchError(f"--archs {spec}: a plugin is path/to/file.py:ClassName or package.module:ClassName.")
@@ -74,10 +74,15 @@ def load_plugin(spec: str, resolve: Callable[[str], Path] = Path) -> Architectur
     if not inspect.isclass(cls):
         what = "no class" if cls is None else f"{cls_name} is a {type(cls).__name__}, not a class; no class"
         raise ArchError(f"--archs {spec}: {target} has {what} named {cls_name}.")
+    return cls
+
+
+def make_plugin(cls: type, spec: str) -> Architecture:
+    """An architecture of the plugin class `cls` (of `spec`), made without arguments and checked."""
     try:
         arch = cls()
     except Exception as e:
-        raise ArchError(f"--archs {spec}: {cls_name}() failed (a plugin is made without arguments): "
+        raise ArchError(f"--archs {spec}: {spec.rpartition(':')[2]}() failed (a plugin is made without arguments): "
                         f"{type(e).__name__}: {e}") from None
     check_protocol(arch, spec)
     return typing.cast(Architecture, arch)
