@@ -100,9 +100,8 @@ def run_request_file(path: Path, model: str, out: Path, cache_root: Path, *, rep
         ray_engine.check(profile, ray)  # Ray missing, vLLM missing, a pace Ray cannot keep: one line, before any start
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        profiles = {profile.name: profile}
-        servers = start_servers(stack, profiles, cache_root)
-        use_servers(profiles, servers)
+        servers = start_servers(stack, {profile.name: profile}, cache_root)
+        profiles = use_servers({profile.name: profile}, servers)
         server = servers.get(profile.name)
         ran: RayRun | None = None
         if ray is not None:

@@ -12,7 +12,7 @@ import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,10 +32,11 @@ from evaluator.core.paths import resolve_path
 from evaluator.core.progress import SILENT, Progress, Reporter
 from evaluator.data import Registry
 from evaluator.llamacpp import llama_server
-from evaluator.llm import LLMEngine, ModelProfile, load_profile
+from evaluator.llm import LLMEngine, ModelProfile, load_profile, revised
 from evaluator.llm.accounting import CallStats
 from evaluator.llm.budget import Budget, check_priced
 from evaluator.llm.limiters import SharedRates, rate_folder
+from evaluator.llm.profiles import sectioned
 from evaluator.render.view_page import VIEW_FILE, parts_folder
 from evaluator.results.cost import BatchStats, accounting
 from evaluator.results.schema import (
@@ -121,7 +122,7 @@ def load_profiles(s: Settings, inv: Invocation, *, offline: bool = False) -> dic
         p = offline_profile(name, **inv.overrides.as_kwargs()) if offline else load_profile(name, **inv.overrides.as_kwargs())
         if p.name in profiles:
             raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
-        if p.local_model and not p.base_url and not offline:
+        if p.server.local_model and not p.connection.base_url and not offline:
             llama_server.check(p, resolve_path(s.run.cache_dir))  # server and weights installed: one line now
         profiles[p.name] = p
     return profiles
@@ -306,7 +307,7 @@ def _run_study(s: Settings, inv: Invocation, out: Path, cache_root: Path, profil
         budget = Budget(inv.budget_usd) if inv.budget_usd is not None else None
         try:
             llm_stats, sim_stats, batch_stats, arch_calls = run_models(
-                study, dict(profiles), cache_root, reporter, budget=budget, sims=sims, inv=inv, sink=spill)
+                study, profiles, cache_root, reporter, budget=budget, sims=sims, inv=inv, sink=spill)
         except BudgetExhausted:  # what remains, priced from the cache now holding every reply received
             spill.discard()
             assert budget is not None
@@ -382,20 +383,20 @@ def start_servers(stack: contextlib.ExitStack, profiles: dict[str, ModelProfile]
     waits); they stop with `stack` (an error, Ctrl-C, SIGTERM) or at the end of the LLM stage."""
     out: dict[str, Server] = {}
     for name, p in profiles.items():
-        if p.simulated and not p.base_url:
+        if p.server.simulated and not p.connection.base_url:
             out[name] = stack.enter_context(start_simulator(wait=False))
-        elif p.local_model and not p.base_url:
+        elif p.server.local_model and not p.connection.base_url:
             out[name] = stack.enter_context(llama_server.start_llamacpp(p, cache_root))
     return out
 
 
-def use_servers(profiles: dict[str, ModelProfile], sims: dict[str, Server]) -> None:
-    """Each profile pointed at the server started for it (`profiles` updated in place), once it listens."""
-    for name, sim in sims.items():
-        if isinstance(sim, llama_server.LlamaHandle):
-            profiles[name] = llama_server.use(profiles[name], sim)
-        else:
-            profiles[name] = dataclasses.replace(profiles[name], base_url=sim.base_url)
+def use_servers(profiles: Mapping[str, ModelProfile], sims: Mapping[str, Server]) -> dict[str, ModelProfile]:
+    """The profiles, each pointed at the server started for it once it listens (new profiles in a new mapping:
+    `profiles` is left as declared)."""
+    return {name: p if name not in sims else
+            llama_server.use(p, sim) if isinstance(sim := sims[name], llama_server.LlamaHandle) else
+            revised(p, base_url=sim.base_url)
+            for name, p in profiles.items()}
 
 
 def run_models(study: PreparedStudy, profiles: dict[str, ModelProfile], cache_root: Path, reporter: Reporter = SILENT, *,
@@ -409,7 +410,7 @@ def run_models(study: PreparedStudy, profiles: dict[str, ModelProfile], cache_ro
     them from the cache."""
     with contextlib.ExitStack() as stack:
         sims = sims if sims is not None else start_servers(stack, profiles, cache_root)
-        use_servers(profiles, sims)
+        profiles = use_servers(profiles, sims)
         batch_stats: dict[str, BatchStats] = {}
         if inv.batch == "submit":
             batch_stats = collect.run_batch(study, profiles, cache_root, log=reporter.info, budget=budget,
@@ -471,7 +472,7 @@ def build_meta(study: PreparedStudy, profiles: dict[str, ModelProfile], s: Setti
         registry=RegistryInfo(s.data.registry, len(study.registry), study.registry.source, study.registry.format,
                               study.registry.digest()),
         subsets=study.subsets, k=s.retrieval.k, ks=sorted(set(s.retrieval.ks)), runs=s.run.runs if profiles else 1,
-        models=[ModelInfo(n, p.model, p.simulated, _PROFILE.validate_python(p.request_settings()))
+        models=[ModelInfo(n, p.model, p.server.simulated, _PROFILE.validate_python(sectioned(p.request_settings())))
                 for n, p in profiles.items()],
         retrieval_only=not profiles, warnings=study.warnings.as_dict(),
         # Everything that changes from one invocation to the next lives here and stays out of summary.json.
