@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter
 
-from evaluator.app.run_study import use_servers
 from evaluator.cli.main import main
 from evaluator.core.errors import ConfigError
 from evaluator.core.paths import MODELS_DIR
@@ -176,17 +175,6 @@ def test_command_line_overrides_are_applied_in_one_place():
     assert load_profile("anthropic/claude-haiku-4-5", require_key=False, env={}, **o.as_kwargs()) == q
     with pytest.raises(ConfigError, match="unknown model profile setting"):
         overridden(p, {"nope": 1})
-
-
-def test_use_servers_returns_new_profiles_and_leaves_the_caller_s():
-    class Started:
-        base_url = "http://127.0.0.1:4321/v1"
-
-    declared = {"sim": load_profile("sim", env={}), "sim-b": load_profile("sim-b", env={})}
-    before = dict(declared)
-    used = use_servers(declared, {"sim": Started()})  # type: ignore[dict-item]
-    assert declared == before and declared["sim"].connection.base_url == ""
-    assert used["sim"].connection.base_url == Started.base_url and used["sim-b"] is declared["sim-b"]
 
 
 def test_meta_json_saves_the_profile_flat_as_before_and_reads_it_back():

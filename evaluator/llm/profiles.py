@@ -20,7 +20,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, field_validator
@@ -355,7 +355,7 @@ def _build(raw: Mapping[str, Any], where: str, label: Callable[[str, str], str])
         values = raw.get(section, {})
         if not isinstance(values, Mapping):
             raise ConfigError(f"{where}{section} = must be a table [{section}] of its settings")
-        known = cls.__pydantic_fields__  # type: ignore[attr-defined]
+        known = cls.__pydantic_fields__  # type: ignore[attr-defined]  # pydantic adds it
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ConfigError(f"{where}[{section}] has unknown key(s) {unknown}; known: {sorted(known)}")
@@ -469,16 +469,22 @@ def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str | None, bool]:
+class _Raw(NamedTuple):
+    fields: dict[str, Any]  # in sections: a file's, laid over its provider's
+    where: str  # where they come from, for messages
+    hint: str | None  # what to do about a missing endpoint
+    flat: bool = False  # the file uses the flat layout: its messages name its keys as it does
+
+
+def _raw_profile(name: str, models_dir: Path) -> _Raw:
     """The profile's keys in sections (a file's, laid over its provider's), where they come from (for
-    messages), the hint for a missing endpoint, and whether the file used the flat layout (its messages name
-    its keys as it does). `PROVIDER/MODEL` is the provider table's profile (llm/catalog.py), unless a file of
-    that path exists."""
+    messages), the hint for a missing endpoint, and whether the file used the flat layout. `PROVIDER/MODEL` is
+    the provider table's profile (llm/catalog.py), unless a file of that path exists."""
     as_path = Path(name)
     split = None if as_path.suffix == ".toml" and as_path.is_file() else catalog.split_name(name)
     if split is not None:
         provider, model = split
-        return catalog.profile_fields(provider, model, name), f"--model {name}", catalog.base_url_hint(provider), False
+        return _Raw(catalog.profile_fields(provider, model, name), f"--model {name}", catalog.base_url_hint(provider))
     path = _profile_path(name, models_dir)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -495,7 +501,7 @@ def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str 
     raw.setdefault("name", path.stem)
     named = raw.get("connection", {}).get("provider") if isinstance(raw.get("connection"), Mapping) else None
     if named is None:
-        return raw, str(path), None, flat
+        return _Raw(raw, str(path), None, flat)
     known = catalog.providers()
     if not isinstance(named, str) or named not in known:
         raise ConfigError(f"{path}: provider = {named!r} is not a provider of {PROVIDERS_FILE} "
@@ -503,8 +509,8 @@ def _raw_profile(name: str, models_dir: Path) -> tuple[dict[str, Any], str, str 
     if not isinstance(raw.get("model"), str):
         raise ConfigError(f"{path}: 'model' (the provider's model id) is required")
     # The file overrides anything of its provider's (prices included).
-    return (_merged(catalog.profile_fields(known[named], raw["model"], raw["name"]), raw), str(path),
-            catalog.base_url_hint(known[named]), flat)
+    return _Raw(_merged(catalog.profile_fields(known[named], raw["model"], raw["name"]), raw), str(path),
+                catalog.base_url_hint(known[named]), flat)
 
 
 def _loader_keys(raw: dict[str, Any], where: str, label: Callable[[str, str], str]) -> _LoaderKeys:
