@@ -212,8 +212,8 @@ async def test_a_reply_without_usage_gets_estimated_tokens_and_says_so(sim, tmp_
     async with sim.engine(prof, cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(3), run=0, prompt_version="v1")
     body = llm.prepare(F.msgs(3), run=0, prompt_version="v1").body
-    assert r.prompt_tokens == prompt_tokens(body, prof.tokens.chars_per_token) > 0
-    assert r.completion_tokens == text_tokens(r.content, prof.tokens.chars_per_token) > 0
+    assert r.prompt_tokens == prompt_tokens(body, prof.prompt.chars_per_token) > 0
+    assert r.completion_tokens == text_tokens(r.content, prof.prompt.chars_per_token) > 0
     assert llm.stats.usage_estimated == 1 and llm.stats.prompt_tokens == r.prompt_tokens
     assert any("no token usage" in rec.getMessage() for rec in caplog.records)
 

@@ -118,7 +118,7 @@ def test_the_flat_layout_note_reaches_the_terminal_once(tmp_path, capsys):
         ("rpm = 5\n[pacing]\nrpm = 6\n", "rpm is given twice: at the top (the flat layout) and as [pacing] rpm"),
         ("[sampling.extra_body]\nseed = 3\n", "[sampling.extra_body] may not set seed"),
         ("base_url_env = 5\n", "[connection] base_url_env = 5 is an integer; expected a string"),
-        ("[tokens]\nmodel_env = 5\n", "[tokens] has unknown key(s) ['model_env']"),
+        ("[prompt]\nmodel_env = 5\n", "[prompt] has unknown key(s) ['model_env']"),
     ],
 )
 def test_a_sectioned_file_s_mistake_names_its_table_and_key(tmp_path, text, says):

@@ -59,8 +59,8 @@ def test_every_provider_of_the_table_gives_a_profile():
 def test_known_models_carry_dated_prices_and_their_limits():
     p = load_profile(ANTHROPIC, require_key=False, env={})
     assert (p.prices.input_per_mtok, p.prices.output_per_mtok, p.prices.cached_input_per_mtok,
-            p.prices.cache_write_per_mtok, p.prices.batch_discount, p.tokens.context_tokens) == (3.0, 15.0, 0.3, 3.75, 0.5, 200000)
-    assert "as of 2025-12" in p.prices.source and p.tokens.prompt_cache == "explicit" and p.connection.wire == "anthropic"
+            p.prices.cache_write_per_mtok, p.prices.batch_discount, p.prompt.context_tokens) == (3.0, 15.0, 0.3, 3.75, 0.5, 200000)
+    assert "as of 2025-12" in p.prices.source and p.prompt.cache == "explicit" and p.connection.wire == "anthropic"
     dated = load_profile("anthropic/claude-sonnet-4-5-20250929", require_key=False, env={})  # a dated snapshot id
     assert dated.prices.input_per_mtok == 3.0 and dated.model == "claude-sonnet-4-5-20250929"
     flash = load_profile("google/gemini-2.5-flash", require_key=False, env={})
@@ -90,7 +90,7 @@ def test_a_profile_file_naming_a_provider_overrides_its_defaults(tmp_path):
     p = load_profile(str(f), require_key=False, env={})
     assert (p.name, p.connection.provider, p.connection.wire, p.batch.api, p.pacing.rpm, p.prices.input_per_mtok, p.prices.output_per_mtok) == (
         "claude-fast", "anthropic", "anthropic", "anthropic", 4000, 0.9, 5.0)
-    assert p.sampling.structured == "json_schema" and p.tokens.cache_min_tokens == 2048  # the model's own entry
+    assert p.sampling.structured == "json_schema" and p.prompt.cache_min_tokens == 2048  # the model's own entry
     bad = tmp_path / "o3.toml"
     bad.write_text('provider = "openai"\nmodel = "o3"\ntemperature = 0.0\n')
     with pytest.raises(ConfigError, match="reasoning model: it takes only the default temperature"):

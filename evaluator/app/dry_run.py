@@ -34,7 +34,7 @@ from evaluator.core.tokens import MESSAGE_TOKENS, prompt_tokens
 from evaluator.llm import ChatResult, LLMEngine, ModelProfile, Prepared
 from evaluator.llm.budget import unpriced
 from evaluator.llm.limiters import PACED_BURST_S, RPM_SAFETY
-from evaluator.llm.profiles import Tokens
+from evaluator.llm.profiles import Prompt
 from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
 from evaluator.study import prompts
@@ -42,7 +42,7 @@ from evaluator.study.prepare import PreparedStudy
 from evaluator.study.runner import ARCH_OF_CALL, study_archs
 
 PLAN_FILE = "plan.json"
-TOKEN_RULE = (f"prompt tokens = characters of message text / the profile's [tokens] chars_per_token + {MESSAGE_TOKENS} per "
+TOKEN_RULE = (f"prompt tokens = characters of message text / the profile's [prompt] chars_per_token + {MESSAGE_TOKENS} per "
               "message (+ the response_format JSON when sent); exact against the simulator, an estimate for a "
               "provider's tokenizer")
 
@@ -128,17 +128,17 @@ def _usd(x: float | None) -> str:
 
 class PromptCacheEstimate:
     """Prompt tokens a provider's prompt cache would serve (read) and take in (written), summed as requests go by
-    (module doc): a request whose system prompt (at least [tokens] `cache_min_tokens`) was seen before reads it; the first
+    (module doc): a request whose system prompt (at least [prompt] `cache_min_tokens`) was seen before reads it; the first
     of each writes it where caching is explicit. Holds one digest per distinct system prompt."""
 
-    def __init__(self, tokens: Tokens) -> None:
-        self.tokens = tokens  # the profile's [tokens]: its prompt cache, the token rule
+    def __init__(self, prompt: Prompt) -> None:
+        self.prompt = prompt  # the profile's [prompt]: its prompt cache, the token rule
         self.seen: set[int] = set()
         self.read = self.written = 0
 
     def add(self, body: dict[str, Any]) -> None:
-        p = self.tokens
-        if p.prompt_cache == "none":
+        p = self.prompt
+        if p.cache == "none":
             return
         system = next((m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "system"),
                       None)
@@ -151,12 +151,12 @@ class PromptCacheEstimate:
             self.read += n
         else:
             self.seen.add(d)
-            self.written += n if p.prompt_cache == "explicit" else 0
+            self.written += n if p.cache == "explicit" else 0
 
 
 def cache_estimate(p: ModelProfile, bodies: list[dict[str, Any]]) -> tuple[int, int]:
     """(prompt tokens read from the provider's prompt cache, written into it) over these requests."""
-    est = PromptCacheEstimate(p.tokens)
+    est = PromptCacheEstimate(p.prompt)
     for b in bodies:
         est.add(b)
     return est.read, est.written
@@ -194,7 +194,7 @@ class _Tally:
     prompt_cache: PromptCacheEstimate | None = None
 
     def __post_init__(self) -> None:
-        self.prompt_cache = PromptCacheEstimate(self.profile.tokens)
+        self.prompt_cache = PromptCacheEstimate(self.profile.prompt)
 
     def call(self, key: str, version: str, body: dict[str, Any], hit: ChatResult | None) -> None:
         self.calls += 1
@@ -216,7 +216,7 @@ class _Tally:
     def _send(self, version: str, body: dict[str, Any]) -> None:
         v = self.todo.setdefault(version, _Version())
         v.n += 1
-        v.prompt_tokens += prompt_tokens(body, self.profile.tokens.chars_per_token)
+        v.prompt_tokens += prompt_tokens(body, self.profile.prompt.chars_per_token)
         assert self.prompt_cache is not None
         self.prompt_cache.add(body)
         cap = body.get("max_tokens") or self.profile.sampling.max_tokens

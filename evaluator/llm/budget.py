@@ -27,13 +27,13 @@ def context_overflow(profile: ModelProfile, body: dict[str, Any]) -> str | None:
     a prompt larger than the whole context is refused by every server (llama.cpp: "exceeds the available
     context size", vLLM: "maximum context length"), so sending it only spends an attempt and its retries. The
     rule is an estimate: a prompt just under the line may still be refused, never one above it is sent."""
-    ctx = profile.tokens.context_tokens
+    ctx = profile.prompt.context_tokens
     if ctx is None:
         return None
-    n = prompt_tokens(body, profile.tokens.chars_per_token)
+    n = prompt_tokens(body, profile.prompt.chars_per_token)
     if n <= ctx:
         return None
-    return (f"prompt of ~{n:,} tokens exceeds the model's context of {ctx:,} tokens (profile [tokens] context_tokens); "
+    return (f"prompt of ~{n:,} tokens exceeds the model's context of {ctx:,} tokens (profile [prompt] context_tokens); "
             "not sent")
 
 
@@ -41,7 +41,7 @@ def worst_case_usd(profile: ModelProfile, body: dict[str, Any], *, batch: bool =
     """What one attempt of `body` can cost at most: its prompt, and every completion token it may use
     (online, or as one request of a batch: `core.money.capped_usd`)."""
     max_tokens = body.get("max_tokens") or profile.sampling.max_tokens or 0
-    return capped_usd(profile.prices, prompt_tokens(body, profile.tokens.chars_per_token), int(max_tokens), batch=batch)
+    return capped_usd(profile.prices, prompt_tokens(body, profile.prompt.chars_per_token), int(max_tokens), batch=batch)
 
 
 def unpriced(p: ModelProfile) -> str | None:

@@ -176,14 +176,14 @@ def profile_fields(provider: Provider, model: str, name: str) -> dict[str, Any]:
     pacing = {"concurrency": p.concurrency, "adaptive_concurrency": p.adaptive_concurrency, "rpm": p.rpm,
               "tpm": p.tpm, "follow_rate_headers": p.follow_rate_headers}
     prices: dict[str, Any] = {}
-    tokens: dict[str, Any] = {"prompt_cache": p.prompt_cache, "cache_min_tokens": p.cache_min_tokens}
+    prompt: dict[str, Any] = {"cache": p.prompt_cache, "cache_min_tokens": p.cache_min_tokens}
     if p.self_hosted:
         prices |= {"input_per_mtok": 0.0, "output_per_mtok": 0.0, "source": p.prices_label()}
     if e is not None:  # what the model's entry gives, over the provider's
         prices |= _given({"input_per_mtok": e.input, "output_per_mtok": e.output,
                           "cached_input_per_mtok": e.cached_input, "cache_write_per_mtok": e.cache_write})
         prices["source"] = p.prices_label()
-        tokens |= _given({"context_tokens": e.context, "cache_min_tokens": e.cache_min_tokens})
+        prompt |= _given({"context_tokens": e.context, "cache_min_tokens": e.cache_min_tokens})
         sampling |= _given({"max_tokens": e.max_tokens})
         pacing |= _given({"rpm": e.rpm, "tpm": e.tpm})
     if p.batch is not None:
@@ -196,7 +196,7 @@ def profile_fields(provider: Provider, model: str, name: str) -> dict[str, Any]:
             sampling["max_tokens"] = max(p.max_tokens, REASONING_MAX_TOKENS)
     sections = {"connection": connection, "sampling": sampling, "pacing": pacing,
                 "retries": {"truncation_retries": p.truncation_retries}, "batch": {"api": p.batch},
-                "prices": prices, "tokens": tokens}
+                "prices": prices, "prompt": prompt}
     # A value the table does not give (None) is the profile's default, as if the key were not written.
     return {"name": name, "model": model, **{s: _given(values) for s, values in sections.items()}}
 

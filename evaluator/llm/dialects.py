@@ -178,5 +178,5 @@ class AnthropicWire:
 def dialect(profile: ModelProfile) -> OpenAIWire | AnthropicWire:
     """The profile's wire dialect."""
     if profile.connection.wire == "anthropic":
-        return AnthropicWire(cache=profile.tokens.prompt_cache == "explicit", max_tokens=profile.sampling.max_tokens)
+        return AnthropicWire(cache=profile.prompt.cache == "explicit", max_tokens=profile.sampling.max_tokens)
     return OpenAIWire()

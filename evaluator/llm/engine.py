@@ -323,7 +323,7 @@ class LLMEngine:
         if read.error is not None:
             return ChatResult(None, None, error=read.error, error_kind=read.error_kind)
         if read.usage_missing:
-            cpt = self.profile.tokens.chars_per_token
+            cpt = self.profile.prompt.chars_per_token
             read.completion_tokens = text_tokens(read.content or "", cpt)
             read.prompt_tokens = prompt_tokens(request, cpt) if request else 0
         self._tally.cut(read)
@@ -411,7 +411,7 @@ class LLMEngine:
         logical = prepared.logical or prepared.body
         # Only a TPM budget needs the estimate: no extra JSON encoding per call otherwise.
         prof = self.profile  # the one token rule (dry run, budget, TPM pacing): core.tokens.prompt_tokens
-        est = (prompt_tokens(logical, prof.tokens.chars_per_token) + (prof.sampling.max_tokens or 0)
+        est = (prompt_tokens(logical, prof.prompt.chars_per_token) + (prof.sampling.max_tokens or 0)
                if self._pacing.tpm is not None else 0)
         call = Call(prepared.key, logical, keep_raw, est, time.perf_counter())
         while True:

@@ -1,7 +1,7 @@
 """Model profiles: `configs/models/<name>.toml` -> `ModelProfile`, plus the key lookup.
 
 A profile is nested like the file it comes from: `name` and `model` at the top, then one section per table
-(`[connection]`, `[sampling]`, `[pacing]`, `[retries]`, `[batch]`, `[prices]`, `[tokens]`, `[server]`), each
+(`[connection]`, `[sampling]`, `[pacing]`, `[retries]`, `[batch]`, `[prices]`, `[prompt]`, `[server]`), each
 field documented where it is declared. A profile file written before the sections (every key at the top, the
 way meta.json still saves a profile: `ModelProfile.flat`) loads through the one migration, `sectioned`, with a
 note once per file. `revised` is the one way to change fields of a profile (a flag, a started server's port).
@@ -92,6 +92,7 @@ class Sampling:
     """The server gives the same reply to the same prompt whatever the seed at temperature 0 (one local
     llama.cpp): runs then repeat each other (`ModelProfile.repeats_runs`), and the report says so instead of
     testing across runs."""
+    # Any: provider-defined request fields, a deliberate extension point (any JSON a host accepts).
     extra_body: dict[str, Any] = field(default_factory=dict)
     """Provider-defined request fields sent as they are ([sampling.extra_body]): a deliberate extension point
     (any JSON a host accepts)."""
@@ -168,8 +169,8 @@ class Prices:
 
 
 @dataclass(frozen=True, config=_DOCUMENTED)
-class Tokens:
-    """[tokens]: how a prompt's tokens are counted, what fits, and what the provider keeps of them."""
+class Prompt:
+    """[prompt]: how a prompt's tokens are counted, what fits the model, and what the provider caches of it."""
 
     chars_per_token: float = Field(default=CHARS_PER_TOKEN, gt=0)
     """The token rule of the estimates (dry run, budget, TPM pacing): characters of message text per prompt
@@ -177,7 +178,7 @@ class Tokens:
     context_tokens: int | None = Field(default=None, ge=1)
     """The model's context window, when known (llama.cpp's -c, vLLM's max_model_len): a prompt that cannot fit
     is a counted `context_exceeded` error of its call, never sent (llm/budget.context_overflow)."""
-    prompt_cache: PromptCache = "none"
+    cache: PromptCache = "none"
     """How the provider caches repeated prompt prefixes (`catalog.PromptCache`: "explicit" marks the system
     prompt with Anthropic's cache_control)."""
     cache_min_tokens: int = Field(default=1024, ge=0)
@@ -221,8 +222,8 @@ class ModelProfile:
     """[batch]"""
     prices: Prices = field(default_factory=Prices)
     """[prices]"""
-    tokens: Tokens = field(default_factory=Tokens)
-    """[tokens]"""
+    prompt: Prompt = field(default_factory=Prompt)
+    """[prompt]"""
     server: Server = field(default_factory=Server)
     """[server]"""
 
@@ -267,7 +268,7 @@ class ModelProfile:
 
 # The sections, by table name, as `ModelProfile` declares them.
 SECTIONS: dict[str, type] = {"connection": Connection, "sampling": Sampling, "pacing": Pacing, "retries": Retries,
-                             "batch": Batch, "prices": Prices, "tokens": Tokens, "server": Server}
+                             "batch": Batch, "prices": Prices, "prompt": Prompt, "server": Server}
 # Every field by its flat name (the layout before the sections, meta.json's, the flags'), in the order
 # meta.json saves them: (section, field); "" is the top. A field keeps its name in its section unless that
 # name began with the section's own (`price_input_per_mtok` is [prices] input_per_mtok).
@@ -287,9 +288,9 @@ FLAT: dict[str, tuple[str, str]] = {
     "price_input_per_mtok": ("prices", "input_per_mtok"), "price_output_per_mtok": ("prices", "output_per_mtok"),
     "batch_discount": ("prices", "batch_discount"), "price_cached_input_per_mtok": ("prices", "cached_input_per_mtok"),
     "price_cache_write_per_mtok": ("prices", "cache_write_per_mtok"), "price_source": ("prices", "source"),
-    "prompt_cache": ("tokens", "prompt_cache"), "cache_min_tokens": ("tokens", "cache_min_tokens"),
+    "prompt_cache": ("prompt", "cache"), "cache_min_tokens": ("prompt", "cache_min_tokens"),
     "follow_rate_headers": ("pacing", "follow_rate_headers"), "reasoning_params": ("sampling", "reasoning_params"),
-    "chars_per_token": ("tokens", "chars_per_token"), "context_tokens": ("tokens", "context_tokens"),
+    "chars_per_token": ("prompt", "chars_per_token"), "context_tokens": ("prompt", "context_tokens"),
     "local_model": ("server", "local_model"), "server_slots": ("server", "slots"),
     "server_threads": ("server", "threads"), "server_ctx": ("server", "ctx"),
     "deterministic": ("sampling", "deterministic"),
@@ -454,7 +455,7 @@ def _note_flat(path: Path) -> None:
     example = MODELS_DIR / f"{path.stem}.toml"
     example = example if example.is_file() else MODELS_DIR / "local.toml"
     log.warning("profile %s uses the flat layout (every key at the top); it still loads. The sectioned form "
-                "([connection], [sampling], [pacing], [retries], [batch], [prices], [tokens], [server]) is in %s; "
+                "([connection], [sampling], [pacing], [retries], [batch], [prices], [prompt], [server]) is in %s; "
                 "README \"Model profiles\" lists where each key went", path, example)
 
 
