@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from typing import Any
 from evaluator.batch.collect import batch_rounds
 from evaluator.batch.request_files import run_requests
 from evaluator.batch.request_format import Request
-from evaluator.llm import LLMEngine, load_profile
+from evaluator.llm import LLMEngine, load_profile, revised
 from evaluator.results.cost import accounting
 from evaluator.results.schema import plain
 from evaluator.study.runner import StudyRunner, Unit
@@ -55,7 +54,7 @@ def _profiles(sims: dict[str, SimHandle], scale: float) -> dict[str, Any]:
     out = {}
     for spec in SPECS:
         p = load_profile(spec.profile, base_url=sims[spec.profile].base_url, rpm=spec.rpm * scale)
-        out[spec.profile] = dataclasses.replace(p, batch=BATCH_KIND[spec.profile])
+        out[spec.profile] = revised(p, batch=BATCH_KIND[spec.profile])
     return out
 
 
@@ -181,7 +180,7 @@ def part_files(scale: float = FILE_SCALE) -> dict[str, Any]:
     floor = max((FILE_N - max(1.0, r)) / r + FILE_LATENCY_S / scale, 2 * FILE_LATENCY_S / scale)
     out: dict[str, Any] = {"n": FILE_N, "floor_s": floor}
     with start_simulator(**knobs) as sim:
-        p = dataclasses.replace(load_profile("sim", base_url=sim.base_url), rpm=FILE_RPM * scale)
+        p = revised(load_profile("sim", base_url=sim.base_url), rpm=FILE_RPM * scale)
         with temp_dir("batch-file") as root:
             t0 = time.perf_counter()
             results, stats = asyncio.run(run_requests(reqs, p, root))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import os
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import Stamp, stamped  # noqa: E402
-from evaluator.llm import LLMEngine, ModelProfile, load_profile  # noqa: E402
+from evaluator.llm import LLMEngine, ModelProfile, load_profile, revised  # noqa: E402
 from simulator.harness import start_simulator  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,7 +58,7 @@ async def _run_calls(profile: ModelProfile, cache_root: Path, n: int) -> dict[st
 def rate_run(scale: float, calls: int, rpm: float, latency_s: float, style: str, blind: bool) -> dict[str, Any]:
     server_rpm = rpm * scale
     with start_simulator(rpm=server_rpm, burst_s=1.0, latency_s=latency_s / scale, rate_style=style) as sim:
-        profile = dataclasses.replace(
+        profile = revised(
             load_profile("sim", base_url=sim.base_url), rpm=None if blind else server_rpm, concurrency=64
         )
         with tempfile.TemporaryDirectory() as root:
@@ -75,7 +74,7 @@ def rate_run(scale: float, calls: int, rpm: float, latency_s: float, style: str,
 
 def throughput_run(calls: int) -> dict[str, Any]:
     with start_simulator() as sim, tempfile.TemporaryDirectory() as root:
-        profile = dataclasses.replace(load_profile("sim", base_url=sim.base_url), concurrency=128)
+        profile = revised(load_profile("sim", base_url=sim.base_url), concurrency=128)
         fresh = asyncio.run(_run_calls(profile, Path(root), calls))
         cached = asyncio.run(_run_calls(profile, Path(root), calls))
     return {

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import statistics
@@ -101,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     stamp = Stamp()
     out: Path = args.out
     profile = load_profile(args.model)
-    default_slots, default_threads = sizing(profile)
+    default_slots, default_threads = sizing(profile.server)
     settings = [tuple(int(x) for x in s.split("x")) for s in args.settings.split(",")]
     if (default_slots, default_threads) not in settings:
         settings.append((default_slots, default_threads))
-    w = WEIGHTS[profile.local_model or ""]
+    w = WEIGHTS[profile.server.local_model or ""]
     with tempfile.TemporaryDirectory() as tmp:
         bodies = _requests(args.model, args.queries, args.cache_dir, Path(tmp))
     runs: dict[str, list[dict[str, float]]] = {f"{s}x{t}": [] for s, t in settings}
@@ -113,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     for r in range(args.rounds):
         for slots, threads in settings:
-            with LlamaHandle(w, args.cache_dir, slots=slots, threads=threads, ctx=profile.server_ctx) as srv:
+            with LlamaHandle(w, args.cache_dir, slots=slots, threads=threads, ctx=profile.server.ctx) as srv:
                 base = srv.base_url
                 asyncio.run(_batch(base, bodies[:slots], slots, 8))  # warm: the shared system prompts cached
                 runs[f"{slots}x{threads}"].append(asyncio.run(_batch(base, bodies, slots, args.max_tokens)))
@@ -136,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "study_vs_best": med[study]["gen_tok_s"] / med[best]["gen_tok_s"],
         "study_vs_one_at_a_time": (med[study]["gen_tok_s"] / med[single]["gen_tok_s"]) if single else None,
         "goals": {"study_vs_best": ">= 0.9", "study_vs_one_at_a_time": ">= 1.5"},
-        "profile": dataclasses.asdict(profile),
+        "profile": profile.flat(),  # flat, as meta.json saves a profile
     }
     out.write_text(json.dumps(stamped(result, stamp), indent=1) + "\n")
     print(f"{'setting':>8} {'calls/min':>10} {'gen tok/s':>10} {'vs best':>8}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from evaluator.llm import LLMEngine, ModelProfile, load_profile  # noqa: E402
+from evaluator.llm import LLMEngine, ModelProfile, load_profile, revised  # noqa: E402
 from evaluator.llm.transport import MockTransport, NoReply, Request, Response  # noqa: E402
 from simulator.harness import SimHandle, start_simulator  # noqa: E402
 from simulator.inprocess import InProcessSimulator  # noqa: E402
@@ -102,7 +101,7 @@ def sim_profile(sim: SimHandle | LocalSim | SocketSim | Any, **overrides: Any) -
     """The sim profile pointed at `sim`, with fast backoff so retry tests take milliseconds."""
     base = load_profile("sim", base_url=sim.base_url)
     fast = {"backoff_base_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 5.0, "max_retries": 4}
-    return dataclasses.replace(base, **{**fast, **overrides})
+    return revised(base, **{**fast, **overrides})
 
 
 def msgs(i: int, text: str = "find the weather in city") -> list[dict[str, str]]:
@@ -114,7 +113,7 @@ def msgs(i: int, text: str = "find the weather in city") -> list[dict[str, str]]
 
 # -- child program for the subprocess tests -------------------------------------------------------------
 async def _child(base_url: str, cache_root: str, start: int, n: int, concurrency: int, out: str) -> None:
-    profile = dataclasses.replace(load_profile("sim", base_url=base_url), concurrency=concurrency)
+    profile = revised(load_profile("sim", base_url=base_url), concurrency=concurrency)
     async with LLMEngine(profile, cache_root=cache_root) as llm:
         results = await asyncio.gather(
             *(llm.chat(msgs(i), run=i % 4, prompt_version="v1") for i in range(start, start + n))

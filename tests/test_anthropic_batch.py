@@ -6,7 +6,6 @@ tests/test_batch_api.py)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from evaluator.batch.batch_submit import BatchRunner  # noqa: E402
 from evaluator.batch.providers import AnthropicBatch, batch_api, batch_limits  # noqa: E402
 from evaluator.batch.request_format import Request  # noqa: E402
 from evaluator.batch.store import JobStore  # noqa: E402
-from evaluator.llm import LLMEngine, load_profile  # noqa: E402
+from evaluator.llm import LLMEngine, load_profile, revised  # noqa: E402
 from evaluator.llm.cache import ResponseCache  # noqa: E402
 from simulator.harness import batch_stats, configure_batch, reset_batch_stats  # noqa: E402
 
@@ -32,7 +31,7 @@ KEY = "sk-ant-test-0123456789"
 
 def profile(sim, **kw):
     p = load_profile("anthropic/claude-haiku-4-5", base_url=sim.base_url, require_key=False)
-    return dataclasses.replace(p, rpm=None, follow_rate_headers=False, **kw)
+    return revised(p, rpm=None, follow_rate_headers=False, **kw)
 
 
 def messages(i: int) -> list[dict]:
@@ -72,7 +71,7 @@ async def online(p, root: Path, n: int) -> dict[str, str | None]:
 
 def test_message_batch_replies_equal_online_replies(sim, tmp_path):
     p = profile(sim)
-    assert p.batch == "anthropic" and batch_limits(p) == (100_000, 256_000_000)
+    assert p.batch.api == "anthropic" and batch_limits(p) == (100_000, 256_000_000)
     stats, got = asyncio.run(run_batch(p, tmp_path / "b", 12))
     want = asyncio.run(online(p, tmp_path / "o", 12))
     assert got == want and all(want.values())

@@ -5,7 +5,6 @@ prompt-cache tokens, the rate-limit headers it paces to)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import llm_fixtures as F
@@ -13,7 +12,7 @@ import orjson
 import pytest
 
 from evaluator.batch.providers import anthropic_result, anthropic_state
-from evaluator.llm import LLMEngine, load_profile
+from evaluator.llm import LLMEngine, load_profile, revised
 from evaluator.llm.decide import AttemptOutcome, CallState, GiveUp, Retry, StopRun, decide
 from evaluator.llm.dialects import AnthropicWire, to_messages
 from evaluator.llm.pacing import announced
@@ -34,7 +33,7 @@ def _doc(name: str) -> dict:
 
 
 def _backoff(attempt: int, jitter: float = 0.5) -> float:
-    return jittered_backoff(attempt, PROFILE.backoff_base_s, PROFILE.backoff_max_s, jitter)
+    return jittered_backoff(attempt, PROFILE.retries.backoff_base_s, PROFILE.retries.backoff_max_s, jitter)
 
 
 # name -> the decision the engine takes on it
@@ -155,7 +154,7 @@ def test_rate_limit_headers_announce_limits_and_spent_budgets():
 # -- the engine against the simulator's Messages route, in this process -----------------------------------------
 def anthropic_profile(sim, **kw):
     p = load_profile("anthropic/claude-sonnet-4-5", base_url=sim.base_url, require_key=False)
-    return dataclasses.replace(p, backoff_base_s=0.01, backoff_max_s=0.05, **kw)
+    return revised(p, backoff_base_s=0.01, backoff_max_s=0.05, **kw)
 
 
 def recording(sim: F.LocalSim, seen: list[Request]) -> MockTransport:
@@ -210,11 +209,11 @@ async def test_structured_output_is_a_forced_tool_and_its_input_is_the_answer():
 async def test_engine_paces_to_the_rpm_the_headers_announce():
     sim = F.LocalSim(rpm=6000, burst_s=60)  # the simulator announces anthropic-ratelimit-requests-limit: 6000
     p = anthropic_profile(sim)
-    assert p.rpm == 50 and p.follow_rate_headers
+    assert p.pacing.rpm == 50 and p.pacing.follow_rate_headers
     async with sim.engine(p, api_key="k") as e:
         await e.chat(prompts.discovery_messages("find the weather"), run=0, prompt_version="d")
         assert e._pacing._pacer.rpm == 6000  # up from the provider's conservative default
-    fixed = dataclasses.replace(p, follow_rate_headers=False)  # --rpm given: kept whatever the headers say
+    fixed = revised(p, follow_rate_headers=False)  # --rpm given: kept whatever the headers say
     async with sim.engine(fixed, api_key="k") as e:
         await e.chat(prompts.discovery_messages("find the rain"), run=0, prompt_version="d")
         assert e._pacing._pacer.rpm == 50
@@ -223,11 +222,11 @@ async def test_engine_paces_to_the_rpm_the_headers_announce():
 async def test_reasoning_models_take_max_completion_tokens_and_no_temperature():
     sim, seen = F.LocalSim(), []
     p = load_profile("openai/gpt-5-mini", base_url=sim.base_url, require_key=False)
-    assert p.reasoning_params and p.temperature == 1.0 and p.max_tokens == 8192
+    assert p.sampling.reasoning_params and p.sampling.temperature == 1.0 and p.sampling.max_tokens == 8192
     async with LLMEngine(p, transport=recording(sim, seen), api_key="k") as e:
         r = await e.chat(prompts.discovery_messages("find the weather"), run=1, prompt_version="d")
     body = orjson.loads(seen[0].body)
     assert body["max_completion_tokens"] == 8192 and "max_tokens" not in body and "temperature" not in body
     assert r.content and r.error is None
     normal = load_profile("openai/gpt-4o-mini", base_url=sim.base_url, require_key=False)
-    assert not normal.reasoning_params and normal.temperature == 0.0
+    assert not normal.sampling.reasoning_params and normal.sampling.temperature == 0.0

@@ -142,7 +142,7 @@ def test_analysis_subsets_the_run_lacks_fail_before_any_work(tmp_path: Path, dat
 def test_profile_overrides_from_flags() -> None:
     run = RunSettings(models=("sim",))
     p = load_profiles(run, Invocation(overrides=ProfileOverrides(max_tokens=77, timeout_s=9.5, concurrency=3)))["sim"]
-    assert (p.max_tokens, p.timeout_s, p.concurrency) == (77, 9.5, 3)
+    assert (p.sampling.max_tokens, p.connection.timeout_s, p.pacing.concurrency) == (77, 9.5, 3)
 
 
 def test_analysis_subsets_rule() -> None:

@@ -154,7 +154,7 @@ def test_a_simulated_profile_gets_a_server_behind_the_protocol(tmp_path: Path) -
         server = servers["sim"]
         assert isinstance(server, local_servers.Simulator)
         serving = served(declared, servers)
-        assert declared["sim"].base_url == "" and serving["sim"].base_url == server.locate()  # declared unchanged
+        assert declared["sim"].connection.base_url == "" and serving["sim"].connection.base_url == server.locate()  # declared unchanged
         assert serving["remote"] is declared["remote"]
         stats = server.stats()
         assert stats == ServerStats(simulator=SimulatorStats.from_dict(server.handle.stats()))

@@ -120,8 +120,8 @@ def test_calls_failed_for_good_exit_non_zero_with_one_line(tmp_path: Path) -> No
     data = make_data_dir(tmp_path / "data")
     with start_simulator(p_500=1.0) as sim:
         prof = tmp_path / "failing.toml"
-        prof.write_text(f'model = "sim-1"\nbase_url = "{sim.base_url}"\nsimulated = true\nmax_retries = 0\n'
-                        "backoff_base_s = 0.01\n", encoding="utf-8")
+        prof.write_text(f'model = "sim-1"\n[connection]\nbase_url = "{sim.base_url}"\n[server]\nsimulated = true\n'
+                        "[retries]\nmax_retries = 0\nbackoff_base_s = 0.01\n", encoding="utf-8")
         r = run_cli("--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--model", str(prof), "--runs", "1",
                     "--ks", "1,5", "--out", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
     assert r.returncode == 3, r.stderr

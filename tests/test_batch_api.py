@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from evaluator.batch.batch_submit import BatchRunner  # noqa: E402
 from evaluator.batch.providers import batch_api, chat_to_gemini  # noqa: E402
 from evaluator.batch.request_format import Request  # noqa: E402
 from evaluator.batch.store import JobStore  # noqa: E402
-from evaluator.llm import LLMEngine, load_profile  # noqa: E402
+from evaluator.llm import LLMEngine, load_profile, revised  # noqa: E402
 from evaluator.llm.cache import ResponseCache  # noqa: E402
 from simulator.harness import batch_stats, configure_batch, reset_batch_stats  # noqa: E402
 
@@ -31,7 +30,7 @@ sim_server, sim = batch_sim_fixtures(turnaround_s=0.1)  # pytest finds fixtures 
 
 
 def profile(sim, kind: str = "openai", **kw):
-    return dataclasses.replace(load_profile("sim", base_url=sim.base_url), batch=kind, **kw)
+    return revised(load_profile("sim", base_url=sim.base_url), batch=kind, **kw)
 
 
 def messages(i: int) -> list[dict]:
@@ -157,12 +156,12 @@ def test_cancel_stuck_batch(sim, tmp_path, kind):
 
 
 CHILD = """
-import asyncio, dataclasses, sys
+import asyncio, sys
 sys.path.insert(0, {repo!r}); sys.path.insert(0, {tests!r})
 from test_batch_api import run_batch
-from evaluator.llm import load_profile
+from evaluator.llm import load_profile, revised
 from pathlib import Path
-p = dataclasses.replace(load_profile("sim", base_url={url!r}), batch="openai", batch_max_requests=10)
+p = revised(load_profile("sim", base_url={url!r}), batch="openai", batch_max_requests=10)
 stats, got = asyncio.run(run_batch(p, Path({root!r}), 40))
 assert all(got.values())
 """
@@ -203,7 +202,7 @@ def test_collect_skips_calls_built_on_a_deferred_reply(tmp_path):
     from evaluator.batch.collect import DEFERRED, _Collector
 
     async def go():
-        p = dataclasses.replace(load_profile("sim"), base_url="http://127.0.0.1:9/v1")
+        p = revised(load_profile("sim"), base_url="http://127.0.0.1:9/v1")
         engine = LLMEngine(p, cache_root=tmp_path, api_key="")
         col = _Collector(engine)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ sys.path.insert(0, str(REPO))
 
 from evaluator.batch.providers import OpenAIBatch  # noqa: E402
 from evaluator.batch.request_format import read_requests, write_lines  # noqa: E402
-from evaluator.llm import load_profile  # noqa: E402
+from evaluator.llm import load_profile, revised  # noqa: E402
 from simulator.harness import batch_stats, configure_batch, reset_batch_stats, start_simulator  # noqa: E402
 
 
@@ -158,7 +157,7 @@ def test_export_simulated_batch_import_then_study_from_cache(ws, sim, online, tm
     root, data, _ = ws
     cache = tmp_path / "c"
     flags = ["--data", str(data), "--cache-dir", str(cache), "--model", "sim", "--runs", "2", "--no-progress"]
-    profile = dataclasses.replace(load_profile("sim", base_url=sim.base_url), batch="openai")
+    profile = revised(load_profile("sim", base_url=sim.base_url), batch="openai")
 
     async def through_batch_api(src: Path, dst: Path) -> None:
         api = OpenAIBatch(profile, None)
@@ -187,7 +186,8 @@ def test_export_simulated_batch_import_then_study_from_cache(ws, sim, online, tm
 def test_batch_needs_a_profile_that_declares_one(ws, tmp_path):
     root, data, sim = ws
     prof = tmp_path / "nobatch.toml"
-    prof.write_text(f'model = "sim-1"\nbase_url = "{sim.base_url}"\nsimulated = true\n', encoding="utf-8")
+    prof.write_text(f'model = "sim-1"\n[connection]\nbase_url = "{sim.base_url}"\n[server]\nsimulated = true\n',
+                    encoding="utf-8")
     r = run_cli("--data", str(data), "--cache-dir", str(tmp_path / "c"), "--out", str(tmp_path / "o"),
                 "--model", str(prof), "--batch", "--no-progress", cwd=root)
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -78,7 +78,7 @@ def test_a_budget_in_the_config_is_checked(ws):
 def test_a_budget_on_a_profile_without_prices_is_one_line(ws):
     root, _, sim = ws
     toml = root / "noprice.toml"
-    toml.write_text("".join(ln + "\n" for ln in SIM_TOML.read_text().splitlines() if not ln.startswith("price_")))
+    toml.write_text("".join(ln + "\n" for ln in SIM_TOML.read_text().splitlines() if not ln.startswith(("input_per_mtok", "output_per_mtok"))))
     sim.reset_stats()
     args = study(ws, root / "cb", root / "ob", "--budget", "5")
     args[args.index("sim")] = str(toml)
@@ -108,16 +108,16 @@ def test_batch_mode_checks_the_budget_before_submitting_a_batch(ws):
 def test_one_price_rule_unknown_is_never_zero_and_the_batch_discount_applies_once():
     @dataclass
     class P:
-        price_input_per_mtok: float | None = 1.0
-        price_output_per_mtok: float | None = 2.0
+        input_per_mtok: float | None = 1.0
+        output_per_mtok: float | None = 2.0
         batch_discount: float | None = 0.5
-        price_cached_input_per_mtok: float | None = None
-        price_cache_write_per_mtok: float | None = None
+        cached_input_per_mtok: float | None = None
+        cache_write_per_mtok: float | None = None
 
     assert cost_usd(P(), 1_000_000, 1_000_000) == 3.0
     assert cost_usd(P(), 1_000_000, 1_000_000, batch=True) == capped_usd(P(), 1_000_000, 1_000_000, batch=True) == 1.5
     assert cost_usd(P(batch_discount=None), 1, 1, batch=True) is None  # the report says "unknown"
     assert capped_usd(P(batch_discount=None), 1_000_000, 0, batch=True) == 1.0  # a cap assumes no saving it can't see
-    assert cost_usd(P(price_output_per_mtok=None), 1, 1) is None
+    assert cost_usd(P(output_per_mtok=None), 1, 1) is None
     with pytest.raises(ValueError):  # a capped run checks prices first (check_priced): unpriced here is a bug
-        capped_usd(P(price_input_per_mtok=None), 1, 1)
+        capped_usd(P(input_per_mtok=None), 1, 1)

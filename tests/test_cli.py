@@ -122,8 +122,8 @@ def test_two_models_share_nothing(workspace):
 def _profile(tmp_path: Path, base_url: str) -> Path:
     p = tmp_path / "keyed.toml"
     p.write_text(
-        f'model = "sim-1"\nbase_url = "{base_url}"\napi_key_env = "KEYED_SIM_KEY"\nconcurrency = 4\n'
-        "max_retries = 2\ntimeout_s = 10.0\n",
+        f'model = "sim-1"\n[connection]\nbase_url = "{base_url}"\napi_key_env = "KEYED_SIM_KEY"\ntimeout_s = 10.0\n'
+        "[pacing]\nconcurrency = 4\n[retries]\nmax_retries = 2\n",
         encoding="utf-8",
     )
     return p

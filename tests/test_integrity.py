@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import errno
 import json
 from pathlib import Path
@@ -26,7 +25,7 @@ from evaluator.cli import main as cli
 from evaluator.core.errors import EmbedderError
 from evaluator.data import Warnings, load_registry
 from evaluator.data.model import DESCRIPTION_CAP_CHARS
-from evaluator.llm import LLMEngine, load_profile
+from evaluator.llm import LLMEngine, load_profile, revised
 from evaluator.llm.cache import ResponseCache
 from evaluator.results.schema import atomic_write
 from evaluator.retrieval.embed import Embedder
@@ -103,7 +102,7 @@ async def _through_batch(p, root, n, doctor):
 def test_conflicting_duplicate_custom_id_is_requested_again(tmp_path):
     with start_simulator() as sim:
         configure_batch(sim.base_url, reset=True, turnaround_s=0.05)
-        p = dataclasses.replace(load_profile("sim", base_url=sim.base_url), batch="openai")
+        p = revised(load_profile("sim", base_url=sim.base_url), batch="openai")
         want_stats, want = asyncio.run(_through_batch(p, tmp_path / "clean", 4, doctor=False))
         stats, got = asyncio.run(_through_batch(p, tmp_path / "doctored", 4, doctor=True))
     # Before: the forged copy, first in the file, was stored silently. Now neither copy is used, the request

@@ -140,7 +140,7 @@ def test_an_unknown_local_model_is_one_line(tmp_path):
 def test_the_bundled_profiles_need_no_key_no_endpoint_and_keep_their_cache_keys_across_ports():
     for name in ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"):
         p = load_profile(name, env={})
-        assert p.local_model == name and not p.base_url and not p.simulated and p.repeats_runs
+        assert p.server.local_model == name and not p.connection.base_url and not p.server.simulated and p.repeats_runs
         a = p.key_endpoint
         assert a == load_profile(name, base_url="http://127.0.0.1:9999/v1", env={}).key_endpoint == f"llamacpp:{name}"
         assert WT.weights(name).size > 0
@@ -152,15 +152,15 @@ def test_threads_leave_out_the_cores_other_work_keeps_busy(monkeypatch):
     p = load_profile("qwen2.5-coder-0.5b")
     for every, own, threads in ((0.2, 0.0, 8), (3.0, 0.0, 5), (13.0, 0.0, 1), (8.0, 7.9, 8)):
         monkeypatch.setattr(llama_server, "busy_cores", lambda *_, every=every, own=own: (every, own))
-        assert llama_server.sizing(p) == (2 if threads == 1 else 8, threads)
+        assert llama_server.sizing(p.server) == (2 if threads == 1 else 8, threads)
     # a burst in one sample (a process exiting as the server starts) is not a busy core
     bursts = iter([(7.5, 0.0), (0.3, 0.0), (7.9, 0.0), (6.0, 0.0)])
     monkeypatch.setattr(llama_server, "busy_cores", lambda *_: next(bursts))
-    assert llama_server.sizing(p) == (8, 8)
+    assert llama_server.sizing(p.server) == (8, 8)
     monkeypatch.setattr(llama_server, "busy_cores", lambda *_: None)  # no /proc/stat: the load average
     monkeypatch.setattr(llama_server.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
-    assert llama_server.sizing(p) == (8, 5)
-    assert llama_server.sizing(load_profile("qwen2.5-coder-0.5b", server_slots=3, server_threads=2)) == (3, 2)
+    assert llama_server.sizing(p.server) == (8, 5)
+    assert llama_server.sizing(load_profile("qwen2.5-coder-0.5b", server_slots=3, server_threads=2).server) == (3, 2)
 
 
 def test_this_process_own_work_is_not_counted_as_other_work():

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import llm_fixtures as F
 import orjson
 import pytest
 
-from evaluator.llm import LLMEngine, cache_clear, cache_stats
+from evaluator.llm import LLMEngine, cache_clear, cache_stats, revised
 
 sim_server, sim = F.sim_server, F.sim  # pytest finds fixtures by module attribute
 
@@ -48,7 +46,7 @@ async def test_each_key_component_misses(sim, tmp_path, component):
     assert not (await _call(base, tmp_path, BASE)).cached
     assert (await _call(base, tmp_path, BASE)).cached
     prof_change, call_change = _variants(sim)[component]
-    r = await _call(dataclasses.replace(base, **prof_change), tmp_path, {**BASE, **call_change})
+    r = await _call(revised(base, **prof_change), tmp_path, {**BASE, **call_change})
     assert not r.cached and r.error is None
     assert sim.stats()["requests"] == 2
 
@@ -57,7 +55,7 @@ async def test_each_key_component_misses(sim, tmp_path, component):
 async def test_transport_settings_and_key_do_not_change_the_key(sim, tmp_path, setting):
     base = F.sim_profile(sim, simulated=False)
     await _call(base, tmp_path, BASE)
-    other = dataclasses.replace(base, **{setting: TRANSPORT[setting]})
+    other = revised(base, **{setting: TRANSPORT[setting]})
     assert (await _call(other, tmp_path, BASE, api_key="sk-some-other-key-123456789")).cached
     assert sim.stats()["requests"] == 1
 
@@ -66,9 +64,9 @@ async def test_auto_started_simulator_keys_on_its_name_not_its_port(sim, tmp_pat
     # Each auto-started simulator gets a fresh port; its answers do not depend on it.
     base = F.sim_profile(sim)
     await _call(base, tmp_path, BASE)
-    moved = dataclasses.replace(base, base_url=sim.base_url.replace("127.0.0.1", "localhost"))
+    moved = revised(base, base_url=sim.base_url.replace("127.0.0.1", "localhost"))
     assert (await _call(moved, tmp_path, BASE)).cached
-    assert not (await _call(dataclasses.replace(base, name="sim-other"), tmp_path, BASE)).cached
+    assert not (await _call(revised(base, name="sim-other"), tmp_path, BASE)).cached
 
 
 async def test_api_key_never_written_to_cache(sim, tmp_path):

@@ -54,7 +54,7 @@ def _decide(name: str, *, sent=SENT, state: CallState | None = None, jitter: flo
 
 
 def _backoff(attempt: int, jitter: float = 0.5) -> float:
-    return jittered_backoff(attempt, PROFILE.backoff_base_s, PROFILE.backoff_max_s, jitter)
+    return jittered_backoff(attempt, PROFILE.retries.backoff_base_s, PROFILE.retries.backoff_max_s, jitter)
 
 
 # name -> (extra fields the request carried, the decision expected)
@@ -163,7 +163,7 @@ def test_malformed_replies_are_transient_and_an_empty_one_is_sent_once_more():
 
 def test_transport_errors():
     timeout = decide(AttemptOutcome(error=TransportFailure("timeout")), CallState(), PROFILE, now=NOW, jitter=1.0)
-    assert isinstance(timeout, Retry) and timeout.reason == f"timeout after {PROFILE.timeout_s:g}s" and timeout.after_s == _backoff(0, 1.0)
+    assert isinstance(timeout, Retry) and timeout.reason == f"timeout after {PROFILE.connection.timeout_s:g}s" and timeout.after_s == _backoff(0, 1.0)
     down = AttemptOutcome(error=TransportFailure("connect", "ClientConnectorError"))
     assert isinstance(decide(down, CallState(failures=3), PROFILE, now=NOW, jitter=0.0), Retry)
     stop = decide(down, CallState(failures=4), PROFILE, now=NOW, jitter=0.0)

@@ -18,7 +18,7 @@ from typing import Any
 
 from evaluator.llm.limiters import JITTER_S, PACED_BURST_S, RPM_SAFETY, RequestPacer
 from evaluator.llm.pacing import Pacing, local_pacer, local_token_pacer
-from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.profiles import ModelProfile, revised
 
 RPM = 6000.0  # 100 requests a second
 RATE = RPM / 60
@@ -108,7 +108,7 @@ def test_a_429_moves_every_slot_not_yet_used_and_keeps_the_spacing():
 
 
 def _profile(**kw: Any) -> ModelProfile:
-    return ModelProfile(name="p", model="m", base_url="http://127.0.0.1:9/v1", **kw)
+    return revised(ModelProfile(name="p", model="m"), base_url="http://127.0.0.1:9/v1", **kw)
 
 
 def test_a_bunch_of_429s_at_once_moves_the_schedule_once():

@@ -13,11 +13,11 @@ from evaluator.llm import LLMEngine, available_profiles, load_profile
 def test_bundled_profiles_load():
     assert {"gemini", "gpt-oss-120b", "sim"} <= set(available_profiles())
     g = load_profile("gemini", env={"GEMINI_API_KEY": F.FAKE_KEY})
-    assert g.model == "gemini-2.5-flash" and g.base_url == "https://generativelanguage.googleapis.com/v1beta/openai"
-    assert g.api_key_env == "GEMINI_API_KEY" and g.rpm and not g.simulated
+    assert g.model == "gemini-2.5-flash" and g.connection.base_url == "https://generativelanguage.googleapis.com/v1beta/openai"
+    assert g.connection.api_key_env == "GEMINI_API_KEY" and g.pacing.rpm and not g.server.simulated
     assert F.FAKE_KEY not in repr(g) and F.FAKE_KEY not in str(g.request_settings())
     s = load_profile("sim", env={})
-    assert s.simulated and s.base_url == ""
+    assert s.server.simulated and s.connection.base_url == ""
 
 
 def test_unknown_model_is_one_clear_error():
@@ -32,14 +32,14 @@ def test_missing_key_is_one_clear_error():
 
 def test_optional_key_and_env_base_url():
     p = load_profile("gpt-oss-120b", env={"GPT_OSS_BASE_URL": "https://host.example/v1/", "GPT_OSS_MODEL": "gpt-oss"})
-    assert p.base_url == "https://host.example/v1" and p.model == "gpt-oss"
+    assert p.connection.base_url == "https://host.example/v1" and p.model == "gpt-oss"
     p2 = load_profile("gpt-oss-120b", env={"GPT_OSS_BASE_URL": "https://host.example/v1"}, base_url="http://127.0.0.1:9/v1")
-    assert p2.base_url == "http://127.0.0.1:9/v1"  # --base-url beats the environment
+    assert p2.connection.base_url == "http://127.0.0.1:9/v1"  # --base-url beats the environment
 
 
 def test_overrides_and_validation(tmp_path):
     p = load_profile("sim", base_url="http://127.0.0.1:1/v1", rpm=600, concurrency=None)
-    assert p.rpm == 600 and p.concurrency == 128  # None = flag not given
+    assert p.pacing.rpm == 600 and p.pacing.concurrency == 128  # None = flag not given
     bad = tmp_path / "bad.toml"
     bad.write_text('model = "x"\nbase_url = "ftp://x"\n')
     with pytest.raises(ConfigError, match="must start with http"):
@@ -53,7 +53,7 @@ def test_user_profile_from_path(tmp_path):
     f = tmp_path / "mine.toml"
     f.write_text('model = "m"\nbase_url = "http://127.0.0.1:5/v1"\napi_key_env = "MY_KEY"\n[extra_body]\ntop_k = 5\n')
     p = load_profile(str(f), env={"MY_KEY": "k"})
-    assert p.name == "mine" and p.extra_body == {"top_k": 5}
+    assert p.name == "mine" and p.sampling.extra_body == {"top_k": 5}
 
 
 async def test_engine_needs_a_base_url():
@@ -107,7 +107,7 @@ def test_bundled_profiles_document_the_new_keys():
     for name in ("sim", "sim-b", "gemini", "gpt-oss-120b"):
         text = (MODELS_DIR / f"{name}.toml").read_text()
         assert "adaptive_concurrency =" in text and "structured =" in text, name
-    assert not load_profile("sim", env={}).adaptive_concurrency  # the bench's fan-out keeps its fixed concurrency
+    assert not load_profile("sim", env={}).pacing.adaptive_concurrency  # the bench's fan-out keeps its fixed concurrency
 
 
 @pytest.mark.parametrize(

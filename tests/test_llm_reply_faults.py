@@ -51,8 +51,8 @@ def study(socket_sim, tmp_path):
     """(args of a small study against the shared simulator, its output folder)."""
     data = make_data_dir(tmp_path / "data")
     prof = tmp_path / "srv.toml"
-    prof.write_text(f'model = "sim-1"\nbase_url = "{socket_sim.base_url}"\nsimulated = true\nconcurrency = 4\n'
-                    "max_retries = 1\nbackoff_base_s = 0.01\nbackoff_max_s = 0.02\n")
+    prof.write_text(f'model = "sim-1"\n[connection]\nbase_url = "{socket_sim.base_url}"\n[server]\nsimulated = true\n'
+                    "[pacing]\nconcurrency = 4\n[retries]\nmax_retries = 1\nbackoff_base_s = 0.01\nbackoff_max_s = 0.02\n")
     out = tmp_path / "out"
     args = ["--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--model", str(prof), "--runs", "1",
             "--out", str(out), "--no-progress", "--no-extras"]
@@ -212,8 +212,8 @@ async def test_a_reply_without_usage_gets_estimated_tokens_and_says_so(sim, tmp_
     async with sim.engine(prof, cache_root=tmp_path) as llm:
         r = await llm.chat(F.msgs(3), run=0, prompt_version="v1")
     body = llm.prepare(F.msgs(3), run=0, prompt_version="v1").body
-    assert r.prompt_tokens == prompt_tokens(body, prof.chars_per_token) > 0
-    assert r.completion_tokens == text_tokens(r.content, prof.chars_per_token) > 0
+    assert r.prompt_tokens == prompt_tokens(body, prof.prompt.chars_per_token) > 0
+    assert r.completion_tokens == text_tokens(r.content, prof.prompt.chars_per_token) > 0
     assert llm.stats.usage_estimated == 1 and llm.stats.prompt_tokens == r.prompt_tokens
     assert any("no token usage" in rec.getMessage() for rec in caplog.records)
 

@@ -60,7 +60,8 @@ def test_sigterm_mid_study_stores_the_calls_in_flight(sim, tmp_path):
     sim.configure(latency_s=1.0)
     data = make_data_dir(tmp_path / "data")
     prof = tmp_path / "slow.toml"
-    prof.write_text(f'model = "sim-1"\nbase_url = "{sim.base_url}"\nsimulated = true\nconcurrency = 8\n')
+    prof.write_text(f'model = "sim-1"\n[connection]\nbase_url = "{sim.base_url}"\n[server]\nsimulated = true\n'
+                    '[pacing]\nconcurrency = 8\n')
     args = ["--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--model", str(prof), "--runs", "2",
             "--out", str(tmp_path / "out"), "--no-progress"]
     in_flight, err = _stop_mid_flight(_start(args, tmp_path), sim, signal.SIGTERM, at_least=4)
@@ -115,7 +116,8 @@ def test_a_stop_signal_keeps_every_call_on_the_wire(sim, tmp_path, sig, backgrou
     sim.configure(latency="lognormal", latency_s=0.8, latency_sigma=0.5, seed=3)
     data = make_data_dir(tmp_path / "data")
     prof = tmp_path / "slow.toml"
-    prof.write_text(f'model = "sim-1"\nbase_url = "{sim.base_url}"\nsimulated = true\nconcurrency = 6\n')
+    prof.write_text(f'model = "sim-1"\n[connection]\nbase_url = "{sim.base_url}"\n[server]\nsimulated = true\n'
+                    '[pacing]\nconcurrency = 6\n')
     args = ["--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--model", str(prof), "--runs", "2",
             "--out", str(tmp_path / "out"), "--no-progress", "--no-extras"]
     p = _start_as(args, tmp_path, background=background)

@@ -37,8 +37,8 @@ async def test_a_handler_sees_the_request_the_engine_prepared(tmp_path):
     assert (r.content, r.prompt_tokens, r.completion_tokens, r.cached) == ("hello", 5, 2, False)
     assert again.cached and again.content == "hello" and len(seen) == 1  # the second came from the cache
     req = seen[0]
-    assert (req.method, req.url) == ("POST", prof.base_url + "/chat/completions")
-    assert req.headers["Authorization"] == f"Bearer {F.FAKE_KEY}" and req.timeout_s == prof.timeout_s
+    assert (req.method, req.url) == ("POST", prof.connection.base_url + "/chat/completions")
+    assert req.headers["Authorization"] == f"Bearer {F.FAKE_KEY}" and req.timeout_s == prof.connection.timeout_s
     body = orjson.loads(req.body)
     assert body["messages"] == F.msgs(1) and body["seed"] == 3 and body["temperature"] == 0.5
     assert F.FAKE_KEY not in repr(req)  # headers are left out of the request's repr

@@ -47,10 +47,10 @@ def test_every_provider_of_the_table_gives_a_profile():
     for name, p in providers().items():
         url = None if p.base_url else "http://127.0.0.1:9/v1"  # self-hosted: the user names the server
         prof = load_profile(f"{name}/some-model", base_url=url, require_key=False, env={})
-        assert prof.provider == name and prof.model == "some-model" and prof.api_key_env == p.api_key_env
-        assert prof.batch == p.batch and prof.wire == p.wire and prof.name == f"{name}/some-model"
+        assert prof.connection.provider == name and prof.model == "some-model" and prof.connection.api_key_env == p.api_key_env
+        assert prof.batch.api == p.batch and prof.connection.wire == p.wire and prof.name == f"{name}/some-model"
         # an unknown model: unknown prices (never 0), except on a self-hosted server (no per-token bill)
-        assert prof.price_input_per_mtok == (0.0 if p.self_hosted else None)
+        assert prof.prices.input_per_mtok == (0.0 if p.self_hosted else None)
     for required in ("openai", "anthropic", "google", "vllm", "sglang", "ollama", "llamacpp", "together", "groq",
                      "openrouter", "deepseek", "mistral", "fireworks"):
         assert required in providers()
@@ -58,29 +58,29 @@ def test_every_provider_of_the_table_gives_a_profile():
 
 def test_known_models_carry_dated_prices_and_their_limits():
     p = load_profile(ANTHROPIC, require_key=False, env={})
-    assert (p.price_input_per_mtok, p.price_output_per_mtok, p.price_cached_input_per_mtok,
-            p.price_cache_write_per_mtok, p.batch_discount, p.context_tokens) == (3.0, 15.0, 0.3, 3.75, 0.5, 200000)
-    assert "as of 2025-12" in p.price_source and p.prompt_cache == "explicit" and p.wire == "anthropic"
+    assert (p.prices.input_per_mtok, p.prices.output_per_mtok, p.prices.cached_input_per_mtok,
+            p.prices.cache_write_per_mtok, p.prices.batch_discount, p.prompt.context_tokens) == (3.0, 15.0, 0.3, 3.75, 0.5, 200000)
+    assert "as of 2025-12" in p.prices.source and p.prompt.cache == "explicit" and p.connection.wire == "anthropic"
     dated = load_profile("anthropic/claude-sonnet-4-5-20250929", require_key=False, env={})  # a dated snapshot id
-    assert dated.price_input_per_mtok == 3.0 and dated.model == "claude-sonnet-4-5-20250929"
+    assert dated.prices.input_per_mtok == 3.0 and dated.model == "claude-sonnet-4-5-20250929"
     flash = load_profile("google/gemini-2.5-flash", require_key=False, env={})
-    assert flash.rpm == 1000 and flash.batch == "gemini" and not flash.send_seed
+    assert flash.pacing.rpm == 1000 and flash.batch.api == "gemini" and not flash.sampling.send_seed
     llama = load_profile("together/meta-llama/Llama-3.3-70B-Instruct-Turbo", require_key=False, env={})
-    assert llama.model == "meta-llama/Llama-3.3-70B-Instruct-Turbo" and llama.price_input_per_mtok == 0.88
+    assert llama.model == "meta-llama/Llama-3.3-70B-Instruct-Turbo" and llama.prices.input_per_mtok == 0.88
 
 
 def test_endpoint_precedence_and_self_hosted_servers():
     env = {"OLLAMA_BASE_URL": "http://gpu-box:11434/v1"}
-    assert load_profile("ollama/llama3.2", require_key=False, env={}).base_url == "http://localhost:11434/v1"
-    assert load_profile("ollama/llama3.2", require_key=False, env=env).base_url == "http://gpu-box:11434/v1"
-    assert load_profile("ollama/llama3.2", base_url="http://h:1/v1", require_key=False, env=env).base_url == "http://h:1/v1"
+    assert load_profile("ollama/llama3.2", require_key=False, env={}).connection.base_url == "http://localhost:11434/v1"
+    assert load_profile("ollama/llama3.2", require_key=False, env=env).connection.base_url == "http://gpu-box:11434/v1"
+    assert load_profile("ollama/llama3.2", base_url="http://h:1/v1", require_key=False, env=env).connection.base_url == "http://h:1/v1"
     with pytest.raises(ConfigError, match="vllm is self-hosted: pass --base-url URL.*VLLM_BASE_URL"):
         load_profile("vllm/Qwen/Qwen2.5-7B-Instruct", require_key=False, env={})
     with pytest.raises(ConfigError, match="unknown provider 'acme'.*anthropic"):
         load_profile("acme/model-1", require_key=False, env={})
     with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):  # a hosted provider's key is checked before any work
         load_profile(ANTHROPIC, env={})
-    assert load_profile("ollama/llama3.2", env={}).api_key_required is False  # a local server needs none
+    assert load_profile("ollama/llama3.2", env={}).connection.api_key_required is False  # a local server needs none
 
 
 def test_a_profile_file_naming_a_provider_overrides_its_defaults(tmp_path):
@@ -88,9 +88,9 @@ def test_a_profile_file_naming_a_provider_overrides_its_defaults(tmp_path):
     f.write_text('provider = "anthropic"\nmodel = "claude-haiku-4-5"\nrpm = 4000\nprice_input_per_mtok = 0.9\n'
                  'structured = "json_schema"\n')
     p = load_profile(str(f), require_key=False, env={})
-    assert (p.name, p.provider, p.wire, p.batch, p.rpm, p.price_input_per_mtok, p.price_output_per_mtok) == (
+    assert (p.name, p.connection.provider, p.connection.wire, p.batch.api, p.pacing.rpm, p.prices.input_per_mtok, p.prices.output_per_mtok) == (
         "claude-fast", "anthropic", "anthropic", "anthropic", 4000, 0.9, 5.0)
-    assert p.structured == "json_schema" and p.cache_min_tokens == 2048  # the model's own entry
+    assert p.sampling.structured == "json_schema" and p.prompt.cache_min_tokens == 2048  # the model's own entry
     bad = tmp_path / "o3.toml"
     bad.write_text('provider = "openai"\nmodel = "o3"\ntemperature = 0.0\n')
     with pytest.raises(ConfigError, match="reasoning model: it takes only the default temperature"):
@@ -232,8 +232,8 @@ def test_cached_input_tokens_read_from_each_providers_usage_and_priced_at_the_ca
     assert (openai.cached_tokens, deepseek.cached_tokens, gemini.cached_tokens) == (1536, 1920, 1024)
     p = load_profile("openai/gpt-4o-mini", require_key=False, env={})
     # 464 fresh tokens at $0.15, 1,536 cached at $0.075, 5 out at $0.60 (per 1M)
-    assert cost_usd(p, 2000, 5, cached=1536) == pytest.approx((464 * 0.15 + 1536 * 0.075 + 5 * 0.6) / 1e6)
-    assert cost_usd(p, 2000, 5, cached=1536, batch=True) == pytest.approx(cost_usd(p, 2000, 5, cached=1536) / 2)
+    assert cost_usd(p.prices, 2000, 5, cached=1536) == pytest.approx((464 * 0.15 + 1536 * 0.075 + 5 * 0.6) / 1e6)
+    assert cost_usd(p.prices, 2000, 5, cached=1536, batch=True) == pytest.approx(cost_usd(p.prices, 2000, 5, cached=1536) / 2)
 
 
 def test_the_dry_run_estimates_cached_tokens_by_the_providers_minimum():

@@ -114,8 +114,9 @@ def _records(folder: Path) -> list[dict]:
 
 
 def _profile(path: Path, base_url: str) -> Path:
-    path.write_text(f'model = "sim-1"\nbase_url = "{base_url}"\napi_key_env = "{KEY_ENV}"\nsimulated = true\n'
-                    'concurrency = 16\nmax_retries = 1\nbackoff_base_s = 0.01\n', encoding="utf-8")
+    path.write_text(f'model = "sim-1"\n[connection]\nbase_url = "{base_url}"\napi_key_env = "{KEY_ENV}"\n'
+                    '[server]\nsimulated = true\n[pacing]\nconcurrency = 16\n[retries]\nmax_retries = 1\n'
+                    'backoff_base_s = 0.01\n', encoding="utf-8")
     return path
 
 

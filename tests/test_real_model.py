@@ -201,7 +201,7 @@ def test_the_server_killed_mid_run_is_started_again_and_the_run_completes(root):
 def test_a_context_too_small_for_the_prompts_is_a_counted_per_call_error(root):
     text = (REPO / "configs" / "models" / f"{MODEL}.toml").read_text()
     tiny = root / "qwen-tiny-ctx.toml"
-    tiny.write_text(text.replace("server_ctx = 4096", "server_ctx = 64"))
+    tiny.write_text(text.replace("ctx = 4096", "ctx = 64"))
     q = _queries(root, [4])
     t = time.monotonic()
     done = _run(_cmd(root, q, root / "tiny", model=str(tiny)))

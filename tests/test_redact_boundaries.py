@@ -63,8 +63,9 @@ def test_a_quoted_key_reaches_no_file(tmp_path, monkeypatch, capfd):
     printed: list[str] = []
     with start_simulator(api_key=KEY, quote_key=True) as sim:
         prof = tmp_path / "quoting.toml"
-        prof.write_text(f'model = "sim-1"\nbase_url = "{sim.base_url}"\napi_key_env = "{ENV}"\nsimulated = true\n'
-                        'batch = "openai"\nconcurrency = 8\nmax_retries = 1\nbackoff_base_s = 0.01\n', encoding="utf-8")
+        prof.write_text(f'model = "sim-1"\n[connection]\nbase_url = "{sim.base_url}"\napi_key_env = "{ENV}"\n'
+                        '[server]\nsimulated = true\n[batch]\napi = "openai"\n[pacing]\nconcurrency = 8\n'
+                        '[retries]\nmax_retries = 1\nbackoff_base_s = 0.01\n', encoding="utf-8")
         base = ["--tools", str(MCP / "tools"), "--queries", str(MCP / "queries.jsonl"), "--limit", "2", "--runs", "1",
                 "--model", str(prof), "--no-progress", "--no-extras"]
         # An online study with a plugin whose trace holds the key.

@@ -65,7 +65,7 @@ def test_a_prompt_beyond_the_context_is_a_counted_error_never_sent(tmp_path, sim
     data = _data(tmp_path / "data", recs)
     profile = tmp_path / "smallctx.toml"
     profile.write_text((REPO / "configs" / "models" / "sim.toml").read_text(encoding="utf-8").replace(
-        "max_tokens = 1024", "max_tokens = 1024\ncontext_tokens = 32768"), encoding="utf-8")
+        "[server]", "[prompt]\ncontext_tokens = 32768\n\n[server]"), encoding="utf-8")
     before = sim.stats()["requests"]
     out = tmp_path / "out"
     r = run_cli("--data", str(data), "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--model",

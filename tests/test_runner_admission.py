@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 
 import llm_fixtures as F
 from test_pipeline_protocols import FixedSearch, _study
 
+from evaluator.llm import revised
 from evaluator.llm.transport import Request, Response
 from evaluator.study.runner import WINDOW, Admission, StudyRunner, Unit
 
@@ -50,7 +50,7 @@ async def _study_of_two(tmp_path, window: int, setup=None) -> tuple[list[str], l
     if setup is not None:
         setup(servers)
     async with contextlib.AsyncExitStack() as stack:
-        engines = {m: await stack.enter_async_context(s.engine(dataclasses.replace(
+        engines = {m: await stack.enter_async_context(s.engine(revised(
             F.sim_profile(s, concurrency=LIMITS[m], adaptive_concurrency=False), name=m))) for m, s in servers.items()}
         runner = StudyRunner(study, engines, batcher=FixedSearch())
         # model by model, as app.run_study builds them

@@ -35,7 +35,7 @@ def canary(name: str) -> str:
 def bundled_envs() -> list[str]:
     names = []
     for f in sorted((REPO / "configs" / "models").glob("*.toml")):
-        env = tomllib.loads(f.read_text(encoding="utf-8")).get("api_key_env")
+        env = tomllib.loads(f.read_text(encoding="utf-8")).get("connection", {}).get("api_key_env")
         if env:
             names.append(env)
     return names
@@ -93,8 +93,9 @@ def test_no_canary_key_in_anything_written(tmp_path, monkeypatch, capfd):
         configure_batch(sim.base_url, reset=True, turnaround_s=0.05, p_fail=0.5, echo_key=True, seed=3)
         prof = tmp_path / "canary.toml"
         prof.write_text(
-            f'model = "sim-1"\nbase_url = "{sim.base_url}"\napi_key_env = "{SIM_ENV}"\nsimulated = true\n'
-            'batch = "openai"\nconcurrency = 8\nmax_retries = 1\nbackoff_base_s = 0.01\nbackoff_max_s = 0.05\n',
+            f'model = "sim-1"\n[connection]\nbase_url = "{sim.base_url}"\napi_key_env = "{SIM_ENV}"\n'
+            '[server]\nsimulated = true\n[batch]\napi = "openai"\n[pacing]\nconcurrency = 8\n'
+            '[retries]\nmax_retries = 1\nbackoff_base_s = 0.01\nbackoff_max_s = 0.05\n',
             encoding="utf-8")
         cache, work = tmp_path / "cache", tmp_path / "work"
         base = ["--tools", str(MCP / "tools"), "--queries", str(MCP / "queries.jsonl"), "--limit", "1",
@@ -116,7 +117,7 @@ def test_no_canary_key_in_anything_written(tmp_path, monkeypatch, capfd):
 
         # The same through Gemini's batch API (another client, another error format: google.rpc.Status).
         gem = tmp_path / "canary-gemini.toml"
-        gem.write_text(prof.read_text(encoding="utf-8").replace('batch = "openai"', 'batch = "gemini"'), encoding="utf-8")
+        gem.write_text(prof.read_text(encoding="utf-8").replace('api = "openai"', 'api = "gemini"'), encoding="utf-8")
         rc, err = _run([*base, "--model", str(gem), "--cache-dir", str(tmp_path / "cache6"), "--out", str(work / "gemini"),
                         "--batch"], capfd, logs)
         assert rc == 0, err

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 from evaluator.llm.budget import Budget  # noqa: E402
 from evaluator.llm.limiters import SharedPacer, SharedRates, rate_key  # noqa: E402
-from evaluator.llm.profiles import ModelProfile  # noqa: E402
+from evaluator.llm.profiles import ModelProfile, revised  # noqa: E402
 from simulator.harness import start_simulator  # noqa: E402
 
 
@@ -116,7 +116,7 @@ def test_two_request_runs_on_one_cache_stay_under_the_servers_rpm(tmp_path):
 
 
 def test_the_tpm_budget_is_shared_too(tmp_path):
-    profile = ModelProfile(name="p", model="m", base_url="http://127.0.0.1:9/v1", tpm=6000)  # 100 tokens/s
+    profile = revised(ModelProfile(name="p", model="m"), base_url="http://127.0.0.1:9/v1", tpm=6000)  # 100 tokens/s
 
     async def go() -> float:
         a, b = SharedRates(tmp_path).tpm(profile, 6000), SharedRates(tmp_path).tpm(profile, 6000)  # two processes' pacers

@@ -24,7 +24,7 @@ from evaluator.core import aio
 from evaluator.core.errors import ConfigError
 from evaluator.core.paths import EXAMPLES_DIR, resolve_path
 from evaluator.core.progress import SILENT, Reporter
-from evaluator.llm import ChatResult, LLMEngine
+from evaluator.llm import ChatResult, LLMEngine, revised
 from evaluator.results.schema import ArchBlock, check_writable
 from evaluator.settings.invocation import Invocation
 from evaluator.settings.sections import Settings
@@ -109,13 +109,10 @@ def check(spec: str, s: Settings, inv: Invocation, reporter: Reporter = SILENT) 
         raise ConfigError("arch check tries a plugin against one model: pass one --model.")
     cache_root = resolve_path(s.run.cache_dir)
     check_writable(cache_root, "--cache-dir")
-    overrides = inv.overrides
     profiles = load_profiles(s.run, inv)
     model, profile = next(iter(profiles.items()))
-    if profile.simulated and overrides.structured is None:  # the simulator answers a schema once it is sent
-        profiles = load_profiles(s.run, dataclasses.replace(inv, overrides=dataclasses.replace(overrides,
-                                                                                         structured="json_schema")))
-        profile = profiles[model]
+    if profile.server.simulated and inv.overrides.structured is None:  # the simulator answers a schema once sent
+        profiles = {model: (profile := revised(profile, structured="json_schema"))}
     with contextlib.ExitStack() as stack:
         servers = start_servers(stack, profiles, cache_root)
         loaded = load_checked(s, inv, reporter)
@@ -123,7 +120,7 @@ def check(spec: str, s: Settings, inv: Invocation, reporter: Reporter = SILENT) 
         serving = served(profiles, servers)
         queries = aio.run(_run(study, serving[model], cache_root, name, inv.fail_fast))
     registry = s.data.tools or s.data.dir
-    return ArchChecked(spec, name, model, profile.simulated, serving[model].structured, str(registry),
+    return ArchChecked(spec, name, model, profile.server.simulated, profile.sampling.structured, str(registry),
                        len(study.registry), loaded.settings.retrieval.retriever, queries)
 
 

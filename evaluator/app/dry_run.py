@@ -34,6 +34,7 @@ from evaluator.core.tokens import MESSAGE_TOKENS, prompt_tokens
 from evaluator.llm import ChatResult, LLMEngine, ModelProfile, Prepared
 from evaluator.llm.budget import unpriced
 from evaluator.llm.limiters import PACED_BURST_S, RPM_SAFETY
+from evaluator.llm.profiles import Prompt
 from evaluator.results.cost import usd
 from evaluator.results.schema import OutputDir, repeats_note
 from evaluator.study import prompts
@@ -41,7 +42,7 @@ from evaluator.study.prepare import PreparedStudy
 from evaluator.study.runner import ARCH_OF_CALL, study_archs
 
 PLAN_FILE = "plan.json"
-TOKEN_RULE = (f"prompt tokens = characters of message text / the profile's chars_per_token + {MESSAGE_TOKENS} per "
+TOKEN_RULE = (f"prompt tokens = characters of message text / the profile's [prompt] chars_per_token + {MESSAGE_TOKENS} per "
               "message (+ the response_format JSON when sent); exact against the simulator, an estimate for a "
               "provider's tokenizer")
 
@@ -127,17 +128,17 @@ def _usd(x: float | None) -> str:
 
 class PromptCacheEstimate:
     """Prompt tokens a provider's prompt cache would serve (read) and take in (written), summed as requests go by
-    (module doc): a request whose system prompt (at least `cache_min_tokens`) was seen before reads it; the first
+    (module doc): a request whose system prompt (at least [prompt] `cache_min_tokens`) was seen before reads it; the first
     of each writes it where caching is explicit. Holds one digest per distinct system prompt."""
 
-    def __init__(self, p: ModelProfile) -> None:
-        self.profile = p
+    def __init__(self, prompt: Prompt) -> None:
+        self.prompt = prompt  # the profile's [prompt]: its prompt cache, the token rule
         self.seen: set[int] = set()
         self.read = self.written = 0
 
     def add(self, body: dict[str, Any]) -> None:
-        p = self.profile
-        if p.prompt_cache == "none":
+        p = self.prompt
+        if p.cache == "none":
             return
         system = next((m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "system"),
                       None)
@@ -150,12 +151,12 @@ class PromptCacheEstimate:
             self.read += n
         else:
             self.seen.add(d)
-            self.written += n if p.prompt_cache == "explicit" else 0
+            self.written += n if p.cache == "explicit" else 0
 
 
 def cache_estimate(p: ModelProfile, bodies: list[dict[str, Any]]) -> tuple[int, int]:
     """(prompt tokens read from the provider's prompt cache, written into it) over these requests."""
-    est = PromptCacheEstimate(p)
+    est = PromptCacheEstimate(p.prompt)
     for b in bodies:
         est.add(b)
     return est.read, est.written
@@ -193,7 +194,7 @@ class _Tally:
     prompt_cache: PromptCacheEstimate | None = None
 
     def __post_init__(self) -> None:
-        self.prompt_cache = PromptCacheEstimate(self.profile)
+        self.prompt_cache = PromptCacheEstimate(self.profile.prompt)
 
     def call(self, key: str, version: str, body: dict[str, Any], hit: ChatResult | None) -> None:
         self.calls += 1
@@ -215,10 +216,10 @@ class _Tally:
     def _send(self, version: str, body: dict[str, Any]) -> None:
         v = self.todo.setdefault(version, _Version())
         v.n += 1
-        v.prompt_tokens += prompt_tokens(body, self.profile.chars_per_token)
+        v.prompt_tokens += prompt_tokens(body, self.profile.prompt.chars_per_token)
         assert self.prompt_cache is not None
         self.prompt_cache.add(body)
-        cap = body.get("max_tokens") or self.profile.max_tokens
+        cap = body.get("max_tokens") or self.profile.sampling.max_tokens
         if cap is None:
             v.uncapped = True
         else:
@@ -249,25 +250,26 @@ def _model_plan(t: _Tally, by_arch: dict[str, int] | None = None) -> ModelPlan:
     n = sum(v.n for v in t.todo.values())
     assert t.prompt_cache is not None
     cached, written = t.prompt_cache.read, t.prompt_cache.written
-    usd = cost_usd(p, pt, ct, cached=cached, cache_write=written) if ct is not None else None
-    usd_b = cost_usd(p, pt, ct, batch=True, cached=cached, cache_write=written) if ct is not None else None
+    usd = cost_usd(p.prices, pt, ct, cached=cached, cache_write=written) if ct is not None else None
+    usd_b = cost_usd(p.prices, pt, ct, batch=True, cached=cached, cache_write=written) if ct is not None else None
     # The engine's pacing: PACED_BURST_S worth may go at once, then RPM (x RPM_SAFETY) and TPM (each call
     # holds its prompt estimate + max_tokens) set the pace.
     floors = {"none": 0.0}
-    if p.rpm:
-        floors["rpm"] = max(0.0, n - p.rpm / 60 * PACED_BURST_S) * 60 / (p.rpm * RPM_SAFETY)
-    if p.tpm:
+    pace = p.pacing
+    if pace.rpm:
+        floors["rpm"] = max(0.0, n - pace.rpm / 60 * PACED_BURST_S) * 60 / (pace.rpm * RPM_SAFETY)
+    if pace.tpm:
         held = pt + sum(v.caps for v in t.todo.values())
-        floors["tpm"] = max(0.0, held - p.tpm / 60 * PACED_BURST_S) * 60 / p.tpm
+        floors["tpm"] = max(0.0, held - pace.tpm / 60 * PACED_BURST_S) * 60 / pace.tpm
     by = max(floors, key=lambda k: floors[k])
-    rounds = math.ceil(len(t.unsent) / p.concurrency) + (1 if t.deferred else 0)
+    rounds = math.ceil(len(t.unsent) / pace.concurrency) + (1 if t.deferred else 0)
     return ModelPlan(
         model=p.name, calls=t.calls + t.deferred, cached=t.cached, to_send=n,
         ptr_planners_upper_bound=len(t.planners), prompt_tokens=pt, completion_tokens=ct,
         cached_prompt_tokens=cached, cache_write_tokens=written, completion_basis=basis, usd_online=_r(usd),
         usd_batch=_r(usd_b), time_floor_s=round(floors[by], 1),
-        time_floor_by=by, latency_rounds=rounds, concurrency=p.concurrency, rpm=p.rpm, tpm=p.tpm,
-        by_arch=dict(by_arch or {}), prices=p.price_source, unpriced=unpriced(p), follows_headers=p.follow_rate_headers)
+        time_floor_by=by, latency_rounds=rounds, concurrency=pace.concurrency, rpm=pace.rpm, tpm=pace.tpm,
+        by_arch=dict(by_arch or {}), prices=p.prices.source, unpriced=unpriced(p), follows_headers=pace.follow_rate_headers)
 
 
 def _r(x: float | None) -> float | None:

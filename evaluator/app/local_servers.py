@@ -11,13 +11,12 @@ apart.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from evaluator.llamacpp import llama_server
-from evaluator.llm import ModelProfile
+from evaluator.llm import ModelProfile, revised
 from evaluator.results.schema import LocalServer, SimulatorStats
 from simulator.harness import SimHandle, start_simulator
 
@@ -56,7 +55,7 @@ class Simulator:
     handle: SimHandle
 
     def ready(self, p: ModelProfile) -> ModelProfile:
-        return dataclasses.replace(p, base_url=self.handle.base_url)
+        return revised(p, base_url=self.handle.base_url)
 
     def locate(self) -> str:
         return self.handle.base_url
@@ -89,11 +88,11 @@ class LlamaCpp:
 
 def start_server(p: ModelProfile, cache_root: Path) -> ModelServer | None:
     """The server `p` needs started here, not waited for: none when it names an endpoint or is a provider's."""
-    if p.base_url:
+    if p.connection.base_url:
         return None
-    if p.simulated:
+    if p.server.simulated:
         return Simulator(start_simulator(wait=False))
-    if p.local_model:
+    if p.server.local_model:
         return LlamaCpp(llama_server.start_llamacpp(p, cache_root))
     return None
 

@@ -45,6 +45,7 @@ from evaluator.llm import LLMEngine, ModelProfile, load_profile
 from evaluator.llm.accounting import CallStats
 from evaluator.llm.budget import Budget, check_priced
 from evaluator.llm.limiters import SharedRates, rate_folder
+from evaluator.llm.profiles import sectioned
 from evaluator.render.view_page import VIEW_FILE, parts_folder
 from evaluator.results.cost import BatchStats, accounting
 from evaluator.results.schema import (
@@ -213,7 +214,7 @@ def load_profiles(run: RunSettings, inv: Invocation, *, offline: bool = False) -
         p = offline_profile(name, **inv.overrides.as_kwargs()) if offline else load_profile(name, **inv.overrides.as_kwargs())
         if p.name in profiles:
             raise ConfigError(f"two models are both named {p.name!r}; give each profile its own name")
-        if p.local_model and not p.base_url and not offline:
+        if p.server.local_model and not p.connection.base_url and not offline:
             llama_server.check(p, resolve_path(run.cache_dir))  # server and weights installed: one line now
         profiles[p.name] = p
     return profiles
@@ -626,7 +627,7 @@ def build_meta(r: Results) -> Meta:
         version=__version__, settings=s, fitted=dict(r.fitted), data_dir=str(study.data_dir or ""),
         embedder=study.embedder, precision=study.precision, backend=study.backend, registry=study.registry,
         subsets=study.subsets, k=s.retrieval.k, ks=sorted(set(s.retrieval.ks)), runs=s.run.runs if r.profiles else 1,
-        models=[ModelInfo(n, p.model, p.simulated, _PROFILE.validate_python(p.request_settings()))
+        models=[ModelInfo(n, p.model, p.server.simulated, _PROFILE.validate_python(sectioned(p.request_settings())))
                 for n, p in r.profiles.items()],
         retrieval_only=not r.profiles, warnings=study.warnings,
         llm_stats=models.llm_stats if models else {},

@@ -49,7 +49,7 @@ class BudgetedBatches:
             usage = ((r.body or {}).get("usage") or {}) if r.ok else {}
             pt += int(usage.get("prompt_tokens") or 0)
             ct += int(usage.get("completion_tokens") or 0)
-        self._budget.settle(self._reserved.pop(batch_id), capped_usd(self._profile, pt, ct, batch=True))
+        self._budget.settle(self._reserved.pop(batch_id), capped_usd(self._profile.prices, pt, ct, batch=True))
         return results
 
     async def state(self, batch_id: str) -> Any:

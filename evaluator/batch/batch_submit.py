@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from evaluator.batch.providers import BatchAPI, BatchAPIError, BatchState, batch_limits, is_loopback
+from evaluator.batch.providers import BatchAPI, BatchAPIError, BatchState, batch_limits
 from evaluator.batch.request_format import Request, Result, dedupe, split
 from evaluator.batch.store import Job, JobStore
 from evaluator.core.progress import format_eta
@@ -51,7 +51,7 @@ class Poll:
     @classmethod
     def for_profile(cls, p: ModelProfile) -> Poll:
         # The simulator turns batches around in fractions of a second; providers in minutes to hours.
-        return cls(0.05, 1.0) if is_loopback(p) else cls()
+        return cls(0.05, 1.0) if p.loopback else cls()
 
 
 class BatchRunner:
@@ -158,7 +158,7 @@ class BatchRunner:
 
     # -- internals ------------------------------------------------------------------------------------
     async def _submit(self, chunk: list[Request], attempt: int) -> Job:
-        job = self.store.new(self.profile.name, str(self.profile.batch), [r.custom_id for r in chunk], attempt)
+        job = self.store.new(self.profile.name, str(self.profile.batch.api), [r.custom_id for r in chunk], attempt)
         self._requests[job.token] = chunk
         batch_id = await self.api.submit(chunk, job.token)
         self.store.submitted(job, batch_id)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -37,6 +36,7 @@ from evaluator.llm import (
     ModelProfile,
     Prepared,
     resolve_api_key,
+    revised,
 )
 from evaluator.llm.budget import Budget, context_overflow
 from evaluator.llm.cache import ResponseCache
@@ -94,7 +94,7 @@ class _Collector:
 
 def offline(p: ModelProfile) -> ModelProfile:
     """`p` for building keys and storing replies only: a placeholder endpoint if it has none (never contacted)."""
-    return dataclasses.replace(p, base_url=p.base_url or _PLACEHOLDER_URL)
+    return p if p.connection.base_url else revised(p, base_url=_PLACEHOLDER_URL)
 
 
 async def collect(study: Any, profiles: dict[str, ModelProfile], cache_root: Path, batcher: Any = None,
@@ -217,7 +217,7 @@ def cancel(profiles: dict[str, ModelProfile], cache_root: Path,
            log: Callable[[str], None] | None = None) -> dict[str, BatchStats]:
     """`--batch-cancel`: cancel every open batch of these models, import what they finished."""
     # An auto-started simulator is new each run: it holds no batch of an earlier one.
-    reachable = {n: p for n, p in profiles.items() if p.base_url}
+    reachable = {n: p for n, p in profiles.items() if p.connection.base_url}
     return aio.run(batch_rounds(None, reachable, Path(cache_root), cancel=True, log=log))
 
 
@@ -233,7 +233,7 @@ def check(profiles: dict[str, ModelProfile]) -> None:
     for p in profiles.values():
         kind = batch_kind(p)
         if kind == "gemini":
-            chat_to_gemini({"model": p.model, "messages": [], **p.extra_body})  # fields Gemini's API cannot carry
-        if kind == "anthropic" and p.wire != "anthropic":
-            raise ConfigError(f"model {p.name!r}: batch = \"anthropic\" (Message Batches) needs wire = \"anthropic\" "
-                              "(the Messages API) in its profile")
+            chat_to_gemini({"model": p.model, "messages": [], **p.sampling.extra_body})  # fields Gemini cannot carry
+        if kind == "anthropic" and p.connection.wire != "anthropic":
+            raise ConfigError(f"model {p.name!r}: [batch] api = \"anthropic\" (Message Batches) needs [connection] "
+                              "wire = \"anthropic\" (the Messages API) in its profile")

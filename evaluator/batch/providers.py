@@ -126,19 +126,14 @@ class BatchAPI(Protocol):
     async def close(self) -> None: ...
 
 
-def is_loopback(profile: ModelProfile) -> bool:
-    """A local server (the simulator, a self-hosted one): no proxy, and batches that finish in moments."""
-    return profile.simulated or urlsplit(profile.base_url).hostname in ("127.0.0.1", "localhost", "::1")
-
-
 class _Http:
     def __init__(self, profile: ModelProfile, api_key: str | None, headers: dict[str, str]) -> None:
         self.profile = profile
         self._key = api_key
         self._rng = random.Random()
         self.session = aiohttp.ClientSession(
-            headers=headers, timeout=aiohttp.ClientTimeout(total=max(120.0, profile.timeout_s)),
-            trust_env=not is_loopback(profile),
+            headers=headers, timeout=aiohttp.ClientTimeout(total=max(120.0, profile.connection.timeout_s)),
+            trust_env=not profile.loopback,
         )
 
     async def close(self) -> None:
@@ -164,7 +159,7 @@ class _Http:
                 return raw, headers
             text = redact(raw[:300].decode(errors="replace"), self._key)
             if status in (401, 403):
-                env = self.profile.api_key_env or "the profile's api_key_env"
+                env = self.profile.connection.api_key_env or "the profile's api_key_env"
                 raise FatalLLMError(f"{self.profile.name}: the batch API rejected the key ({status}); check {env} [{text}]")
             if (status == 429 or status >= 500) and attempt < retries:
                 await self._pause(attempt, headers)
@@ -174,10 +169,10 @@ class _Http:
 
     async def _pause(self, attempt: int, headers: Any) -> None:
         """The engine's wait before a retry: the provider's Retry-After if usable, else its backoff, capped."""
-        p = self.profile
+        r = self.profile.retries
         hint = retry_after_from_headers(headers) if headers is not None else None
-        delay = hint if hint is not None else backoff_delay(attempt, p.backoff_base_s, p.backoff_max_s, self._rng)
-        await asyncio.sleep(min(delay, p.max_wait_s))
+        delay = hint if hint is not None else backoff_delay(attempt, r.backoff_base_s, r.backoff_max_s, self._rng)
+        await asyncio.sleep(min(delay, r.max_wait_s))
 
 
 # -- OpenAI-compatible ----------------------------------------------------------------------------------
@@ -195,7 +190,7 @@ def openai_state(b: dict[str, Any]) -> BatchState:
 
 class OpenAIBatch:
     def __init__(self, profile: ModelProfile, api_key: str | None) -> None:
-        self.base = profile.base_url.rstrip("/")
+        self.base = profile.connection.base_url.rstrip("/")
         self.http = _Http(profile, api_key, {"Authorization": f"Bearer {api_key}"} if api_key else {})
 
     async def close(self) -> None:
@@ -366,7 +361,7 @@ def gemini_result(x: dict[str, Any], model: str) -> Result | None:
 
 class GeminiBatch:
     def __init__(self, profile: ModelProfile, api_key: str | None) -> None:
-        u = urlsplit(profile.base_url)
+        u = urlsplit(profile.connection.base_url)
         self.root = f"{u.scheme}://{u.netloc}"  # native paths start at the host, whatever the OpenAI-compat path
         self.model = profile.model.removeprefix("models/")
         self.http = _Http(profile, api_key, {"x-goog-api-key": api_key} if api_key else {})
@@ -490,10 +485,11 @@ def _epoch(stamp: Any) -> float:
 
 class AnthropicBatch:
     def __init__(self, profile: ModelProfile, api_key: str | None) -> None:
-        self.base = anthropic_base(profile.base_url)
+        self.base = anthropic_base(profile.connection.base_url)
         wire = dialect(profile)
         if not isinstance(wire, AnthropicWire):
-            raise ConfigError(f"model {profile.name!r}: batch = \"anthropic\" needs wire = \"anthropic\" (the Messages API)")
+            raise ConfigError(f"model {profile.name!r}: [batch] api = \"anthropic\" needs [connection] wire = \"anthropic\" "
+                              "(the Messages API)")
         self.wire = wire
         self.http = _Http(profile, api_key, {k: v for k, v in wire.headers(api_key).items() if k != "Content-Type"})
 
@@ -552,15 +548,15 @@ class AnthropicBatch:
 
 def batch_kind(profile: ModelProfile) -> str:
     """The profile's batch API, or one `ConfigError` line saying how to declare one."""
-    kind = getattr(profile, "batch", None)
+    kind = profile.batch.api
     if kind in DEFAULT_LIMITS:
         return kind
-    if profile.provider and "/" in profile.name:  # --model PROVIDER/MODEL: no file to add it to
-        raise ConfigError(f"model {profile.name!r}: {profile.provider} has no batch API this evaluator can use "
+    if profile.connection.provider and "/" in profile.name:  # --model PROVIDER/MODEL: no file to add it to
+        raise ConfigError(f"model {profile.name!r}: {profile.connection.provider} has no batch API this evaluator can use "
                           "(`python -m evaluator models` lists which do); run without --batch")
     raise ConfigError(
-        f"model {profile.name!r} declares no batch API: add batch = \"openai\" (OpenAI-compatible /v1/batches), "
-        f"batch = \"gemini\" or batch = \"anthropic\" to its profile (configs/models/{profile.name}.toml or the .toml "
+        f"model {profile.name!r} declares no batch API: add [batch] api = \"openai\" (OpenAI-compatible /v1/batches), "
+        f"api = \"gemini\" or api = \"anthropic\" to its profile (configs/models/{profile.name}.toml or the .toml "
         "you passed), or run without --batch"
     )
 
@@ -573,6 +569,6 @@ def batch_api(profile: ModelProfile, api_key: str | None) -> BatchAPI:
 
 
 def batch_limits(profile: ModelProfile) -> tuple[int | None, int | None]:
-    """(requests, bytes) per batch: the profile's `batch_max_requests` / `batch_max_bytes`, else the provider's."""
+    """(requests, bytes) per batch: the profile's [batch] `max_requests` / `max_bytes`, else the provider's."""
     req, size = DEFAULT_LIMITS[batch_kind(profile)]
-    return profile.batch_max_requests or req, profile.batch_max_bytes or size
+    return profile.batch.max_requests or req, profile.batch.max_bytes or size

@@ -73,8 +73,8 @@ def _ray() -> tuple[Any, Any]:
 
 def check(profile: ModelProfile, opts: RayOptions) -> None:
     """Every mistake in the Ray options as one line, before Ray starts or anything is sent."""
-    if profile.wire != "openai":
-        raise ConfigError(f"model {profile.name!r} speaks the {profile.wire} wire; Ray's HTTP processor sends OpenAI "
+    if profile.connection.wire != "openai":
+        raise ConfigError(f"model {profile.name!r} speaks the {profile.connection.wire} wire; Ray's HTTP processor sends OpenAI "
                           "chat requests only: use --engine evaluator")
     _ray()
     if opts.processor not in PROCESSORS:
@@ -92,11 +92,12 @@ def qps_of(profile: ModelProfile, opts: RayOptions) -> int | None:
     below 60 per actor cannot be said in Ray's terms, and is refused rather than exceeded."""
     if opts.qps is not None:
         return opts.qps
-    if not profile.rpm:
+    rpm = profile.pacing.rpm
+    if not rpm:
         return None
-    per_actor = profile.rpm / 60 / opts.actors
+    per_actor = rpm / 60 / opts.actors
     if per_actor < 1:
-        raise ConfigError(f"model {profile.name!r} allows {profile.rpm:g} requests per minute; Ray's processor paces "
+        raise ConfigError(f"model {profile.name!r} allows {rpm:g} requests per minute; Ray's processor paces "
                           f"whole requests per second per actor ({opts.actors} here): pass --qps 1 with --actors 1 "
                           "only if 60 per minute is allowed, or use --engine evaluator, which paces any rpm")
     return int(per_actor)
@@ -127,17 +128,18 @@ def ray_session(ray: Any, address: str | None) -> Iterator[None]:
 
 
 def _processor(ray_llm: Any, profile: ModelProfile, opts: RayOptions) -> Any:
-    batch = opts.batch_size or min(profile.concurrency, 64)
+    batch = opts.batch_size or min(profile.pacing.concurrency, 64)
     if opts.processor == "vllm":
         cfg = ray_llm.vLLMEngineProcessorConfig(model_source=opts.vllm_model or profile.model,
                                                 batch_size=batch, concurrency=opts.actors)
         return ray_llm.build_processor(cfg, preprocess=ray_worker.vllm_preprocess, postprocess=ray_worker.vllm_postprocess)
-    if not profile.base_url:
+    c, r = profile.connection, profile.retries
+    if not c.base_url:
         raise ConfigError(f"model {profile.name!r} has no base_url (pass --base-url)")
     cfg = ray_llm.HttpRequestProcessorConfig(
-        url=profile.base_url.rstrip("/") + "/chat/completions", batch_size=batch, concurrency=opts.actors,
-        qps=qps_of(profile, opts), max_retries=profile.max_retries, base_retry_wait_time_in_s=profile.backoff_base_s,
-        session_factory=ray_worker.session_factory(profile.api_key_env, profile.timeout_s, profile.max_retries, batch))
+        url=c.base_url.rstrip("/") + "/chat/completions", batch_size=batch, concurrency=opts.actors,
+        qps=qps_of(profile, opts), max_retries=r.max_retries, base_retry_wait_time_in_s=r.backoff_base_s,
+        session_factory=ray_worker.session_factory(c.api_key_env, c.timeout_s, r.max_retries, batch))
     return ray_llm.build_processor(cfg, preprocess=ray_worker.preprocess, postprocess=ray_worker.postprocess)
 
 
@@ -173,7 +175,7 @@ def run_requests_ray(requests: list[Request], profile: ModelProfile, cache_root:
     engine = LLMEngine(profile, cache_root=cache_root, api_key="")  # keys and the cache only: it sends nothing
     results: dict[str, Result] = {}
     todo: list[dict[str, str]] = []
-    info = RayRun(opts.address or "local", opts.processor, opts.actors, opts.batch_size or min(profile.concurrency, 64),
+    info = RayRun(opts.address or "local", opts.processor, opts.actors, opts.batch_size or min(profile.pacing.concurrency, 64),
                   qps_of(profile, opts) if opts.processor == "http" else None)
     try:
         bar = reporter.calls({profile.name: len(requests)})
@@ -212,7 +214,7 @@ def run_requests_ray(requests: list[Request], profile: ModelProfile, cache_root:
                             engine.stats.fail(res.kind())
                         if res.status_code in (401, 403):  # as the evaluator's engine does: stop, keep what came back
                             raise FatalLLMError(f"model {profile.name!r}: the endpoint answered HTTP {res.status_code} "
-                                                f"(key or permission): check {profile.api_key_env or 'its API key'}.")
+                                                f"(key or permission): check {profile.connection.api_key_env or 'its API key'}.")
                         bar.advance(profile.name)
         stats = engine.stats.summary()
     finally:

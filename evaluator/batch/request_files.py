@@ -135,7 +135,7 @@ async def run_requests(
                          grace_s=grace_s, locate=locate) as engine:
         bar.attach(profile.name, engine.stats)
         # A window of tasks, not one per line: a million-line file must not hold a million coroutines.
-        window = asyncio.Semaphore(max(64, 4 * profile.concurrency))
+        window = asyncio.Semaphore(max(64, 4 * profile.pacing.concurrency))
 
         async def one(i: int, req: Request) -> None:
             try:

@@ -116,9 +116,9 @@ def _ints(value: str) -> list[int]:
 
 def _rate_flags(p: argparse.ArgumentParser) -> None:
     """The profile's pace, overridden (the study and `requests run` take the same flags)."""
-    p.add_argument("--concurrency", type=int, help="override the profile's concurrent requests")
-    p.add_argument("--rpm", type=float, help="override the profile's requests per minute")
-    p.add_argument("--tpm", type=float, help="override the profile's tokens per minute")
+    p.add_argument("--concurrency", type=int, help="override the profile's concurrent requests ([pacing] concurrency)")
+    p.add_argument("--rpm", type=float, help="override the profile's requests per minute ([pacing] rpm)")
+    p.add_argument("--tpm", type=float, help="override the profile's tokens per minute ([pacing] tpm)")
 
 
 def run_parser() -> Parser:
@@ -173,9 +173,10 @@ def run_parser() -> Parser:
                    "(RRF of both)")
     p.add_argument("--fallback-to-query", action="store_true", default=None, help="PtR: embed the raw query when no stub is produced")
     _rate_flags(p)
-    p.add_argument("--max-tokens", type=int, help="override the profile's max_tokens (completion limit per call)")
-    p.add_argument("--timeout", type=float, help="override the profile's timeout_s (seconds per request)")
-    p.add_argument("--structured", choices=STRUCTURED, help="override the profile's `structured`: how each prompt's JSON "
+    p.add_argument("--max-tokens", type=int, help="override the profile's [sampling] max_tokens (completion limit per call)")
+    p.add_argument("--timeout", type=float, dest="timeout_s",
+                   help="override the profile's [connection] timeout_s (seconds per request)")
+    p.add_argument("--structured", choices=STRUCTURED, help="override the profile's [sampling] `structured`: how each prompt's JSON "
                    "schema is sent (json_schema: OpenAI's response_format; the simulator then answers any prompt "
                    "with a schema, a plugin's own too, with JSON valid against it)")
     p.add_argument("--no-extras", action="store_true", help="skip the scaling and routing studies that follow a full run")
@@ -232,9 +233,7 @@ def settings_from(args: argparse.Namespace) -> tuple[Settings, Invocation]:
     if args.rate_dir:
         options["rate_dir"] = _absolute(args.rate_dir)
     options |= {
-        "overrides": ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm,
-                                      tpm=args.tpm, max_tokens=args.max_tokens, timeout_s=args.timeout,
-                                      structured=args.structured),
+        "overrides": ProfileOverrides.given_in(vars(args)),
         "extras": not args.no_extras, "dry_run": args.dry_run, "data_from_cli": bool(args.data),
         "overwrite": args.overwrite,
         "fail_fast": args.fail_fast,
@@ -521,7 +520,7 @@ def _requests_run(argv: list[str]) -> int:
     ray_opts = (RayOptions(address=args.address, processor=args.processor, batch_size=args.batch_size,
                            actors=args.actors, qps=args.qps, vllm_model=args.vllm_model)
                 if args.engine == "ray" else None)
-    overrides = ProfileOverrides(base_url=args.base_url, concurrency=args.concurrency, rpm=args.rpm, tpm=args.tpm)
+    overrides = ProfileOverrides.given_in(vars(args))
     _writing(args.out.parent, _cache_root(args.cache_dir, args.config))
     if args.dry_run:
         print(request_commands.plan_request_file(args.requests, args.model, args.out, _cache_root(args.cache_dir, args.config),
@@ -641,7 +640,7 @@ def cmd_arch(argv: list[str]) -> int:
     p = arch_parser()
     args = p.parse_args(argv)
     s, inv = load(args.config, _setting_flags(args), {
-        "overrides": ProfileOverrides(base_url=args.base_url, structured=args.structured),
+        "overrides": ProfileOverrides.given_in(vars(args)),
         "data_from_cli": bool(args.data), "fail_fast": args.fail_fast})
     s = arch_check.settings_for(s, args.spec, inv.cli_keys)
     _writing(resolve_path(s.run.cache_dir))

@@ -1,9 +1,9 @@
 """The one price rule: USD for a number of prompt and completion tokens under a profile's prices.
 
-Prices are USD per million tokens (`price_input_per_mtok`, `price_output_per_mtok`, online) and
+Prices are USD per million tokens (a profile's [prices]: `input_per_mtok`, `output_per_mtok`, online) and
 `batch_discount`, the share off for batch requests (0.5 = half price), applied here and nowhere else.
 Of the prompt tokens, those the provider served from its prompt cache are priced at
-`price_cached_input_per_mtok` and those written into it at `price_cache_write_per_mtok` (Anthropic's cache
+`cached_input_per_mtok` and those written into it at `cache_write_per_mtok` (Anthropic's cache
 writes); either price not given is the input price (no saving, no surcharge known). The batch discount applies
 to all of them (Anthropic's and OpenAI's cached and batch prices stack).
 A price that is not given is unknown, never zero: `cost_usd` says None, and the report, the viewer and
@@ -17,18 +17,18 @@ from typing import Protocol
 
 
 class Priced(Protocol):
-    """A model profile's prices (`llm.profiles.ModelProfile`)."""
+    """A model profile's prices (`llm.profiles.Prices`, a profile's [prices])."""
 
     @property
-    def price_input_per_mtok(self) -> float | None: ...
+    def input_per_mtok(self) -> float | None: ...
     @property
-    def price_output_per_mtok(self) -> float | None: ...
+    def output_per_mtok(self) -> float | None: ...
     @property
     def batch_discount(self) -> float | None: ...
     @property
-    def price_cached_input_per_mtok(self) -> float | None: ...
+    def cached_input_per_mtok(self) -> float | None: ...
     @property
-    def price_cache_write_per_mtok(self) -> float | None: ...
+    def cache_write_per_mtok(self) -> float | None: ...
 
 
 def cost_usd(prices: Priced, prompt_tokens: int, completion_tokens: int, *, batch: bool = False,
@@ -36,11 +36,11 @@ def cost_usd(prices: Priced, prompt_tokens: int, completion_tokens: int, *, batc
     """USD for these tokens, online or through the batch API; None when unknown: no price (or, for batch,
     no `batch_discount`). `cached` and `cache_write` are the prompt tokens read from and written into the
     provider's prompt cache (part of `prompt_tokens`)."""
-    pin, pout = prices.price_input_per_mtok, prices.price_output_per_mtok
+    pin, pout = prices.input_per_mtok, prices.output_per_mtok
     if pin is None or pout is None:
         return None
-    pread = pin if prices.price_cached_input_per_mtok is None else prices.price_cached_input_per_mtok
-    pwrite = pin if prices.price_cache_write_per_mtok is None else prices.price_cache_write_per_mtok
+    pread = pin if prices.cached_input_per_mtok is None else prices.cached_input_per_mtok
+    pwrite = pin if prices.cache_write_per_mtok is None else prices.cache_write_per_mtok
     cached = max(0, min(cached, prompt_tokens))
     cache_write = max(0, min(cache_write, prompt_tokens - cached))
     fresh = prompt_tokens - cached - cache_write

@@ -41,15 +41,16 @@ _configured: set[str] | None = None  # env var names the bundled profiles declar
 
 
 def _profile_envs(models_dir: Path = MODELS_DIR, providers: Path = PROVIDERS_FILE) -> set[str]:
-    """The `api_key_env` of every bundled profile and of every provider's table (providers' own key variables are
-    redacted whether or not a profile names them: an SDK reads them by itself)."""
+    """The `api_key_env` of every bundled profile (in its [connection], or at the top of a flat one) and of every
+    provider's table (providers' own key variables are redacted whether or not a profile names them: an SDK reads
+    them by itself)."""
     tables: list[object] = []
     for f in [*sorted(models_dir.glob("*.toml")), providers]:
         try:
             doc = tomllib.loads(f.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             continue  # the profile (or provider) loader reports a broken file when it is used
-        tables += [doc] if f != providers else list(doc.values())
+        tables += [doc, doc.get("connection")] if f != providers else list(doc.values())
     names = set()
     for t in tables:
         env = t.get("api_key_env") if isinstance(t, dict) else None

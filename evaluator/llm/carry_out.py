@@ -115,7 +115,7 @@ class Decisions:
         self._stats.retries += 1
         if d.limit_rpm:
             self._pacing.learn_rpm(d.limit_rpm)
-        if d.hint_s is not None and d.hint_s > self._profile.max_wait_s:
+        if d.hint_s is not None and d.hint_s > self._profile.retries.max_wait_s:
             self._tell_long_wait(d)
         if d.cause not in ("truncated", "empty"):
             log.debug("%s: retry in %.2fs: %s", self._profile.name, d.after_s, redact(d.reason, self._secret))
@@ -134,5 +134,5 @@ class Decisions:
             "%s: the server asks to wait %.0f s before the next request (requests again after %s) [%s]; "
             "retrying every %g s (max_wait_s) meanwhile; a longer wait than %s s (give_up_after_s) stops the run",
             p.name, d.hint_s, resume_time(time.time() + d.hint_s, time.time()), redact(d.reason, self._secret)[:200],
-            p.max_wait_s, f"{getattr(p, 'give_up_after_s', None) or 0:g}",
+            p.retries.max_wait_s, f"{p.retries.give_up_after_s:g}",
         )

@@ -1,10 +1,10 @@
 """The providers `--model PROVIDER/MODEL` knows, and the dated price and limits table of their known models.
 
 The table is data, `configs/providers.toml` (its header says what every key means); this module reads and
-checks it once and turns a provider and a model id into the fields of a model profile (`profile_fields`):
-the provider's endpoint, key variable, wire, batch API, prompt caching and conservative limits, then the
-model's prices, context window and overrides. `llm.profiles.load_profile` builds the profile from them (a
-profile file naming `provider = "..."` is laid over them; flags over both). An unknown model of a known
+checks it once and turns a provider and a model id into the keys of a model profile, in the profile's sections
+(`profile_fields`): the provider's endpoint, key variable, wire, batch API, prompt caching and conservative
+limits, then the model's prices, context window and overrides. `llm.profiles.load_profile` builds the profile
+from them (a profile file naming `provider = "..."` is laid over them, section by section; flags over both). An unknown model of a known
 provider runs with the provider's defaults and unknown prices (None, never 0).
 
 The redactor (`core.redact.key_envs`) reads every provider's key variable from the same file.
@@ -166,40 +166,43 @@ def split_name(name: str) -> tuple[Provider, str] | None:
 
 
 def profile_fields(provider: Provider, model: str, name: str) -> dict[str, Any]:
-    """The raw fields of a model profile for `model` at `provider` (as a profile file would give them, its
-    `base_url_env` included); `name` is the profile's name. A model the table does not list keeps the
-    provider's defaults and unknown prices."""
+    """The keys of a model profile for `model` at `provider`, in the profile's sections (as a sectioned profile
+    file would give them, its [connection] `base_url_env` included; `llm.profiles.ModelProfile`); `name` is the
+    profile's name. A model the table does not list keeps the provider's defaults and unknown prices."""
     p, e = provider, provider.entry(model)
-    fields: dict[str, Any] = {
-        "name": name, "model": model, "provider": p.name, "wire": p.wire, "base_url": p.base_url,
-        "api_key_env": p.api_key_env, "api_key_required": p.api_key_required, "batch": p.batch,
-        "prompt_cache": p.prompt_cache, "cache_min_tokens": p.cache_min_tokens,
-        "follow_rate_headers": p.follow_rate_headers, "concurrency": p.concurrency,
-        "adaptive_concurrency": p.adaptive_concurrency, "rpm": p.rpm, "tpm": p.tpm, "timeout_s": p.timeout_s,
-        "max_tokens": p.max_tokens, "truncation_retries": p.truncation_retries, "structured": p.structured,
-        "send_seed": p.send_seed,
-    }
-    if p.base_url_env:
-        fields["base_url_env"] = p.base_url_env
+    connection = {"provider": p.name, "wire": p.wire, "base_url": p.base_url, "base_url_env": p.base_url_env,
+                  "api_key_env": p.api_key_env, "api_key_required": p.api_key_required, "timeout_s": p.timeout_s}
+    sampling: dict[str, Any] = {"max_tokens": p.max_tokens, "structured": p.structured, "send_seed": p.send_seed}
+    pacing = {"concurrency": p.concurrency, "adaptive_concurrency": p.adaptive_concurrency, "rpm": p.rpm,
+              "tpm": p.tpm, "follow_rate_headers": p.follow_rate_headers}
+    prices: dict[str, Any] = {}
+    prompt: dict[str, Any] = {"cache": p.prompt_cache, "cache_min_tokens": p.cache_min_tokens}
     if p.self_hosted:
-        fields |= {"price_input_per_mtok": 0.0, "price_output_per_mtok": 0.0, "price_source": p.prices_label()}
-    if e is not None:
-        fields |= {k: v for k, v in {
-            "price_input_per_mtok": e.input, "price_output_per_mtok": e.output,
-            "price_cached_input_per_mtok": e.cached_input, "price_cache_write_per_mtok": e.cache_write,
-            "context_tokens": e.context, "max_tokens": e.max_tokens, "rpm": e.rpm, "tpm": e.tpm,
-            "cache_min_tokens": e.cache_min_tokens}.items() if v is not None}
-        fields["price_source"] = p.prices_label()
+        prices |= {"input_per_mtok": 0.0, "output_per_mtok": 0.0, "source": p.prices_label()}
+    if e is not None:  # what the model's entry gives, over the provider's
+        prices |= _given({"input_per_mtok": e.input, "output_per_mtok": e.output,
+                          "cached_input_per_mtok": e.cached_input, "cache_write_per_mtok": e.cache_write})
+        prices["source"] = p.prices_label()
+        prompt |= _given({"context_tokens": e.context, "cache_min_tokens": e.cache_min_tokens})
+        sampling |= _given({"max_tokens": e.max_tokens})
+        pacing |= _given({"rpm": e.rpm, "tpm": e.tpm})
     if p.batch is not None:
-        discount = e.batch_discount if e is not None and e.batch_discount is not None else p.batch_discount
-        fields["batch_discount"] = discount
+        prices["batch_discount"] = e.batch_discount if e is not None and e.batch_discount is not None else p.batch_discount
     if p.reasoning(model):
         # OpenAI's reasoning models take only the default temperature (1): it is what they sample at, so it is
         # what the profile (and the cache key) says; the engine sends none.
-        fields |= {"reasoning_params": True, "temperature": 1.0}
+        sampling |= {"reasoning_params": True, "temperature": 1.0}
         if e is None or e.max_tokens is None:
-            fields["max_tokens"] = max(p.max_tokens, REASONING_MAX_TOKENS)
-    return {k: v for k, v in fields.items() if v is not None}
+            sampling["max_tokens"] = max(p.max_tokens, REASONING_MAX_TOKENS)
+    sections = {"connection": connection, "sampling": sampling, "pacing": pacing,
+                "retries": {"truncation_retries": p.truncation_retries}, "batch": {"api": p.batch},
+                "prices": prices, "prompt": prompt}
+    # A value the table does not give (None) is the profile's default, as if the key were not written.
+    return {"name": name, "model": model, **{s: _given(values) for s, values in sections.items()}}
+
+
+def _given(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
 
 
 def base_url_hint(provider: Provider) -> str:

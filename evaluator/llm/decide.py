@@ -148,7 +148,7 @@ def decide(outcome: AttemptOutcome, state: CallState, p: ModelProfile, *, now: f
             return _on_verdict(Verdict(kind, r.error, label=r.error_kind or "error"), outcome, state, p, now, jitter)
         # Only a cut at max_tokens may come out whole when sampled again; the server's context or a filter
         # would cut the same request the same way.
-        if r.cut == MAX_TOKENS and state.truncations < p.truncation_retries:
+        if r.cut == MAX_TOKENS and state.truncations < p.retries.truncation_retries:
             return Retry(0.0, "cut at max_tokens", cause="truncated")
         return Reply(r)  # the last reply, cut or not, is the model's real output for this request
     status, body = outcome.status, outcome.body
@@ -172,9 +172,9 @@ def decide(outcome: AttemptOutcome, state: CallState, p: ModelProfile, *, now: f
 
 def _transport_verdict(e: TransportFailure, p: ModelProfile) -> Verdict:
     if e.kind == "timeout":
-        return Verdict(Kind.RETRY, f"timeout after {p.timeout_s:g}s", label="timeout")
+        return Verdict(Kind.RETRY, f"timeout after {p.connection.timeout_s:g}s", label="timeout")
     if e.kind == "connect":
-        return Verdict(Kind.RETRY, f"cannot connect to {p.base_url} ({e.detail})", fatal_when_exhausted=True, label="connection")
+        return Verdict(Kind.RETRY, f"cannot connect to {p.connection.base_url} ({e.detail})", fatal_when_exhausted=True, label="connection")
     if e.kind == "tls":
         return Verdict(Kind.FATAL, e.detail or "TLS handshake failed", label="tls")
     return Verdict(Kind.RETRY, f"connection error ({e.detail})", label="connection")
@@ -183,17 +183,17 @@ def _transport_verdict(e: TransportFailure, p: ModelProfile) -> Verdict:
 def _on_verdict(v: Verdict, o: AttemptOutcome, state: CallState, p: ModelProfile, now: float, jitter: float) -> Decision:
     failures = state.failures
     rate_limited = state.rate_limited + (1 if v.is_429 else 0)
-    give_up_after = getattr(p, "give_up_after_s", None)
+    give_up_after = p.retries.give_up_after_s
     hint = v.retry_after
     if v.label == "daily_quota" and hint is not None and state.daily_quota == 0 and (
             give_up_after is None or hint <= give_up_after):
         # Gemini lists every quota a 429 touched, the per-day one too, with a retryDelay of seconds when
         # only the per-minute one is spent: take the server at its word once; a second one stops the command.
-        return Retry(min(hint, p.max_wait_s), v.reason, is_429=True, cause="daily_quota", hint_s=hint)
-    if v.kind is Kind.FATAL or (v.fatal_when_exhausted and failures >= p.max_retries):
+        return Retry(min(hint, p.retries.max_wait_s), v.reason, is_429=True, cause="daily_quota", hint_s=hint)
+    if v.kind is Kind.FATAL or (v.fatal_when_exhausted and failures >= p.retries.max_retries):
         return StopRun(fatal_message(o.status, v, p, now), is_429=v.is_429)
     # 429s have their own, larger budget: a limit that is paced to is not a failing server.
-    exhausted = rate_limited > max(20, 3 * p.max_retries) if v.is_429 else failures >= p.max_retries
+    exhausted = rate_limited > max(20, 3 * p.retries.max_retries) if v.is_429 else failures >= p.retries.max_retries
     if v.kind is Kind.GIVE_UP or exhausted:
         n = failures + rate_limited + (0 if v.is_429 else 1)
         tries = f" (after {n} tries)" if v.kind is Kind.RETRY else ""
@@ -207,11 +207,11 @@ def _on_verdict(v: Verdict, o: AttemptOutcome, state: CallState, p: ModelProfile
         )
     if hint is None:  # no usable hint (none, 0, negative, garbage): backoff with a floor
         attempt = rate_limited - 1 if v.is_429 else failures
-        delay = jittered_backoff(attempt, p.backoff_base_s, p.backoff_max_s, jitter)
+        delay = jittered_backoff(attempt, p.retries.backoff_base_s, p.retries.backoff_max_s, jitter)
     else:
         delay = hint
     return Retry(
-        min(delay, p.max_wait_s), v.reason, is_429=v.is_429, cause="429" if v.is_429 else "transient",
+        min(delay, p.retries.max_wait_s), v.reason, is_429=v.is_429, cause="429" if v.is_429 else "transient",
         hint_s=hint, limit_rpm=v.limit_rpm,
     )
 
@@ -233,7 +233,7 @@ def _duration(s: float) -> str:
 
 def fatal_message(status: int, v: Verdict, p: ModelProfile, now: float) -> str:
     """What to do when the command cannot go on with this model (not yet redacted)."""
-    env = p.api_key_env or "the profile's api_key_env"
+    env = p.connection.api_key_env or "the profile's api_key_env"
     if v.label == "spend_limit":
         what = ("the organisation's monthly spend limit is reached; raise it in the provider's console (or wait for "
                 "the next month) and rerun the same command (finished calls are cached and will not be re-sent)")
@@ -246,10 +246,10 @@ def fatal_message(status: int, v: Verdict, p: ModelProfile, now: float) -> str:
     elif status == 403:
         what = f"permission denied; check that the key in {env} may use model {p.model!r} (API enabled, billing, region)"
     elif status == 404:
-        what = f"endpoint or model not found; check base_url {p.base_url!r} and model id {p.model!r}"
+        what = f"endpoint or model not found; check base_url {p.connection.base_url!r} and model id {p.model!r}"
     elif v.label == "tls":  # said first, in plain words: no request reached the server
-        return (f"{p.name}: {v.reason} ({p.base_url}); give the server a certificate a trusted authority signed, "
+        return (f"{p.name}: {v.reason} ({p.connection.base_url}); give the server a certificate a trusted authority signed, "
                 "or point SSL_CERT_FILE at the bundle of the authority that signed it")
     else:
-        what = f"the endpoint does not answer; check that the server is up and base_url/--base-url ({p.base_url!r})"
+        what = f"the endpoint does not answer; check that the server is up and base_url/--base-url ({p.connection.base_url!r})"
     return f"{p.name}: {what} [{v.reason}]"

@@ -177,6 +177,6 @@ class AnthropicWire:
 
 def dialect(profile: ModelProfile) -> OpenAIWire | AnthropicWire:
     """The profile's wire dialect."""
-    if profile.wire == "anthropic":
-        return AnthropicWire(cache=profile.prompt_cache == "explicit", max_tokens=profile.max_tokens)
+    if profile.connection.wire == "anthropic":
+        return AnthropicWire(cache=profile.prompt.cache == "explicit", max_tokens=profile.sampling.max_tokens)
     return OpenAIWire()

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from evaluator.core.errors import BudgetExhausted, ConfigError, FatalLLMError
 from evaluator.core.money import capped_usd
@@ -143,25 +142,28 @@ class LLMEngine:
         self._key = api_key if api_key is not None else resolve_api_key(profile)
         self.stats = ModelStats()
         self._cache = ResponseCache(cache_root) if cache_root is not None else None
-        sampling = {"temperature": profile.temperature, "max_tokens": profile.max_tokens, "extra_body": profile.extra_body}
-        if not profile.send_seed:  # the key describes what is sent: no seed (keys of seed-sending profiles unchanged)
+        # The key's sampling part: these names and values, whatever the profile's layout (a renamed field must
+        # not make every cached reply cold: tests/test_profile_sections.py pins the keys).
+        sp = profile.sampling
+        sampling = {"temperature": sp.temperature, "max_tokens": sp.max_tokens, "extra_body": sp.extra_body}
+        if not sp.send_seed:  # the key describes what is sent: no seed (keys of seed-sending profiles unchanged)
             sampling["send_seed"] = False
         self._endpoint = profile.key_endpoint  # an auto-started server's port is not part of the key
         self._prefix = key_prefix(self._endpoint, profile.model, sampling)
         # OpenAI's reasoning models take max_completion_tokens and only their default temperature (none sent).
         payload: dict[str, Any] = {"model": profile.model}
-        if not profile.reasoning_params:
-            payload["temperature"] = profile.temperature
-        if profile.max_tokens is not None:
-            payload["max_completion_tokens" if profile.reasoning_params else "max_tokens"] = profile.max_tokens
-        payload.update(profile.extra_body)
+        if not sp.reasoning_params:
+            payload["temperature"] = sp.temperature
+        if sp.max_tokens is not None:
+            payload["max_completion_tokens" if sp.reasoning_params else "max_tokens"] = sp.max_tokens
+        payload.update(sp.extra_body)
         self._payload = payload
         self._wire = dialect(profile)  # how the chat body goes on the wire and its reply comes back (dialects.py)
-        self._url = self._wire.url(profile.base_url)
+        self._url = self._wire.url(profile.connection.base_url)
         self._headers = self._wire.headers(self._key)
         self._rng = random.Random(seed)
         self._pacing = Pacing(profile, self._rng, pacer_factory, token_pacer_factory)
-        self._limit = ConcurrencyLimit(profile.concurrency, adaptive=profile.adaptive_concurrency)
+        self._limit = ConcurrencyLimit(profile.pacing.concurrency, adaptive=profile.pacing.adaptive_concurrency)
         self._inflight: dict[str, asyncio.Future[ChatResult]] = {}
         self._fatal: FatalLLMError | None = None
         self._given = transport  # a transport passed in is the caller's to close
@@ -181,18 +183,19 @@ class LLMEngine:
 
     def __repr__(self) -> str:
         p = self.profile
-        return f"LLMEngine(name={p.name!r}, model={p.model!r}, base_url={p.base_url!r}, api_key={mask(self._key)})"
+        return (f"LLMEngine(name={p.name!r}, model={p.model!r}, base_url={p.connection.base_url!r}, "
+                f"api_key={mask(self._key)})")
 
     async def __aenter__(self) -> LLMEngine:
-        if not self.profile.base_url:
+        if not self.profile.connection.base_url:
             raise ConfigError(f"model {self.profile.name!r} has no base_url (start the simulator or pass --base-url)")
         self._transport = self._given or AiohttpTransport(
-            limit=self.profile.concurrency,
-            trust_env=not self._loopback(),  # honour HTTP(S)_PROXY for real providers, never for local servers
+            limit=self.profile.pacing.concurrency,
+            trust_env=not self.profile.loopback,  # honour HTTP(S)_PROXY for real providers, never for local servers
         )
         if self._claims is not None:
             self._claims.start()
-        if self.profile.adaptive_concurrency:
+        if self.profile.pacing.adaptive_concurrency:
             facts = await self.server_facts()
             if facts.slots is not None and facts.slots < self._limit.maximum:
                 self._limit.cap_at(facts.slots)
@@ -226,9 +229,6 @@ class LLMEngine:
                     "not used and were requested again", self.profile.name, self.stats.cache_damaged,
                 )
 
-    def _loopback(self) -> bool:
-        return self.profile.simulated or urlsplit(self.profile.base_url).hostname in ("127.0.0.1", "localhost", "::1")
-
     # -- preparing requests ----------------------------------------------------------------------
     def response_format(self, schema: dict[str, Any] | None) -> dict[str, Any] | None:
         """`schema` ({"name", "schema"[, "strict"]}) as the profile's `structured` mode sends it.
@@ -236,7 +236,7 @@ class LLMEngine:
         "json_object_schema" is the form llama-cpp-python (and Together, Anyscale) constrain with:
         `{"type": "json_object", "schema": ...}`.
         """
-        mode = self.profile.structured
+        mode = self.profile.sampling.structured
         if schema is None or mode == "none":
             return None
         if mode == "json_object":
@@ -257,7 +257,7 @@ class LLMEngine:
         rf = self.response_format(schema)
         run = 0 if self.profile.repeats_runs else run
         key = call_key(self._prefix, messages, run, prompt_version, rf)
-        body = {**self._payload, "messages": messages, **({"seed": run} if self.profile.send_seed else {})}
+        body = {**self._payload, "messages": messages, **({"seed": run} if self.profile.sampling.send_seed else {})}
         if rf is not None:
             body["response_format"] = rf
         return Prepared(key, self._shape.wire(body), body)
@@ -279,7 +279,7 @@ class LLMEngine:
             return None
         # Entries stored before causes were kept: derived from what they hold and this profile's max_tokens.
         cut = entry.cut if entry.cut is not None else cut_cause(
-            entry.finish_reason, entry.completion_tokens, self.profile.max_tokens,
+            entry.finish_reason, entry.completion_tokens, self.profile.sampling.max_tokens,
             max_tokens_known=profile_shaped(key))
         if not reusable(entry, cut, self._facts.n_ctx if self._facts is not None else None):
             self._stale.add(key)
@@ -304,10 +304,10 @@ class LLMEngine:
         return facts
 
     async def _ask_server(self) -> ServerFacts:
-        if self._transport is None or not self.profile.base_url:
+        if self._transport is None or not self.profile.connection.base_url:
             return ServerFacts()
         try:
-            base = self.profile.base_url if self._locate is None else self._locate()
+            base = self.profile.connection.base_url if self._locate is None else self._locate()
         except NoReply:
             return ServerFacts()  # the server is being restarted: its facts are asked again by nobody, unknown
         return await ask_server_facts(self._transport, base, self._headers)
@@ -319,12 +319,13 @@ class LLMEngine:
         are not added to `stats` (they were billed by the batch API, which accounts for them). A body
         without usage gets the token rule's estimates (the prompt's from `request`, when given).
         """
-        read = read_reply(response_body, max_tokens=self.profile.max_tokens, max_tokens_known=profile_shaped(key))
+        read = read_reply(response_body, max_tokens=self.profile.sampling.max_tokens, max_tokens_known=profile_shaped(key))
         if read.error is not None:
             return ChatResult(None, None, error=read.error, error_kind=read.error_kind)
         if read.usage_missing:
-            read.completion_tokens = text_tokens(read.content or "", self.profile.chars_per_token)
-            read.prompt_tokens = prompt_tokens(request, self.profile.chars_per_token) if request else 0
+            cpt = self.profile.prompt.chars_per_token
+            read.completion_tokens = text_tokens(read.content or "", cpt)
+            read.prompt_tokens = prompt_tokens(request, cpt) if request else 0
         self._tally.cut(read)
         self._store(key, read, dropped=())
         return read
@@ -410,7 +411,8 @@ class LLMEngine:
         logical = prepared.logical or prepared.body
         # Only a TPM budget needs the estimate: no extra JSON encoding per call otherwise.
         prof = self.profile  # the one token rule (dry run, budget, TPM pacing): core.tokens.prompt_tokens
-        est = prompt_tokens(logical, prof.chars_per_token) + (prof.max_tokens or 0) if self._pacing.tpm is not None else 0
+        est = (prompt_tokens(logical, prof.prompt.chars_per_token) + (prof.sampling.max_tokens or 0)
+               if self._pacing.tpm is not None else 0)
         call = Call(prepared.key, logical, keep_raw, est, time.perf_counter())
         while True:
             if self._fatal is not None:
@@ -449,7 +451,7 @@ class LLMEngine:
             await self._pacing.pace(call.est_tokens)
             outcome = await self._send_once(call, epoch)
             if outcome.error is not None and outcome.error.kind == "timeout":
-                hold = self.profile.timeout_s  # the server most likely still works on it: keep its slot a while
+                hold = self.profile.connection.timeout_s  # the server most likely still works on it: keep its slot a while
             return outcome
         finally:
             self._limit.release(hold)
@@ -477,7 +479,7 @@ class LLMEngine:
         if isinstance(got, TransportFailure):
             outcome = AttemptOutcome(error=got, latency_s=latency, sent=sent, sent_json_schema=schema)
         else:
-            if self.profile.follow_rate_headers:
+            if self.profile.pacing.follow_rate_headers:
                 self._pacing.follow(got.headers)
             outcome = AttemptOutcome.http(got.status, got.headers, got.body, latency_s=latency, sent=sent,
                                    sent_json_schema=schema, keep_raw=call.keep_raw, max_tokens=_max_tokens(wire), max_tokens_known=True)
@@ -491,7 +493,7 @@ class LLMEngine:
         assert self._transport is not None
         try:
             url = self._url if self._locate is None else self._wire.url(self._locate())
-            got = await self._transport.send(Request("POST", url, body, self._headers, self.profile.timeout_s))
+            got = await self._transport.send(Request("POST", url, body, self._headers, self.profile.connection.timeout_s))
         except NoReply as e:
             return e.error
         return dataclasses.replace(got, body=self._wire.decode(got.body)) if got.status == 200 else got
@@ -547,7 +549,7 @@ class LLMEngine:
 
     def _settle(self, reserved: float, reply: ChatResult | None) -> None:
         if self._budget is not None:
-            spent = capped_usd(self.profile, reply.prompt_tokens, reply.completion_tokens, cached=reply.cached_tokens,
+            spent = capped_usd(self.profile.prices, reply.prompt_tokens, reply.completion_tokens, cached=reply.cached_tokens,
                                cache_write=reply.cache_write_tokens) if reply is not None else 0.0
             self._budget.settle(reserved, spent)
 

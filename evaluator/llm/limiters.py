@@ -183,7 +183,7 @@ class SharedRates:
             api_key = resolve_api_key(profile)
         except ConfigError:  # no key: the engine refuses to start anyway; the row is keyed without one
             api_key = None
-        return rate_key(profile.base_url, profile.model, api_key, what)
+        return rate_key(profile.connection.base_url, profile.model, api_key, what)
 
     def __call__(self, profile: ModelProfile, rpm: float) -> SharedPacer:
         return SharedPacer(self.folder, self._key(profile, "rpm"), rpm)

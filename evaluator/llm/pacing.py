@@ -114,10 +114,10 @@ class Pacing:
         self._profile = profile
         self.gate = SlowDownGate(rng)
         self._new_pacer = pacer_factory
-        self._pacer = pacer_factory(profile, profile.rpm) if profile.rpm else None
+        self._pacer = pacer_factory(profile, profile.pacing.rpm) if profile.pacing.rpm else None
         self._new_token_pacer = token_pacer_factory
-        self._tpm_limit = profile.tpm
-        self.tpm = token_pacer_factory(profile, profile.tpm) if profile.tpm else None
+        self._tpm_limit = profile.pacing.tpm
+        self.tpm = token_pacer_factory(profile, profile.pacing.tpm) if profile.pacing.tpm else None
 
     async def pace(self, est_tokens: int) -> None:
         """Wait for this request's turn: its RPM slot, then its tokens (`est_tokens`, TPM only)."""
@@ -140,7 +140,7 @@ class Pacing:
             self._tpm_limit = a.tpm
             self.tpm = self._new_token_pacer(self._profile, a.tpm)
         if a.spent_for_s:
-            self.slow_down(min(a.spent_for_s, self._profile.max_wait_s))
+            self.slow_down(min(a.spent_for_s, self._profile.retries.max_wait_s))
 
     def slow_down(self, seconds: float) -> None:
         """A 429 asking for `seconds`: the gate closes for everyone, and a paced model's schedule moves back by

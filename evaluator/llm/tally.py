@@ -47,7 +47,7 @@ class Tally:
         `logical`, the completion from the reply's text), counted in `usage_estimated` and told once."""
         if r is None or not r.usage_missing:
             return
-        cpt = self._profile.chars_per_token
+        cpt = self._profile.prompt.chars_per_token
         r.prompt_tokens = prompt_tokens(logical, cpt)
         r.completion_tokens = text_tokens(r.content or "", cpt)
         self._stats.usage_estimated += 1

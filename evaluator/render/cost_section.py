@@ -27,11 +27,11 @@ def cost_section_md(cost: Mapping[str, Cost], batch: Mapping[str, BatchStats] | 
     lines = [
         "## Cost and batch",
         "",
-        "Tokens billed in this invocation (cached replies cost nothing), priced with the profile's "
-        "`price_input_per_mtok` / `price_output_per_mtok` and, for batch requests, `batch_discount` "
+        "Tokens billed in this invocation (cached replies cost nothing), priced with the profile's [prices] "
+        "`input_per_mtok` / `output_per_mtok` and, for batch requests, `batch_discount` "
         "(unknown when the profile gives no price). Prompt tokens the provider served from its prompt cache "
-        "(cached input, part of the tokens in) are priced at `price_cached_input_per_mtok`, those written into "
-        "it at `price_cache_write_per_mtok` (the input price when not given).",
+        "(cached input, part of the tokens in) are priced at `cached_input_per_mtok`, those written into "
+        "it at `cache_write_per_mtok` (the input price when not given).",
         "",
         table(["model", "online tokens (in / out)", "batch tokens (in / out)", "cached input / cache writes",
                "online USD", "batch USD", "total USD", "same tokens all online"], rows),

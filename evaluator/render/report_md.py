@@ -133,7 +133,7 @@ def run_decisions(meta: Meta, result: MainResult) -> list[str]:
            if reg.choice == "described" else reg.choice)
     qps = result.summary.checks.queries_per_subset
     subsets = ", ".join(f"{s} ({n})" for s, n in qps.items()) or "none"
-    temps = sorted({str(m.profile.temperature) for m in meta.models if m.profile is not None})
+    temps = sorted({str(m.profile.sampling.temperature) for m in meta.models if m.profile is not None})
     out = [
         f"Registry: {size} APIs{f' ({reg.format})' if reg.format else ''}, choice `{reg.choice}` ({how}). "
         "The paper used 46,984 ToolBench APIs.",

@@ -364,7 +364,7 @@ def _side_settings(src: Source, model: str | None) -> dict[str, str]:
     prof = next((x for x in src.meta.models if x.name == model), None)
     if prof is not None:
         view["model"] = {"name": prof.name, "model": prof.model, "simulated": prof.simulated,
-                         "profile": plain(prof.profile) if prof.profile is not None else {}}
+                         "profile": prof.profile.flat() if prof.profile is not None else {}}  # as meta.json saves it
     return _flat(view)
 
 

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter
 from pydantic.dataclasses import dataclass
 
 from evaluator.core.money import cost_usd
-from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.profiles import ModelProfile, Prices
 
 
 @dataclass
@@ -50,16 +50,6 @@ _BATCH_STATS = TypeAdapter(BatchStats)
 
 
 @dataclass
-class Prices:
-    input_per_mtok: float | None = None
-    output_per_mtok: float | None = None
-    batch_discount: float | None = None
-    cached_input_per_mtok: float | None = None  # None: the input price
-    cache_write_per_mtok: float | None = None
-    source: str | None = None  # where the prices come from, as of when (the provider table's date)
-
-
-@dataclass
 class Channel:
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -72,7 +62,7 @@ class Channel:
 class Cost:
     """One model's tokens and USD per channel (meta.json `cost`); None = unknown."""
 
-    prices: Prices = field(default_factory=Prices)
+    prices: Prices = field(default_factory=Prices)  # the profile's [prices], as the model was priced
     online: Channel = field(default_factory=Channel)
     batch: Channel = field(default_factory=Channel)
     total_usd: float | None = None
@@ -89,17 +79,15 @@ def accounting(profile: ModelProfile, online: Any | None, batch: Any | None) -> 
     """The `meta.json` block for one model from its online and batch counters (`CallStats`/`BatchStats`,
     or None for a channel not used): tokens and USD per channel, and the total (None = unknown)."""
     on, b = _tokens(online), _tokens(batch)
-    on_usd = cost_usd(profile, on[0], on[1], cached=on[2], cache_write=on[3])
-    b_usd = (cost_usd(profile, b[0], b[1], batch=True, cached=b[2], cache_write=b[3]) if (b[0] or b[1])
+    p = profile.prices
+    on_usd = cost_usd(p, on[0], on[1], cached=on[2], cache_write=on[3])
+    b_usd = (cost_usd(p, b[0], b[1], batch=True, cached=b[2], cache_write=b[3]) if (b[0] or b[1])
              else (0.0 if on_usd is not None else None))
     total = None if on_usd is None or b_usd is None else on_usd + b_usd
-    p = profile
     return Cost(
-        Prices(p.price_input_per_mtok, p.price_output_per_mtok, p.batch_discount, p.price_cached_input_per_mtok,
-               p.price_cache_write_per_mtok, p.price_source),
-        Channel(on[0], on[1], _r(on_usd), on[2], on[3]), Channel(b[0], b[1], _r(b_usd), b[2], b[3]), _r(total),
+        p, Channel(on[0], on[1], _r(on_usd), on[2], on[3]), Channel(b[0], b[1], _r(b_usd), b[2], b[3]), _r(total),
         # the saving the batch API bought
-        _r(cost_usd(profile, on[0] + b[0], on[1] + b[1], cached=on[2] + b[2], cache_write=on[3] + b[3])),
+        _r(cost_usd(p, on[0] + b[0], on[1] + b[1], cached=on[2] + b[2], cache_write=on[3] + b[3])),
     )
 
 

@@ -30,6 +30,8 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     computed_field,
+    field_serializer,
+    field_validator,
     model_validator,
 )
 from pydantic.dataclasses import dataclass
@@ -41,7 +43,7 @@ from evaluator.core.files import (
 from evaluator.core.redact import scrub
 from evaluator.data import GOLD_SETS, QueryId, qid_key
 from evaluator.llm.accounting import CallStats
-from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.profiles import ModelProfile, sectioned
 from evaluator.llm.reply import cut_cause
 from evaluator.results import migrate, outlock
 from evaluator.results.cost import BatchStats, Cost
@@ -395,8 +397,8 @@ def repeats_note(model: str, runs: int) -> str:
     return (f"deterministic server, model {model}: a local llama.cpp server at temperature 0 gives the same "
             f"reply to the same prompt in every run, so {what}: the standard deviations across runs are 0 or "
             "empty and the t-tests across runs (one-sample, two-sample) are not defined, so none is shown; the "
-            "Wilcoxon tests over queries stand. For run-to-run variance set `temperature` (e.g. 0.7) in the "
-            "profile: each run's index is sent as its seed, so each run is its own reproducible sample (a "
+            "Wilcoxon tests over queries stand. For run-to-run variance set [sampling] `temperature` (e.g. 0.7) "
+            "in the profile: each run's index is sent as its seed, so each run is its own reproducible sample (a "
             "deviation from STUDY.md, which samples at temperature 0).")
 
 
@@ -405,8 +407,19 @@ class ModelInfo:
     name: str
     model: str = ""
     simulated: bool = False
-    # Every request-shaping setting of the profile (no secret: keys live in the environment).
+    # Every request-shaping setting of the profile (no secret: keys live in the environment), saved flat as
+    # meta.json always has (`ModelProfile.flat`: `rpm`, `price_input_per_mtok`, ...) and read back into its
+    # sections by the profiles' one migration (`llm.profiles.sectioned`).
     profile: ModelProfile | None = None
+
+    @field_validator("profile", mode="before")
+    @classmethod
+    def _sections(cls, v: Any) -> Any:
+        return sectioned(v) if isinstance(v, Mapping) else v
+
+    @field_serializer("profile")
+    def _flat(self, v: ModelProfile | None) -> dict[str, Any] | None:
+        return None if v is None else v.flat()
 
 
 @dataclass

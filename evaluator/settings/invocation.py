@@ -5,6 +5,7 @@ numbers do not depend on it); held by `cli` and `app` only, which hand each stag
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import field
 from typing import Any, Literal
 
@@ -20,7 +21,10 @@ BatchFallback = Literal[BATCH_FALLBACKS]  # type: ignore[valid-type]  # a Litera
 
 @dataclass(frozen=True)
 class ProfileOverrides:
-    """Flags that replace a model profile's request settings for this invocation (None = keep the profile's)."""
+    """Flags that replace a model profile's request settings for this invocation (None = keep the profile's).
+
+    Each is named as the profile field it replaces by its flat name (`llm.profiles.FLAT`: `rpm` is [pacing]
+    rpm); `llm.profiles.overridden` applies them, the one place that does."""
 
     base_url: str | None = None
     concurrency: int | None = None
@@ -29,6 +33,11 @@ class ProfileOverrides:
     max_tokens: int | None = None
     timeout_s: float | None = None
     structured: str | None = None  # how each prompt's JSON schema is sent (the profile's choices)
+
+    @classmethod
+    def given_in(cls, values: Mapping[str, Any]) -> ProfileOverrides:
+        """The overrides among `values` (parsed flags by destination: `--timeout` is `timeout_s`); absent = None."""
+        return cls(**{f.name: values.get(f.name) for f in dataclasses.fields(cls)})
 
     def as_kwargs(self) -> dict[str, Any]:
         """The flags given; their types and ranges are the profile's (`ModelProfile`), checked in `settings.load`."""

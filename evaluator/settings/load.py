@@ -17,7 +17,7 @@ from typing import Any
 from evaluator.core.errors import ConfigError
 from evaluator.core.paths import DEFAULT_CONFIG
 from evaluator.core.validation import check_values
-from evaluator.llm.profiles import ModelProfile
+from evaluator.llm.profiles import check_flat
 from evaluator.settings.invocation import Invocation, ProfileOverrides
 from evaluator.settings.sections import (
     AnalysisSettings,
@@ -107,7 +107,7 @@ def load(path: Path | None = None, flags: Mapping[str, Any] | None = None,
     for cls, _, typed, _, label in parts:
         check_values(cls, typed, "", label)
     overrides = opts.get("overrides", ProfileOverrides())
-    check_values(ModelProfile, overrides.as_kwargs(), "", flag)  # the profile's types and ranges
+    check_flat(overrides.as_kwargs(), "", flag)  # each flag against its profile field's type and range
     built = [cls(**(in_file | typed)) for cls, in_file, typed, _, _ in parts]
     rest = {k: v for k, v in opts.items() if k not in given}
     invocation = dataclasses.replace(built.pop(), cli_keys=frozenset(flags), **rest)
