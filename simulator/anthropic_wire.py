@@ -1,7 +1,7 @@
 """Anthropic's wire on the simulator: the Messages API (`POST /v1/messages`) and the Message Batches routes.
 
 The simulator's second reading of Anthropic's protocol (the evaluator's own is evaluator/llm/dialects.py; the
-official `anthropic` SDK checks both in tests/conformance/). A Messages request is answered by the OpenAI
+official `anthropic` SDK checks both in tests/integration/conformance/). A Messages request is answered by the OpenAI
 chat route itself (the same replies, faults, rate limits and workers): its body is read as the chat body it
 stands for (`to_chat`: `system` apart, content blocks joined, a forced tool's `input_schema` as the JSON
 schema asked for), and the answer written back in Anthropic's shapes (`to_message`): content blocks (a

@@ -16,7 +16,7 @@ has Anthropic's `processing_status` (in_progress, canceling, ended) and `request
 succeeded, errored, canceled, expired), and its `results_url` serves `{"custom_id", "result": {"type":
 succeeded | errored | canceled | expired}}` lines. A create over the size knobs is refused with 413
 `request_too_large` (Anthropic's limits are checked at create), a full queue with 429.
-The official SDKs (openai, google-genai, anthropic) drive these routes in tests/conformance/.
+The official SDKs (openai, google-genai, anthropic) drive these routes in tests/integration/conformance/.
 
 Replies come from the online endpoint's own `Simulator.reply_body`, so a batch study and an online
 study agree. Time is lazy: a batch's state is worked out from its age each

@@ -685,7 +685,7 @@ HANDLERS: dict[str, Callable[[list[str]], int]] = {
 
 
 # Every command's parser, by the words that name it on the command line (`requests export` takes the study's
-# flags); tests/test_docs.py checks every flag the docs name against them.
+# flags); tests/unit/test_docs.py checks every flag the docs name against them.
 PARSERS: dict[str, Callable[[], Parser]] = {
     "run": run_parser, "report": report_parser, "cache": cache_parser, "scaling": scaling_parser,
     "routing": routing_parser, "requests export": run_parser, "requests import": requests_import_parser,

@@ -8,7 +8,7 @@ but some LLM calls failed for good (a rerun retries them); 4 stopped at --budget
 failed on some queries (it raised, broke the plugin contract, timed out or waited in a cycle: those blocks are
 left out of the results; fix the architecture); 130 interrupted.
 
-Every class named `*Error` is an exception (tests/test_layout.py); a value that says why something failed is a
+Every class named `*Error` is an exception (tests/unit/test_layout.py); a value that says why something failed is a
 `*Failure` (`llm.decide.TransportFailure`, `batch.request_format.BatchFailure`). An exception one module of the
 evaluator raises for another to catch, never shown to a user, derives from `InternalSignal`, not from
 `EvaluatorError`.

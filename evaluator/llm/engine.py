@@ -143,7 +143,7 @@ class LLMEngine:
         self.stats = ModelStats()
         self._cache = ResponseCache(cache_root) if cache_root is not None else None
         # The key's sampling part: these names and values, whatever the profile's layout (a renamed field must
-        # not make every cached reply cold: tests/test_profile_sections.py pins the keys).
+        # not make every cached reply cold: tests/unit/test_profile_sections.py pins the keys).
         sp = profile.sampling
         sampling = {"temperature": sp.temperature, "max_tokens": sp.max_tokens, "extra_body": sp.extra_body}
         if not sp.send_seed:  # the key describes what is sent: no seed (keys of seed-sending profiles unchanged)

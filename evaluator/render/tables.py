@@ -201,7 +201,7 @@ def rank_metrics_at_k(c: Ctx, model: str | None, gold: str) -> str:
                    f"{c.label(model, gold)}. {_relevance(c)} NDCG@k: DCG = Σ rel_i/log2(i+1) over the top k, "
                    "ideal DCG over min(|G|, k) gold APIs; MRR@k: 1/rank of the first gold API in the top k (0 if "
                    "none); COMP@k: 1 if every gold API is in the top k (0 whenever |G| > k). Per query, equal to "
-                   "pytrec_eval's `ndcg_cut`, `recip_rank` (list cut to k) and `recall` = 1 (tests/test_metrics_ir.py). "
+                   "pytrec_eval's `ndcg_cut`, `recip_rank` (list cut to k) and `recall` = 1 (tests/unit/test_metrics_ir.py). "
                    "RtP is deterministic (one value)" + ("; PtR mean±std over runs. Bold: better architecture."
                                                         if with_ptr else ".") + _more_archs_note(extra),
                    table(header, body))

@@ -123,7 +123,7 @@ def _export_onnx(st, out: Path, input_names: list[str]) -> None:
     axes["embedding"] = {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad():
         # The tracer warns about Python branches on shapes; the export is checked against torch
-        # in tests/test_embed_backends.py across batch sizes and lengths.
+        # in tests/unit/test_embed_backends.py across batch sizes and lengths.
         warnings.simplefilter("ignore")
         torch.onnx.export(
             Pipeline(st.eval()), args, str(out / "model.onnx"), input_names=input_names,
