@@ -20,30 +20,41 @@ from collections.abc import Iterator
 
 import pytest
 
+from evaluator.core.cache_layout import SHARED_FIGURES_ENV
+from evaluator.retrieval.backends import SHARED_EXPORTS_ENV
+
 pytest_plugins = ("helpers.procs", "helpers.llm", "helpers.batch_sim", "helpers.browser", "helpers.clock")
 
-EXPORTS_ENV = "EVALUATOR_SHARED_EXPORTS"
+# Folders every cache folder of the session shares: the embedder's exports and the drawn figures (both keyed by
+# what they were made from, so sharing only saves making them again).
+SHARED = (SHARED_EXPORTS_ENV, SHARED_FIGURES_ENV)
 DURATIONS = "evaluator/file-durations"  # pytest's cache: the seconds each test file took in the runs before
 LONGEST = ("real_model", "ray")  # markers of the files that take longest: first while no run was timed yet
 
-_made_exports = pytest.StashKey[str]()
+_made_shared = pytest.StashKey[list[str]]()
 _took = pytest.StashKey[dict[str, float]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One model export for the whole session: every test (and every CLI it starts, which inherits the
-    environment) has a fresh cache folder, and exporting the embedder again for each costs 10-20 s of CPU.
-    xdist's workers inherit the main process's folder; the main process removes it at the end."""
-    if EXPORTS_ENV not in os.environ:
-        os.environ[EXPORTS_ENV] = tempfile.mkdtemp(prefix="evaluator-exports-")
-        config.stash[_made_exports] = os.environ[EXPORTS_ENV]
+    """One model export and one figure store for the whole session: every test (and every CLI it starts, which
+    inherits the environment) has a fresh cache folder; exporting the embedder again for each costs 10-20 s of CPU,
+    drawing the same figures again ~2 s a study. xdist's workers inherit the main process's folders; the main
+    process removes them at the end."""
+    # xdist's loadfile reorders the files by their number of tests unless told not to: the order below is kept
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    made = config.stash[_made_shared] = []
+    for env in SHARED:
+        if env not in os.environ:
+            os.environ[env] = tempfile.mkdtemp(prefix=f"{env.lower()}-")
+            made.append(os.environ[env])
     config.stash[_took] = {}
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    made = config.stash.get(_made_exports, None)
-    if made is not None and not hasattr(config, "workerinput"):
-        shutil.rmtree(made, ignore_errors=True)
+    if not hasattr(config, "workerinput"):
+        for made in config.stash.get(_made_shared, []):
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 from pathlib import Path
 
 import orjson
@@ -12,7 +13,8 @@ import pytest
 from helpers import llm as F
 from helpers.procs import PYTHON, run, wait_until
 
-from evaluator.llm.cache import ResponseCache
+from evaluator.core.cache_layout import CacheLayout
+from evaluator.llm.cache import ResponseCache, cache_dir
 
 N, CONCURRENCY = 120, 8
 
@@ -42,6 +44,32 @@ def _claimed_by(cache: Path, pid: int) -> bool:
         claims.close()
 
 
+def _writable(cache: Path) -> bool:
+    """Whether both databases of `cache` (replies, claims) can take a write now: no transaction is held open."""
+    for db in (cache_dir(cache) / "cache.db", CacheLayout(cache).claims / "cache.db"):
+        con = sqlite3.connect(db, timeout=0.2)
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.rollback()
+        except sqlite3.OperationalError:  # "database is locked"
+            return False
+        finally:
+            con.close()
+    return True
+
+
+def _stop_between_writes(proc, cache: Path) -> None:
+    """SIGSTOP `proc`'s group at a moment it holds no write transaction: stopped inside one, it would keep every
+    other process (the second, the test's own reads) from writing until SIGCONT. Stopped, checked, let go on
+    and stopped again until the databases are free."""
+    while True:
+        os.killpg(proc.pid, signal.SIGSTOP)
+        if _writable(cache):
+            return
+        os.killpg(proc.pid, signal.SIGCONT)
+        wait_until(lambda: _writable(cache), proc, what="the first process between two writes")
+
+
 def test_second_process_started_midway_waits_for_the_first(socket_sim, tmp_path):
     # Stepped, not timed: the first process is stopped (SIGSTOP) with its calls on the wire and their claims held,
     # the second started and let run until it claims a call of its own (so it has passed the first's calls and
@@ -50,7 +78,7 @@ def test_second_process_started_midway_waits_for_the_first(socket_sim, tmp_path)
     cache = tmp_path / "cache"
     first = F.spawn_child(socket_sim.base_url, cache, tmp_path / "a.json", n=N, concurrency=CONCURRENCY)
     wait_until(lambda: socket_sim.stats()["ok"] >= N // 4, first, what="a quarter of the first's calls")
-    os.killpg(first.pid, signal.SIGSTOP)
+    _stop_between_writes(first, cache)
     try:
         second = F.spawn_child(socket_sim.base_url, cache, tmp_path / "b.json", n=N, concurrency=CONCURRENCY)
         wait_until(lambda: _claimed_by(cache, second.pid), second, what="the second's first claim")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evaluator.app import figure_store as F
+from evaluator.core.cache_layout import SHARED_FIGURES_ENV, CacheLayout
 from evaluator.render.charts import png, pyplot
 
 
@@ -49,3 +50,17 @@ def test_rerun_figures_ignore_timings() -> None:
     b = {"meta": {"k": 5, "timing_s": 9.9, "embed": {"cache_hits": 7}}, "rows": [1]}
     assert F.figure_inputs(a) == F.figure_inputs(b)
     assert F.figure_inputs(a) != F.figure_inputs({**a, "rows": [2]})
+
+
+def test_cache_folders_share_one_store_when_told(tmp_path: Path, monkeypatch) -> None:
+    # EVALUATOR_SHARED_FIGURES: two cache folders, one store; the second study's figures are copies, not drawings
+    monkeypatch.setenv(SHARED_FIGURES_ENV, str(tmp_path / "shared"))
+    stores = [CacheLayout(tmp_path / c).figures for c in ("cache-a", "cache-b")]
+    assert stores == [tmp_path / "shared"] * 2
+    calls: list[int] = []
+    a, b = tmp_path / "out-a" / "figures", tmp_path / "out-b" / "figures"
+    first = F.drawn(a, "g", {"v": 0.5}, lambda: _draw(calls, 0.5)(a), store=stores[0])
+    second = F.drawn(b, "g", {"v": 0.5}, lambda: _draw(calls, 0.5)(b), store=stores[1])
+    assert len(calls) == 1 and second[0].read_bytes() == first[0].read_bytes()
+    monkeypatch.delenv(SHARED_FIGURES_ENV)
+    assert CacheLayout(tmp_path / "cache-a").figures == tmp_path / "cache-a" / "figures"  # each its own by default

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from helpers.keys import SIM_ENV, bundled_envs, canary
 
+from evaluator.core import redact as redact_module
 from evaluator.core.redact import known_keys, redact, redact_keys, watch_env
 
 
@@ -17,7 +18,9 @@ def test_every_configured_key_is_redacted(monkeypatch):
     text = " / ".join(f"{n} was {canary(n)}" for n in names)
     out = redact(text)
     assert all(canary(n) not in out and f"[REDACTED:{n}]" in out for n in names), out
-    # A path profile's variable is known once the profile is loaded (the loader calls watch_env).
+    # A path profile's variable is known once the profile is loaded (the loader calls watch_env); a test before
+    # this one in the same process may have loaded such a profile already: start from none watched.
+    monkeypatch.setattr(redact_module, "_watched", set())
     monkeypatch.setenv(SIM_ENV, "plain-words-key-123")
     assert "plain-words-key-123" in redact("plain-words-key-123")
     watch_env(SIM_ENV)
