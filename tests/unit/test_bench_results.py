@@ -5,8 +5,12 @@ git history only: nothing here times anything."""
 
 from __future__ import annotations
 
+import inspect
+
 from bench import check, readme
 from bench.common import BENCH
+from bench.workload import TableBatcher
+from evaluator.study.runner import StubBatcher
 
 
 def test_every_result_file_records_what_it_measured():
@@ -23,3 +27,10 @@ def test_the_readme_block_is_what_the_results_render():
     assert readme.readme_block(text) == readme.block(), (
         "bench/README.md's results block differs from bench/results/*.json: run "
         "`python -c 'from bench.readme import update_readme; update_readme()'`")
+
+
+def test_the_benches_stand_ins_keep_the_pipelines_signatures() -> None:
+    # bench fanout's TableBatcher answers StubBatcher's searches from a table: a change to the method it replaces
+    # (issue 36 added the retriever's name) broke the bench with no test noticing
+    ours, theirs = inspect.signature(TableBatcher._search), inspect.signature(StubBatcher._search)
+    assert list(ours.parameters) == list(theirs.parameters), (ours, theirs)
