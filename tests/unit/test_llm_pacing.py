@@ -103,3 +103,38 @@ def test_a_bunch_of_429s_at_once_moves_the_schedule_once(monkeypatch):
         pacing.slow_down(0.2)
     assert pacing.gate.closed()
     assert pacer._moved.total == 0.2  # once, not twenty times
+
+
+def _released_around_a_stall(n: int, stall_at: float, stall_s: float, *, guard: bool = True) -> list[float]:
+    """As `_released`, with this process stalled for `stall_s` at `stall_at` (a long synchronous step: no task
+    runs while the clock moves on), so every holder whose slot passed meanwhile wakes at once."""
+    async def main(loop: asyncio.AbstractEventLoop) -> list[float]:
+        pacer = RequestPacer(RPM, clock=loop.time)
+        if not guard:
+            async def leave(n: float = 1.0) -> None:
+                return None
+            pacer._leaving.leave = leave  # type: ignore[method-assign]
+        out: list[float] = []
+
+        async def one() -> None:
+            await pacer.acquire()
+            out.append(loop.time())
+
+        async def stall() -> None:
+            await asyncio.sleep(stall_at)
+            loop.time.__self__.elapsed += stall_s  # type: ignore[attr-defined]  # the virtual clock, moved in one step
+
+        await asyncio.gather(*(one() for _ in range(n)), stall())
+        return sorted(out)
+    return run_virtual(main, start=0.0)
+
+
+def test_a_stall_releases_no_more_than_the_burst_at_once():
+    # 2 s without running: 200 slots passed; a schedule alone lets them all go when the process wakes, more than
+    # the server's bucket (1 s of rate) holds
+    assert _refused(_released_around_a_stall(800, 1.5, 2.0, guard=False)) > 0
+    sent = _released_around_a_stall(800, 1.5, 2.0)
+    assert _refused(sent) == 0 and len(sent) == 800
+    woke = 1.5 + 2.0
+    assert sum(t == woke for t in sent) <= math.floor(PACED_BURST_S * RATE) + 1  # the burst, JITTER_S under it
+    assert _refused(_late(sent, JITTER_S * 0.9)) == 0  # and the start's margin still holds
