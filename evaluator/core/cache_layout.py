@@ -25,7 +25,7 @@ from pathlib import Path
 
 # A figure store shared by every cache folder (optional), as EVALUATOR_SHARED_EXPORTS is for the embedder's exports.
 # The store is content-addressed (the digest of the figures' inputs and of the drawing code), so sharing it only
-# saves drawing again: the test suite's ~190 tiny studies drew 893 PNGs of 242 distinct ones, at ~0.4 s each.
+# saves drawing again (bench/README.md, "core/cache_layout.py").
 SHARED_FIGURES_ENV = "EVALUATOR_SHARED_FIGURES"
 
 

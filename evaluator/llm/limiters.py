@@ -37,10 +37,9 @@ _BURST_S = 1.0
 # vary (this event loop's lag, a new connection, the server's own scheduling on shared cores), and a schedule
 # that spends the whole burst at the start is only as early as its first request is late: when the run's first
 # request reaches the server 10 ms later than the ones after it, the bucket is empty 10 ms before each paced
-# request for the rest of the study, and every wobble is a 429. 0.4 s of margin absorbs the spread bench/fanout.py
-# meets and costs 0.4 s once per run; 0.25 s drew 1-4 429s of 12,000 in three of four first runs of the bench on a
-# 2-core Xeon at load 0.3-1.3 (bench/README.md, "llm/limiters.py"). The 1% under the limit (`RPM_SAFETY`) widens
-# the margin further as the study goes on.
+# request for the rest of the study, and every wobble is a 429. This margin absorbs the spread bench/fanout.py
+# meets, once per run (bench/README.md, "llm/limiters.py"). The 1% under the limit (`RPM_SAFETY`) widens the
+# margin further as the study goes on.
 JITTER_S = 0.4
 # What the pacers let go at once after a lull (and at the start), in seconds of rate (the dry run's floor too).
 PACED_BURST_S = _BURST_S - JITTER_S
@@ -69,8 +68,7 @@ class _Leaving:
     and that backlog can exceed what the provider's bucket holds: it refills only up to its own burst while the
     schedule keeps handing out slots. Checked at the moment of leaving, at the nominal rate (the schedule runs 1 %
     under it, so this check only binds on such a clump), at most `burst_s` worth leaves at once, `JITTER_S` under
-    the provider's bucket whatever the stall (bench fanout: the first run of a process drew 2-4 429s out of
-    12,000 without it; bench/README.md, "llm/limiters.py")."""
+    the provider's bucket whatever the stall (bench/README.md, "llm/limiters.py")."""
 
     def __init__(self, seconds_per_unit: float, burst_s: float, clock: Callable[[], float]) -> None:
         self.per_unit = seconds_per_unit

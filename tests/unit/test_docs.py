@@ -663,7 +663,7 @@ PLANTED = [  # (check, text, a code block's line, where it is written, whether i
      "README.md:1", False),
     (path_offences, "the exports (see embed_backends.py)", False, "evaluator/core/files.py:5", True),
     (constant_offences, "at most `WINDOW` (2,048) queries", False, "README.md:1", True),
-    (constant_offences, "at most `WINDOW` (1,024) queries, `HELD` = 8,000, `JITTER_S` (0.25 s)", False,
+    (constant_offences, "at most `WINDOW` (1,024) queries, `HELD` = 8,000, `JITTER_S` (0.4 s)", False,
      "README.md:1", False),
     (setting_offences, "`[run] route_taus` sets it", False, "README.md:1", True),
     (setting_offences, "`[run] route_tau` and `[run] archs`, or the [run] section", False, "README.md:1", False),
