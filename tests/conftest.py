@@ -40,6 +40,11 @@ def pytest_configure(config: pytest.Config) -> None:
     inherits the environment) has a fresh cache folder; exporting the embedder again for each costs 10-20 s of CPU,
     drawing the same figures again ~2 s a study. xdist's workers inherit the main process's folders; the main
     process removes them at the end."""
+    # Started from a script's `cmd &` (no job control), the suite ignores SIGINT, and so would every process it
+    # starts (an ignored signal stays ignored through exec): the tests that press Ctrl-C on a CLI would see it do
+    # nothing. The suite's children start as from a terminal (a handler is reset to the default through exec).
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # xdist's loadfile reorders the files by their number of tests unless told not to: the order below is kept
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
