@@ -60,35 +60,6 @@ class _Moved:
             await asyncio.sleep(extra)
 
 
-class _Leaving:
-    """The moment paced requests actually leave, held to a bucket of `burst_s` seconds of the nominal rate.
-
-    The schedule (GCRA) hands out slots ahead; a holder sleeps until its slot. When this process stalls (a
-    collection of a large heap, a long synchronous step) every holder whose slot passed meanwhile wakes at once,
-    and that backlog can exceed what the provider's bucket holds: it refills only up to its own burst while the
-    schedule keeps handing out slots. Checked at the moment of leaving, at the nominal rate (the schedule runs 1 %
-    under it, so this check only binds on such a clump), at most `burst_s` worth leaves at once, `JITTER_S` under
-    the provider's bucket whatever the stall (bench/README.md, "llm/limiters.py")."""
-
-    def __init__(self, seconds_per_unit: float, burst_s: float, clock: Callable[[], float]) -> None:
-        self.per_unit = seconds_per_unit
-        self.capacity = max(1.0, burst_s / seconds_per_unit)
-        self.units = self.capacity
-        self._clock = clock
-        self._stamp = clock()
-
-    async def leave(self, n: float = 1.0) -> None:
-        n = min(n, self.capacity)  # a request over the burst may still go, as the schedule lets it
-        while True:
-            now = self._clock()
-            self.units = min(self.capacity, self.units + (now - self._stamp) / self.per_unit)
-            self._stamp = now
-            if self.units >= n:
-                self.units -= n
-                return
-            await asyncio.sleep((n - self.units) * self.per_unit)
-
-
 class RequestPacer:
     """At most `rpm` requests per minute, spaced evenly: the generic cell rate algorithm (GCRA).
 
@@ -109,7 +80,11 @@ class RequestPacer:
         self._clock = clock  # the event loop's (a test's virtual loop passes its own)
         self._next: float | None = None
         self._moved = _Moved()
-        self._leaving = _Leaving(60.0 / rpm, burst_s, clock)
+        # The moment a request leaves, held to a bucket of `burst_s` at the nominal rate. When this process stalls
+        # (a collection of a large heap, a long synchronous step), every holder whose slot passed wakes at once,
+        # a backlog past what the provider's bucket holds; the schedule runs 1 % under the rate, so this binds
+        # only on such a clump (bench/README.md, "llm/limiters.py").
+        self._leaving = TokenBucket(rpm, burst_s, clock=clock)
 
     async def acquire(self) -> None:
         now = self._clock()
@@ -122,7 +97,7 @@ class RequestPacer:
         if slot > now:
             await asyncio.sleep(slot - now)
         await self._moved.hold(seen)
-        await self._leaving.leave()
+        await self._leaving.acquire(1)
 
     def defer(self, seconds: float) -> None:
         """The server refused a paced request (a 429) and asks for `seconds`: every slot not yet used, handed
@@ -154,7 +129,7 @@ class SharedPacer:
         self.burst = burst_s
         self.key = key
         self._moved = _Moved()
-        self._leaving = _Leaving(self.unit * safety, burst_s, time.time)  # this process's own clumps
+        self._leaving = TokenBucket(per_minute, burst_s)  # this process's own clumps, as `RequestPacer`'s
         Path(folder).mkdir(parents=True, exist_ok=True)
         # autocommit: each statement is its own transaction; a busy database is waited for, not an error
         self._db = sqlite3.connect(str(Path(folder) / "rate.db"), timeout=30.0, isolation_level=None,
@@ -179,7 +154,7 @@ class SharedPacer:
         if wait > 0:
             await asyncio.sleep(wait)
         await self._moved.hold(seen)
-        await self._leaving.leave(n)
+        await self._leaving.acquire(n)
 
     def defer(self, seconds: float) -> None:
         """As `RequestPacer.defer`: the shared schedule moves back (every process's next slots); the slots this
@@ -226,20 +201,23 @@ class SharedRates:
 
 
 class TokenBucket:
-    """Tokens-per-minute budget: a token bucket holding `PACED_BURST_S` worth, refilled continuously."""
+    """A per-minute budget (tokens, or requests leaving): a token bucket holding `burst_s` worth (`PACED_BURST_S`
+    unless told), refilled continuously."""
 
-    def __init__(self, tpm: float, burst_s: float = PACED_BURST_S) -> None:
-        self.rate = tpm / 60.0
+    def __init__(self, per_minute: float, burst_s: float = PACED_BURST_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = per_minute / 60.0
         self.capacity = max(1.0, self.rate * burst_s)
         self.tokens = self.capacity
-        self.stamp = time.monotonic()
+        self._clock = clock
+        self.stamp = clock()
         self._lock = asyncio.Lock()
 
     async def acquire(self, n: float) -> None:
         n = min(n, self.capacity)  # a single huge request must still be able to go
         async with self._lock:
             while True:
-                now = time.monotonic()
+                now = self._clock()
                 self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
                 self.stamp = now
                 if self.tokens >= n:
@@ -249,7 +227,7 @@ class TokenBucket:
 
     def defer(self, seconds: float) -> None:
         """As `RequestPacer.defer`: `seconds` of tokens taken off (the bucket may go below empty)."""
-        now = time.monotonic()
+        now = self._clock()
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate) - seconds * self.rate
         self.stamp = now
 

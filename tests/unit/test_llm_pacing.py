@@ -111,9 +111,9 @@ def _released_around_a_stall(n: int, stall_at: float, stall_s: float, *, guard: 
     async def main(loop: asyncio.AbstractEventLoop) -> list[float]:
         pacer = RequestPacer(RPM, clock=loop.time)
         if not guard:
-            async def leave(n: float = 1.0) -> None:
+            async def leave(n: float) -> None:
                 return None
-            pacer._leaving.leave = leave  # type: ignore[method-assign]
+            pacer._leaving.acquire = leave  # type: ignore[method-assign]
         out: list[float] = []
 
         async def one() -> None:
