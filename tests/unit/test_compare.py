@@ -5,6 +5,7 @@ RtP-vs-PtR tests are untouched by the extra architectures."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 from collections import defaultdict
@@ -82,11 +83,14 @@ def test_the_rtp_ptr_pair_is_the_papers_wilcoxon_test(summary, comparison) -> No
             assert paper is not None and pair.pvalue == paper.pvalue and pair.n == paper.n
 
 
-def test_holm_equals_statsmodels_and_a_case_by_hand(comparison) -> None:
+def test_holm_equals_statsmodels_and_a_case_by_hand(comparison, monkeypatch) -> None:
     # by hand: p = .01, .04, .03, .005 -> sorted .005 .01 .03 .04 times 4 3 2 1 = .02 .03 .06 .04 -> running max
     assert compare.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert compare.holm([0.5, None, float("nan"), 0.6]) == [pytest.approx(1.0), None, None, pytest.approx(1.0)]
     multipletests = pytest.importorskip("statsmodels.stats.multitest").multipletests
+    # its Holm branch calls gc.collect() on every call: a full collection of the worker's heap (torch and the rest,
+    # loaded by the tests before) each time, ~10 s over these families; the values do not depend on it
+    monkeypatch.setattr(gc, "collect", lambda *_a, **_k: 0)
     families = defaultdict(list)
     for p in comparison.pairs:
         families[(p.subset, p.metric, p.gold)].append(p)
