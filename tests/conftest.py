@@ -23,7 +23,7 @@ import pytest
 from evaluator.core.cache_layout import SHARED_FIGURES_ENV
 from evaluator.retrieval.backends import SHARED_EXPORTS_ENV
 
-pytest_plugins = ("helpers.procs", "helpers.llm", "helpers.batch_sim", "helpers.browser", "helpers.clock")
+pytest_plugins = ("helpers.procs", "helpers.cli", "helpers.llm", "helpers.batch_sim", "helpers.browser", "helpers.clock")
 
 # Folders every cache folder of the session shares: the embedder's exports and the drawn figures (both keyed by
 # what they were made from, so sharing only saves making them again).

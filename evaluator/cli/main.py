@@ -47,7 +47,7 @@ from evaluator.core.paths import resolve_path
 from evaluator.core.progress import Reporter
 from evaluator.core.redact import RedactFilter, redact, redacted_traceback
 from evaluator.data import REGISTRY_CHOICES
-from evaluator.llm import cache_clear, cache_stats
+from evaluator.llm import cache_clear, cache_stats, new_invocation
 from evaluator.llm.profiles import STRUCTURED
 from evaluator.render.view_page import trace_text
 from evaluator.results.schema import OutputDir
@@ -727,6 +727,7 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    new_invocation()  # a second command in this process is a run of its own (llm/cache.py, `reusable`)
     _log_to_stderr()
     warnings.showwarning = _one_line_warning  # no raw library warning (with its source line) on stderr
     interrupt_on_stop_signals()  # SIGTERM/SIGHUP end the command as Ctrl-C does (core/aio.py)

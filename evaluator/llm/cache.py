@@ -83,12 +83,27 @@ class CacheEntry(BaseModel):
     # Why the reply ended early (reply.cut_cause); None: whole (or stored before causes were kept: derived).
     cut: str | None = None
     n_ctx: int | None = None  # the server's context size when it was stored (llama.cpp /props), if known
-    run_id: str = ""  # the invocation that stored it (RUN_ID)
+    run_id: str = ""  # the invocation that stored it (`invocation_id()`)
     tokens_estimated: bool = False  # the body had no usage: tokens by llm/budget.py's rule
 
 
-# One id per process (invocation): a reply cut by a content filter is used by the invocation that got it only.
-RUN_ID = uuid.uuid4().hex
+# One id per invocation: a reply cut by a content filter is used by the invocation that got it only. A command
+# (`cli.main`) starts a new one, and so does a forked child: two commands run in one process (a notebook, the
+# test suite's fork server) are two invocations, as two processes are.
+_INVOCATION = [uuid.uuid4().hex]
+
+
+def invocation_id() -> str:
+    """The id of the invocation this process is running now (stored with each reply as `run_id`)."""
+    return _INVOCATION[0]
+
+
+def new_invocation() -> None:
+    """From here on this process runs another invocation: replies cut by a content filter before are sent again."""
+    _INVOCATION[0] = uuid.uuid4().hex
+
+
+os.register_at_fork(after_in_child=new_invocation)
 
 
 def reusable(entry: CacheEntry, cut: str | None, n_ctx_now: int | None) -> bool:
@@ -103,7 +118,7 @@ def reusable(entry: CacheEntry, cut: str | None, n_ctx_now: int | None) -> bool:
         return True
     if cut == CONTEXT:
         return entry.n_ctx is not None and n_ctx_now is not None and n_ctx_now <= entry.n_ctx
-    return entry.run_id == RUN_ID
+    return entry.run_id == invocation_id()
 
 
 def encode_entry(entry: CacheEntry) -> bytes:

@@ -42,12 +42,12 @@ from evaluator.core.tokens import prompt_tokens, text_tokens
 from evaluator.llm.accounting import ModelStats
 from evaluator.llm.budget import context_overflow, worst_case_usd
 from evaluator.llm.cache import (
-    RUN_ID,
     CacheEntry,
     ResponseCache,
     StoreError,
     body_key,
     call_key,
+    invocation_id,
     key_prefix,
     profile_shaped,
     reusable,
@@ -567,7 +567,7 @@ class LLMEngine:
         entry = CacheEntry(
             content=r.content, finish_reason=r.finish_reason, prompt_tokens=max(0, r.prompt_tokens),
             completion_tokens=max(0, r.completion_tokens), model=self.profile.model, stored_at=time.time(),
-            reasoning_only=r.reasoning_only, dropped=list(dropped), cut=r.cut, run_id=RUN_ID,
+            reasoning_only=r.reasoning_only, dropped=list(dropped), cut=r.cut, run_id=invocation_id(),
             n_ctx=self._facts.n_ctx if self._facts is not None else None, tokens_estimated=r.usage_missing,
         )
         try:

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock
 from tokenizers import Tokenizer
 
 from evaluator.core.cache_layout import CacheLayout
@@ -178,13 +179,18 @@ def export(load: Callable[[], Any], load_path: str, cache_name: str, kind: str, 
         source = export(load, load_path, cache_name, kind, Path(shared), timings)
         atomic_folder(final, lambda d: _link_tree(source, d))
     if not final.is_dir():
-        if ISOLATED_BUILD:
-            spent = _build_in_child(load_path, cache_name, kind, root)
-        else:
-            spent = _build_here(load, load_path, cache_name, kind, root)
-        if timings is not None:
-            for k, v in spent.items():
-                timings[k] = timings.get(k, 0.0) + v
+        final.parent.mkdir(parents=True, exist_ok=True)
+        # Two processes on one cache folder (two studies started together, the test suite's two workers on the
+        # shared exports) build it once: the second waits for the first's build and finds it done.
+        with FileLock(final.parent / f".{final.name}.lock"):
+            if not final.is_dir():
+                if ISOLATED_BUILD:
+                    spent = _build_in_child(load_path, cache_name, kind, root)
+                else:
+                    spent = _build_here(load, load_path, cache_name, kind, root)
+                if timings is not None:
+                    for k, v in spent.items():
+                        timings[k] = timings.get(k, 0.0) + v
     _BUILT[name] = final
     return final
 

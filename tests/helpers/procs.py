@@ -59,15 +59,18 @@ def child_env(extra: Mapping[str, str | None] | None = None, *, tests: bool = Fa
 
 def start(cmd: Sequence[str], *, cwd: Path | str = REPO, env: Mapping[str, str] | None = None, text: bool = True,
           stdin: Any = subprocess.DEVNULL, stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE,
-          **kw: Any) -> subprocess.Popen[Any]:
+          kept: bool = False, **kw: Any) -> subprocess.Popen[Any]:
     """`cmd` in a new process group (its pid is the group's id); stdin is /dev/null unless given. Its environment
-    (`child_env()` unless given) carries the session's marker, whatever else it holds."""
+    (`child_env()` unless given) carries the session's marker, whatever else it holds. Stopped after the test that
+    started it, unless `kept`: a process that serves the whole session (helpers/cli.py's fork server), stopped by
+    its owner at the session's end."""
     env = dict(child_env() if env is None else env)
     if SESSION_ENV in os.environ:
         env.setdefault(SESSION_ENV, os.environ[SESSION_ENV])
     p = subprocess.Popen(list(cmd), cwd=cwd, env=env, text=text, stdin=stdin, stdout=stdout, stderr=stderr,
                          start_new_session=True, **kw)
-    _started.append(p)
+    if not kept:
+        _started.append(p)
     return p
 
 
@@ -232,7 +235,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not marker:
         return
     me = psutil.Process()
-    exclude = {me.pid, *(p.pid for p in me.parents())}
+    # multiprocessing's resource tracker (a test's in-process embedder export starts one) ends when this process does
+    trackers = {c.pid for c in me.children() if "multiprocessing.resource_tracker" in " ".join(_cmdline(c))}
+    exclude = {me.pid, *(p.pid for p in me.parents()), *trackers}
     deadline = time.monotonic() + LEFTOVER_GRACE_S
     while (alive := _not_workers(leftovers(marker, exclude=exclude))) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -240,8 +245,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     lines = [f"  pid {p.pid} (group {_pgid(p)}): {' '.join(_cmdline(p))[:300]}" for p in alive]
     for p in alive:
-        with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
-            os.killpg(_pgid(p), signal.SIGKILL)
+        if _pgid(p) != os.getpgid(0):  # a leftover in this process's own group is killed alone, not with us
+            with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
+                os.killpg(_pgid(p), signal.SIGKILL)
         with contextlib.suppress(psutil.Error):
             p.kill()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -4,11 +4,13 @@ sentence-transformers, to torch's vectors."""
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
 from helpers.procs import PYTHON, run
 
+from evaluator.retrieval import backends
 from evaluator.retrieval.embed import Embedder
 
 TEXTS = [
@@ -41,3 +43,32 @@ def test_an_exported_path_embeds_new_texts_without_importing_torch(tmp_path):
     assert got["embedded"] == len(texts) and not got["torch"] and not got["st"] and got["load"] == 0
     ref = Embedder(backend="torch", precision="fp32", cache_dir=None, progress=False).encode(texts)
     assert np.abs(np.array(got["vecs"]) - ref).max() < 1e-5
+
+
+def test_an_export_another_process_is_building_is_waited_for_not_built_again(tmp_path, monkeypatch):
+    # two studies started together on one cache (the suite's two workers on the shared exports): one build
+    # (in tests/integration: filelock polls with a sleep)
+    built: list[str] = []
+    monkeypatch.delenv(backends.SHARED_EXPORTS_ENV, raising=False)  # this cache folder's own
+    monkeypatch.setattr(backends, "_build_in_child", lambda *a: built.append(a[2]) or {})
+    final = backends._folder(tmp_path, "m", "m", "onnx-fp32")
+    final.parent.mkdir(parents=True)
+    waiting = threading.Event()
+    real = backends.FileLock
+
+    class Seen(real):  # type: ignore[misc, valid-type]
+        def acquire(self, *a, **k):
+            waiting.set()
+            return super().acquire(*a, **k)
+
+    monkeypatch.setattr(backends, "FileLock", Seen)
+    other = real(final.parent / f".{final.name}.lock")  # another process, building it
+    other.acquire()
+    done: list[object] = []
+    t = threading.Thread(target=lambda: done.append(backends.export(lambda: None, "m", "m", "onnx-fp32", tmp_path)))
+    t.start()
+    assert waiting.wait(30)  # it asked for the lock the other holds...
+    final.mkdir()  # ...the other's build lands, and it lets go
+    other.release()
+    t.join(30)
+    assert done == [final] and built == []  # found built, not built again

@@ -14,7 +14,15 @@ from helpers import FIXTURES
 from helpers import llm as F
 
 from evaluator.core.tokens import prompt_tokens, text_tokens
-from evaluator.llm.cache import CacheEntry, ResponseCache, cache_dir, encode_entry
+from evaluator.llm.cache import (
+    CacheEntry,
+    ResponseCache,
+    cache_dir,
+    encode_entry,
+    invocation_id,
+    new_invocation,
+    reusable,
+)
 from evaluator.llm.decide import AttemptOutcome, GiveUp, Reply, decide
 from evaluator.llm.limiters import read_server_facts
 from evaluator.llm.reply import read_reply
@@ -141,3 +149,15 @@ def test_an_empty_reply_is_sent_once_more_then_counted_and_said(caplog):
     assert st.empty_replies == 40 and st.failed == {"empty_reply": 20} and st.retries == 20
     said = [r.getMessage() for r in caplog.records if "empty reply" in r.getMessage()]
     assert len(said) == 1 and "sent 1 more time(s)" in said[0] and "empty_replies" in said[0]
+
+
+def test_a_reply_cut_by_a_filter_stands_for_its_own_invocation_only() -> None:
+    # two commands in one process (a notebook calling cli.main twice; a forked child) are two invocations
+    cut = CacheEntry(content="x", finish_reason="content_filter", prompt_tokens=1, completion_tokens=1,
+                     cut="content_filter", run_id=invocation_id())
+    assert reusable(cut, "content_filter", None)
+    new_invocation()
+    assert not reusable(cut, "content_filter", None)  # the next one sends it again
+    assert reusable(cut.model_copy(update={"run_id": invocation_id()}), "content_filter", None)
+    whole = cut.model_copy(update={"cut": None, "finish_reason": "stop"})
+    assert reusable(whole, None, None)

@@ -1,7 +1,8 @@
 """The suite's own house rules, checked on its source (AST), each failure naming file and line: every test file is in
 tests/unit or tests/integration; no test touches `sys.path` (pyproject.toml's `pythonpath` puts tests/ and the
 repository on it); the CLI helper `run_cli` is defined once (helpers/cli.py); every child process is started by
-helpers/procs.py (in its own process group, stopped by it); no test imports another test module (shared code lives
+helpers/procs.py (in its own process group, stopped by it), but the commands run_cli's fork server forks (each in a
+session of its own, helpers/forkserver.py); no test imports another test module (shared code lives
 in helpers/), but the transport parity module, which runs unit tests again on a socket; tests/unit calls no
 `time.sleep` (its conftest refuses one at run time too)."""
 
@@ -16,6 +17,8 @@ from helpers import REPO
 TESTS = REPO / "tests"
 PROCS = TESTS / "helpers" / "procs.py"
 PARITY = TESTS / "integration" / "test_transport_parity.py"  # re-runs unit tests with `any_sim` on the socket
+# run_cli's fork server (started by helpers/procs.py) forks each command into a new session of its own
+FORKSERVER = TESTS / "helpers" / "forkserver.py"
 # Calls that start a process: only helpers/procs.py makes them.
 STARTS = {("subprocess", "Popen"), ("subprocess", "run"), ("subprocess", "call"), ("subprocess", "check_call"),
           ("subprocess", "check_output"), ("subprocess", "getoutput"), ("os", "system"), ("os", "fork"),
@@ -71,6 +74,8 @@ def test_every_child_process_is_started_by_helpers_procs() -> None:
         if path == PROCS:
             continue
         for node in ast.walk(tree):
+            if path == FORKSERVER and isinstance(node, ast.Call) and _dotted(node.func) == ("os", "fork"):
+                continue
             if isinstance(node, ast.Call) and _dotted(node.func)[-2:] in STARTS:
                 bad.append(f"{_where(path, node)} ({'.'.join(_dotted(node.func))})")
     assert not bad, ("a process started outside helpers/procs.py (start, run, started, simulator: its own process "
