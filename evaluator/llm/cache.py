@@ -87,9 +87,9 @@ class CacheEntry(BaseModel):
     tokens_estimated: bool = False  # the body had no usage: tokens by llm/budget.py's rule
 
 
-# One id per invocation: a reply cut by a content filter is used by the invocation that got it only. A command
-# (`cli.main`) starts a new one, and so does a forked child: two commands run in one process (a notebook, the
-# test suite's fork server) are two invocations, as two processes are.
+# One id per invocation: a reply cut by a content filter is used by the invocation that got it only. Each command
+# (`cli.main`) starts a new one: two commands in one process (a notebook, a child forked from a warm interpreter)
+# are two invocations, as two processes are.
 _INVOCATION = [uuid.uuid4().hex]
 
 
@@ -102,8 +102,6 @@ def new_invocation() -> None:
     """From here on this process runs another invocation: replies cut by a content filter before are sent again."""
     _INVOCATION[0] = uuid.uuid4().hex
 
-
-os.register_at_fork(after_in_child=new_invocation)
 
 
 def reusable(entry: CacheEntry, cut: str | None, n_ctx_now: int | None) -> bool:

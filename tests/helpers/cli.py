@@ -17,7 +17,6 @@ import io
 import json
 import os
 import selectors
-import signal
 import socket
 import subprocess
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any
 import pytest
 
 from helpers.forkserver import HEADER
-from helpers.procs import PYTHON, REPO, child_env, group_alive, run, start, stop
+from helpers.procs import PYTHON, REPO, child_env, run, start, stop, stop_group
 
 CLI = (PYTHON, "-m", "evaluator")
 COLD_ENV = "EVALUATOR_TEST_COLD_CLI"
@@ -114,7 +113,8 @@ class ForkServer:
                 while len(sel.get_map()) > 0:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        self._stop(pid)
+                        if pid is not None:
+                            stop_group(pid)
                         tail = b"".join(chunks[err_r]).decode(errors="replace")[-2000:]
                         pytest.fail(f"evaluator {' '.join(args)[:300]} did not end in {timeout:.0f} s; stopped. "
                                     f"stderr: {tail}")
@@ -137,7 +137,8 @@ class ForkServer:
                             pid = msg.get("pid", pid)
                             code = msg.get("exit", code)
         finally:
-            self._stop(pid, grace_s=0)  # anything the command left in its group
+            if pid is not None:
+                stop_group(pid, grace_s=0)  # anything the command left in its group
             for fd in (null, out_w, err_w, out_r, err_r):
                 if fd >= 0:
                     with contextlib.suppress(OSError):
@@ -146,20 +147,6 @@ class ForkServer:
         if code is None:
             raise OSError(f"the fork server gave no exit code for evaluator {' '.join(args)[:200]}")
         return subprocess.CompletedProcess([*CLI, *args], code, _text(chunks[out_r]), _text(chunks[err_r]))
-
-    @staticmethod
-    def _stop(pid: int | None, grace_s: float = 5.0) -> None:
-        """SIGTERM to the command's group, then SIGKILL (as `procs.stop`)."""
-        if pid is None:
-            return
-        if grace_s:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and group_alive(pid):
-                time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
 
     def close(self) -> None:
         stop(self.proc)

@@ -85,6 +85,19 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def stop_group(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM to group `pgid`, SIGKILL to what is left of it after `grace_s` (or at once): for a process this one
+    did not start itself (the commands run_cli's fork server forks, each the leader of its group)."""
+    if grace_s:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and group_alive(pgid):
+            time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
 def stop(p: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
     """SIGTERM to `p`'s whole group, SIGKILL to it after `grace_s`, `p` reaped and its pipes closed; the group's
     other members are killed too, also when `p` itself had already exited. Safe to call again."""
